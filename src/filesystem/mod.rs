@@ -1,0 +1,421 @@
+//! The filesystem trait the FUSE server dispatches to, and the plain types it exchanges.
+//!
+//! A [`FileSystem`] speaks in FUSE terms (node ids, lookup counts, handles) but knows nothing of
+//! the wire layout or of virtio. Every method has a default that fails with `ENOSYS`, so a
+//! filesystem implements only what it supports.
+//!
+//! # Lookup counts
+//! Every method that returns an [`Entry`] with a non-zero `inode` (LOOKUP, MKNOD, MKDIR,
+//! SYMLINK, LINK, CREATE, TMPFILE, and each entry READDIRPLUS hands out) gives the client one
+//! reference on that node id. The client gives references back with [`FileSystem::forget`]; a
+//! node id stays valid until its count reaches zero. The root node id is never forgotten.
+//!
+//! # Handles
+//! OPEN, CREATE, TMPFILE and OPENDIR may return a handle; it stays valid until the matching
+//! RELEASE or RELEASEDIR. A handle number is chosen by the filesystem and is opaque to the server.
+
+use std::ffi::CStr;
+use std::io;
+use std::time::Duration;
+
+use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
+
+/// Who is asking: the credentials of the guest process behind a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Context {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// The answer to a successful lookup (or creation): a node id and its attributes.
+#[derive(Clone, Copy)]
+pub struct Entry {
+    /// Node id the client uses from now on; 0 means "no node id handed out" (READDIRPLUS only).
+    pub inode: u64,
+    pub generation: u64,
+    pub attr: libc::stat64,
+    /// `fuse_attr::flags` (for example `FUSE_ATTR_SUBMOUNT`).
+    pub attr_flags: u32,
+    pub attr_timeout: Duration,
+    pub entry_timeout: Duration,
+}
+
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entry")
+            .field("inode", &self.inode)
+            .field("ino", &self.attr.st_ino)
+            .field("mode", &format_args!("{:o}", self.attr.st_mode))
+            .finish()
+    }
+}
+
+/// One directory entry as READDIR returns it.
+#[derive(Debug, Clone, Copy)]
+pub struct DirEntry<'a> {
+    /// Host inode number (informational; the client does not use it as a node id).
+    pub ino: u64,
+    /// Offset the client passes back to continue *after* this entry.
+    pub offset: u64,
+    /// File type, one of the `libc::DT_*` values (never `DT_UNKNOWN` from the passthrough fs).
+    pub type_: u32,
+    pub name: &'a [u8],
+}
+
+/// A time to set with SETATTR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTime {
+    /// Leave the time as it is.
+    Omit,
+    /// The current time.
+    Now,
+    /// This many seconds and nanoseconds since the epoch.
+    At(i64, u32),
+}
+
+/// What SETATTR changes; `None` / [`SetTime::Omit`] leave a field alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: SetTime,
+    pub mtime: SetTime,
+    /// Clear set-user-id and set-group-id bits (`FATTR_KILL_SUIDGID`).
+    pub kill_suidgid: bool,
+}
+
+impl Default for SetAttr {
+    fn default() -> Self {
+        SetAttr {
+            mode: None,
+            uid: None,
+            gid: None,
+            size: None,
+            atime: SetTime::Omit,
+            mtime: SetTime::Omit,
+            kill_suidgid: false,
+        }
+    }
+}
+
+/// The answer to OPEN / OPENDIR: an optional handle and `FOPEN_*` flags for the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Opened {
+    pub handle: Option<u64>,
+    pub open_flags: u32,
+}
+
+/// The answer to GETXATTR / LISTXATTR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum XattrReply {
+    /// The client asked for the size only (it passed a size of 0).
+    Size(u32),
+    /// The value (or the NUL-separated name list).
+    Data(Vec<u8>),
+}
+
+fn enosys<T>() -> io::Result<T> {
+    Err(io::Error::from_raw_os_error(libc::ENOSYS))
+}
+
+/// A filesystem served over FUSE. See the module documentation for the contracts on lookup
+/// counts and handles. `ctx` carries the guest caller's credentials.
+#[allow(unused_variables, clippy::too_many_arguments)]
+pub trait FileSystem: Send + Sync {
+    /// Called once with the `FUSE_INIT` flags the client offers (`fuse::abi::init`); returns the
+    /// subset the filesystem wants to enable.
+    fn init(&self, capable: u64) -> io::Result<u64> {
+        Ok(0)
+    }
+
+    /// The client unmounted: drop every node id and handle.
+    fn destroy(&self) {}
+
+    fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
+        enosys()
+    }
+
+    /// Drops `count` references on `inode`. Unknown node ids are ignored.
+    fn forget(&self, ctx: &Context, inode: u64, count: u64) {}
+
+    fn batch_forget(&self, ctx: &Context, requests: &[(u64, u64)]) {
+        for &(inode, count) in requests {
+            self.forget(ctx, inode, count);
+        }
+    }
+
+    fn getattr(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: Option<u64>,
+    ) -> io::Result<(libc::stat64, Duration)> {
+        enosys()
+    }
+
+    fn setattr(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        attr: SetAttr,
+        handle: Option<u64>,
+    ) -> io::Result<(libc::stat64, Duration)> {
+        enosys()
+    }
+
+    fn readlink(&self, ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
+        enosys()
+    }
+
+    fn symlink(&self, ctx: &Context, target: &CStr, parent: u64, name: &CStr) -> io::Result<Entry> {
+        enosys()
+    }
+
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    ) -> io::Result<Entry> {
+        enosys()
+    }
+
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        umask: u32,
+    ) -> io::Result<Entry> {
+        enosys()
+    }
+
+    fn unlink(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        enosys()
+    }
+
+    fn rmdir(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        enosys()
+    }
+
+    /// `flags` are `renameat2(2)` flags (`RENAME_NOREPLACE`, `RENAME_EXCHANGE`,
+    /// `RENAME_WHITEOUT`); 0 for a plain RENAME.
+    fn rename(
+        &self,
+        ctx: &Context,
+        olddir: u64,
+        oldname: &CStr,
+        newdir: u64,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
+        enosys()
+    }
+
+    fn link(&self, ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
+        enosys()
+    }
+
+    /// `flags` are the guest's `open(2)` flags; `fuse_flags` the `FUSE_OPEN_*` flags.
+    fn open(&self, ctx: &Context, inode: u64, flags: u32, fuse_flags: u32) -> io::Result<Opened> {
+        enosys()
+    }
+
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+        fuse_flags: u32,
+    ) -> io::Result<(Entry, Opened)> {
+        enosys()
+    }
+
+    /// Creates an unnamed file in `parent` (`O_TMPFILE`).
+    fn tmpfile(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> io::Result<(Entry, Opened)> {
+        enosys()
+    }
+
+    /// Reads up to `size` bytes at `offset` into `w`; returns how many were read.
+    fn read(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        w: &mut dyn ZeroCopyWriter,
+        size: u32,
+        offset: u64,
+    ) -> io::Result<usize> {
+        enosys()
+    }
+
+    /// Writes `size` bytes from `r` at `offset`; returns how many were written.
+    /// `kill_priv` asks to clear set-user-id / set-group-id bits as a write by an unprivileged
+    /// process would.
+    fn write(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        r: &mut dyn ZeroCopyReader,
+        size: u32,
+        offset: u64,
+        kill_priv: bool,
+    ) -> io::Result<usize> {
+        enosys()
+    }
+
+    fn flush(&self, ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
+        enosys()
+    }
+
+    fn release(&self, ctx: &Context, inode: u64, flags: u32, handle: u64) -> io::Result<()> {
+        enosys()
+    }
+
+    fn fsync(&self, ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        enosys()
+    }
+
+    fn opendir(&self, ctx: &Context, inode: u64, flags: u32) -> io::Result<Opened> {
+        enosys()
+    }
+
+    /// Lists entries starting at `offset` (0, or an `offset` a previous entry carried).
+    /// `add_entry` returns how many bytes the entry took, or 0 when the reply is full: the
+    /// filesystem then stops without error. `size` is the client's buffer size (a hint; the
+    /// callback enforces it).
+    fn readdir(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry<'_>) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        enosys()
+    }
+
+    /// Like [`FileSystem::readdir`], with a looked-up [`Entry`] per directory entry. Each entry
+    /// whose `inode` is non-zero carries one lookup reference; when `add_entry` returns 0 the
+    /// filesystem must drop the reference of the entry it was refused and stop.
+    fn readdirplus(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry<'_>, Entry) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        enosys()
+    }
+
+    fn releasedir(&self, ctx: &Context, inode: u64, flags: u32, handle: u64) -> io::Result<()> {
+        enosys()
+    }
+
+    fn fsyncdir(&self, ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        enosys()
+    }
+
+    fn statfs(&self, ctx: &Context, inode: u64) -> io::Result<libc::statvfs64> {
+        enosys()
+    }
+
+    /// Checks `mask` (`R_OK`, `W_OK`, `X_OK`, `F_OK`) for the caller.
+    fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
+        enosys()
+    }
+
+    fn setxattr(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        name: &CStr,
+        value: &[u8],
+        flags: u32,
+    ) -> io::Result<()> {
+        enosys()
+    }
+
+    /// `size` 0 asks for the value's size only; otherwise a value longer than `size` is `ERANGE`.
+    fn getxattr(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        name: &CStr,
+        size: u32,
+    ) -> io::Result<XattrReply> {
+        enosys()
+    }
+
+    /// As [`FileSystem::getxattr`], for the NUL-separated list of names.
+    fn listxattr(&self, ctx: &Context, inode: u64, size: u32) -> io::Result<XattrReply> {
+        enosys()
+    }
+
+    fn removexattr(&self, ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> {
+        enosys()
+    }
+
+    fn fallocate(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> io::Result<()> {
+        enosys()
+    }
+
+    fn lseek(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        offset: u64,
+        whence: u32,
+    ) -> io::Result<u64> {
+        enosys()
+    }
+
+    fn copy_file_range(
+        &self,
+        ctx: &Context,
+        inode_in: u64,
+        handle_in: u64,
+        offset_in: u64,
+        inode_out: u64,
+        handle_out: u64,
+        offset_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> io::Result<usize> {
+        enosys()
+    }
+
+    fn syncfs(&self, ctx: &Context, inode: u64) -> io::Result<()> {
+        enosys()
+    }
+}

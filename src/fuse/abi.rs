@@ -1,0 +1,668 @@
+//! FUSE wire format: opcodes, flags and the `#[repr(C)]` structs the Linux kernel exchanges with a
+//! FUSE server (as in `include/uapi/linux/fuse.h`, protocol 7.x).
+//!
+//! Every struct here is plain old data. The [`Pod`] trait marks them so that the server can read
+//! them from and write them to raw bytes; the layout of each is asserted by the tests at the
+//! bottom of this file. Nothing here knows about virtio.
+
+/// Protocol major version spoken by this server.
+pub const KERNEL_VERSION: u32 = 7;
+/// Highest protocol minor version this server implements.
+pub const KERNEL_MINOR_VERSION: u32 = 38;
+/// Lowest minor version accepted from a client (Linux 5.4 speaks 7.31).
+pub const MIN_KERNEL_MINOR_VERSION: u32 = 27;
+/// Node id of the root directory.
+pub const ROOT_ID: u64 = 1;
+
+/// Request opcodes.
+pub mod opcode {
+    pub const LOOKUP: u32 = 1;
+    pub const FORGET: u32 = 2;
+    pub const GETATTR: u32 = 3;
+    pub const SETATTR: u32 = 4;
+    pub const READLINK: u32 = 5;
+    pub const SYMLINK: u32 = 6;
+    pub const MKNOD: u32 = 8;
+    pub const MKDIR: u32 = 9;
+    pub const UNLINK: u32 = 10;
+    pub const RMDIR: u32 = 11;
+    pub const RENAME: u32 = 12;
+    pub const LINK: u32 = 13;
+    pub const OPEN: u32 = 14;
+    pub const READ: u32 = 15;
+    pub const WRITE: u32 = 16;
+    pub const STATFS: u32 = 17;
+    pub const RELEASE: u32 = 18;
+    pub const FSYNC: u32 = 20;
+    pub const SETXATTR: u32 = 21;
+    pub const GETXATTR: u32 = 22;
+    pub const LISTXATTR: u32 = 23;
+    pub const REMOVEXATTR: u32 = 24;
+    pub const FLUSH: u32 = 25;
+    pub const INIT: u32 = 26;
+    pub const OPENDIR: u32 = 27;
+    pub const READDIR: u32 = 28;
+    pub const RELEASEDIR: u32 = 29;
+    pub const FSYNCDIR: u32 = 30;
+    pub const GETLK: u32 = 31;
+    pub const SETLK: u32 = 32;
+    pub const SETLKW: u32 = 33;
+    pub const ACCESS: u32 = 34;
+    pub const CREATE: u32 = 35;
+    pub const INTERRUPT: u32 = 36;
+    pub const BMAP: u32 = 37;
+    pub const DESTROY: u32 = 38;
+    pub const IOCTL: u32 = 39;
+    pub const POLL: u32 = 40;
+    pub const NOTIFY_REPLY: u32 = 41;
+    pub const BATCH_FORGET: u32 = 42;
+    pub const FALLOCATE: u32 = 43;
+    pub const READDIRPLUS: u32 = 44;
+    pub const RENAME2: u32 = 45;
+    pub const LSEEK: u32 = 46;
+    pub const COPY_FILE_RANGE: u32 = 47;
+    pub const SETUPMAPPING: u32 = 48;
+    pub const REMOVEMAPPING: u32 = 49;
+    pub const SYNCFS: u32 = 50;
+    pub const TMPFILE: u32 = 51;
+    pub const STATX: u32 = 52;
+}
+
+/// `FUSE_INIT` flags (`flags` is the low 32 bits, `flags2` the high 32 bits).
+pub mod init {
+    pub const ASYNC_READ: u64 = 1 << 0;
+    pub const POSIX_LOCKS: u64 = 1 << 1;
+    pub const ATOMIC_O_TRUNC: u64 = 1 << 3;
+    pub const EXPORT_SUPPORT: u64 = 1 << 4;
+    pub const BIG_WRITES: u64 = 1 << 5;
+    pub const DONT_MASK: u64 = 1 << 6;
+    pub const FLOCK_LOCKS: u64 = 1 << 10;
+    pub const AUTO_INVAL_DATA: u64 = 1 << 12;
+    pub const DO_READDIRPLUS: u64 = 1 << 13;
+    pub const READDIRPLUS_AUTO: u64 = 1 << 14;
+    pub const ASYNC_DIO: u64 = 1 << 15;
+    pub const WRITEBACK_CACHE: u64 = 1 << 16;
+    pub const NO_OPEN_SUPPORT: u64 = 1 << 17;
+    pub const PARALLEL_DIROPS: u64 = 1 << 18;
+    pub const HANDLE_KILLPRIV: u64 = 1 << 19;
+    pub const POSIX_ACL: u64 = 1 << 20;
+    pub const ABORT_ERROR: u64 = 1 << 21;
+    pub const MAX_PAGES: u64 = 1 << 22;
+    pub const CACHE_SYMLINKS: u64 = 1 << 23;
+    pub const NO_OPENDIR_SUPPORT: u64 = 1 << 24;
+    pub const EXPLICIT_INVAL_DATA: u64 = 1 << 25;
+    pub const MAP_ALIGNMENT: u64 = 1 << 26;
+    pub const SUBMOUNTS: u64 = 1 << 27;
+    pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
+    pub const SETXATTR_EXT: u64 = 1 << 29;
+    pub const INIT_EXT: u64 = 1 << 30;
+    pub const SECURITY_CTX: u64 = 1 << 32;
+    pub const HAS_INODE_DAX: u64 = 1 << 33;
+    pub const CREATE_SUPP_GROUP: u64 = 1 << 34;
+    pub const ALLOW_IDMAP: u64 = 1 << 40;
+}
+
+/// `fuse_open_out::open_flags`.
+pub mod fopen {
+    pub const DIRECT_IO: u32 = 1 << 0;
+    pub const KEEP_CACHE: u32 = 1 << 1;
+    pub const NONSEEKABLE: u32 = 1 << 2;
+    pub const CACHE_DIR: u32 = 1 << 3;
+    pub const STREAM: u32 = 1 << 4;
+    pub const NOFLUSH: u32 = 1 << 5;
+}
+
+/// `fuse_setattr_in::valid`.
+pub mod fattr {
+    pub const MODE: u32 = 1 << 0;
+    pub const UID: u32 = 1 << 1;
+    pub const GID: u32 = 1 << 2;
+    pub const SIZE: u32 = 1 << 3;
+    pub const ATIME: u32 = 1 << 4;
+    pub const MTIME: u32 = 1 << 5;
+    pub const FH: u32 = 1 << 6;
+    pub const ATIME_NOW: u32 = 1 << 7;
+    pub const MTIME_NOW: u32 = 1 << 8;
+    pub const LOCKOWNER: u32 = 1 << 9;
+    pub const CTIME: u32 = 1 << 10;
+    pub const KILL_SUIDGID: u32 = 1 << 11;
+}
+
+/// `fuse_getattr_in::getattr_flags`: `fh` is valid.
+pub const GETATTR_FH: u32 = 1 << 0;
+/// `fuse_write_in::write_flags`: kill suid/sgid (with `HANDLE_KILLPRIV_V2`).
+pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
+/// `fuse_open_in::open_flags` / `fuse_create_in::open_flags`: kill suid/sgid on truncate.
+pub const OPEN_KILL_SUIDGID: u32 = 1 << 0;
+/// `fuse_fsync_in::fsync_flags`: only sync data.
+pub const FSYNC_FDATASYNC: u32 = 1 << 0;
+/// `fuse_release_in::release_flags`: flush before release.
+pub const RELEASE_FLUSH: u32 = 1 << 0;
+/// `fuse_setxattr_in::setxattr_flags`: clear SGID when system.posix_acl_access is set.
+pub const SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
+
+/// Marks a type as plain old data: any byte pattern of its size is a valid value, it has no
+/// padding the compiler may leave uninitialised, and it can be copied from and to bytes.
+///
+/// # Safety
+/// Implementors must be `#[repr(C)]`, contain only integer fields (or arrays of them), and have
+/// no implicit padding.
+pub unsafe trait Pod: Copy + Default + Sized {
+    /// Reads a value from the start of `bytes`, or `None` when `bytes` is too short.
+    fn from_prefix(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() < std::mem::size_of::<Self>() {
+            return None;
+        }
+        // SAFETY: `bytes` holds at least `size_of::<Self>()` readable bytes, the read is
+        // unaligned-safe, and the `Pod` contract makes every bit pattern a valid `Self`.
+        Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Self>()) })
+    }
+
+    /// Views the value as its raw bytes.
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `self` is a valid reference to `size_of::<Self>()` bytes, and the `Pod`
+        // contract guarantees there is no uninitialised padding among them.
+        unsafe {
+            std::slice::from_raw_parts(
+                (self as *const Self).cast::<u8>(),
+                std::mem::size_of::<Self>(),
+            )
+        }
+    }
+}
+
+macro_rules! pod {
+    ($($t:ty),* $(,)?) => {
+        $(
+            // SAFETY: the type is `#[repr(C)]`, made only of integers laid out without implicit
+            // padding; its size is asserted in this module's tests.
+            unsafe impl Pod for $t {}
+        )*
+    };
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct InHeader {
+    pub len: u32,
+    pub opcode: u32,
+    pub unique: u64,
+    pub nodeid: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+    pub total_extlen: u16,
+    pub padding: u16,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OutHeader {
+    pub len: u32,
+    pub error: i32,
+    pub unique: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    pub atime: u64,
+    pub mtime: u64,
+    pub ctime: u64,
+    pub atimensec: u32,
+    pub mtimensec: u32,
+    pub ctimensec: u32,
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub blksize: u32,
+    pub flags: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct EntryOut {
+    pub nodeid: u64,
+    pub generation: u64,
+    pub entry_valid: u64,
+    pub attr_valid: u64,
+    pub entry_valid_nsec: u32,
+    pub attr_valid_nsec: u32,
+    pub attr: Attr,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ForgetIn {
+    pub nlookup: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ForgetOne {
+    pub nodeid: u64,
+    pub nlookup: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BatchForgetIn {
+    pub count: u32,
+    pub dummy: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct GetattrIn {
+    pub getattr_flags: u32,
+    pub dummy: u32,
+    pub fh: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AttrOut {
+    pub attr_valid: u64,
+    pub attr_valid_nsec: u32,
+    pub dummy: u32,
+    pub attr: Attr,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MknodIn {
+    pub mode: u32,
+    pub rdev: u32,
+    pub umask: u32,
+    pub padding: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MkdirIn {
+    pub mode: u32,
+    pub umask: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RenameIn {
+    pub newdir: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Rename2In {
+    pub newdir: u64,
+    pub flags: u32,
+    pub padding: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LinkIn {
+    pub oldnodeid: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SetattrIn {
+    pub valid: u32,
+    pub padding: u32,
+    pub fh: u64,
+    pub size: u64,
+    pub lock_owner: u64,
+    pub atime: u64,
+    pub mtime: u64,
+    pub ctime: u64,
+    pub atimensec: u32,
+    pub mtimensec: u32,
+    pub ctimensec: u32,
+    pub mode: u32,
+    pub unused4: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub unused5: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OpenIn {
+    pub flags: u32,
+    pub open_flags: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CreateIn {
+    pub flags: u32,
+    pub mode: u32,
+    pub umask: u32,
+    pub open_flags: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OpenOut {
+    pub fh: u64,
+    pub open_flags: u32,
+    pub backing_id: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReleaseIn {
+    pub fh: u64,
+    pub flags: u32,
+    pub release_flags: u32,
+    pub lock_owner: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FlushIn {
+    pub fh: u64,
+    pub unused: u32,
+    pub padding: u32,
+    pub lock_owner: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReadIn {
+    pub fh: u64,
+    pub offset: u64,
+    pub size: u32,
+    pub read_flags: u32,
+    pub lock_owner: u64,
+    pub flags: u32,
+    pub padding: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WriteIn {
+    pub fh: u64,
+    pub offset: u64,
+    pub size: u32,
+    pub write_flags: u32,
+    pub lock_owner: u64,
+    pub flags: u32,
+    pub padding: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WriteOut {
+    pub size: u32,
+    pub padding: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Kstatfs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+    pub padding: u32,
+    pub spare: [u32; 6],
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FsyncIn {
+    pub fh: u64,
+    pub fsync_flags: u32,
+    pub padding: u32,
+}
+
+/// `fuse_setxattr_in` as sent without `SETXATTR_EXT`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SetxattrInCompat {
+    pub size: u32,
+    pub flags: u32,
+}
+
+/// `fuse_setxattr_in` as sent when `SETXATTR_EXT` was negotiated.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SetxattrIn {
+    pub size: u32,
+    pub flags: u32,
+    pub setxattr_flags: u32,
+    pub padding: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct GetxattrIn {
+    pub size: u32,
+    pub padding: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct GetxattrOut {
+    pub size: u32,
+    pub padding: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AccessIn {
+    pub mask: u32,
+    pub padding: u32,
+}
+
+/// The first, always-present part of `fuse_init_in` (16 bytes, as sent before 7.36).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct InitInCompat {
+    pub major: u32,
+    pub minor: u32,
+    pub max_readahead: u32,
+    pub flags: u32,
+}
+
+/// The extension of `fuse_init_in` sent from 7.36 on (after [`InitInCompat`]).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct InitInExt {
+    pub flags2: u32,
+    pub unused: [u32; 11],
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct InitOut {
+    pub major: u32,
+    pub minor: u32,
+    pub max_readahead: u32,
+    pub flags: u32,
+    pub max_background: u16,
+    pub congestion_threshold: u16,
+    pub max_write: u32,
+    pub time_gran: u32,
+    pub max_pages: u16,
+    pub map_alignment: u16,
+    pub flags2: u32,
+    pub max_stack_depth: u32,
+    pub unused: [u32; 6],
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct InterruptIn {
+    pub unique: u64,
+}
+
+/// Header of one `fuse_dirent`; the name follows, padded to 8 bytes.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Dirent {
+    pub ino: u64,
+    pub off: u64,
+    pub namelen: u32,
+    pub typ: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FallocateIn {
+    pub fh: u64,
+    pub offset: u64,
+    pub length: u64,
+    pub mode: u32,
+    pub padding: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LseekIn {
+    pub fh: u64,
+    pub offset: u64,
+    pub whence: u32,
+    pub padding: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LseekOut {
+    pub offset: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CopyFileRangeIn {
+    pub fh_in: u64,
+    pub off_in: u64,
+    pub nodeid_out: u64,
+    pub fh_out: u64,
+    pub off_out: u64,
+    pub len: u64,
+    pub flags: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SyncfsIn {
+    pub padding: u64,
+}
+
+pod!(
+    InHeader,
+    OutHeader,
+    Attr,
+    EntryOut,
+    ForgetIn,
+    ForgetOne,
+    BatchForgetIn,
+    GetattrIn,
+    AttrOut,
+    MknodIn,
+    MkdirIn,
+    RenameIn,
+    Rename2In,
+    LinkIn,
+    SetattrIn,
+    OpenIn,
+    CreateIn,
+    OpenOut,
+    ReleaseIn,
+    FlushIn,
+    ReadIn,
+    WriteIn,
+    WriteOut,
+    Kstatfs,
+    FsyncIn,
+    SetxattrInCompat,
+    SetxattrIn,
+    GetxattrIn,
+    GetxattrOut,
+    AccessIn,
+    InitInCompat,
+    InitInExt,
+    InitOut,
+    InterruptIn,
+    Dirent,
+    FallocateIn,
+    LseekIn,
+    LseekOut,
+    CopyFileRangeIn,
+    SyncfsIn,
+);
+
+/// Size of a `fuse_dirent` record (header plus name) after padding to 8 bytes.
+pub fn dirent_size(namelen: usize) -> usize {
+    (std::mem::size_of::<Dirent>() + namelen + 7) & !7
+}
+
+/// Size of a `fuse_direntplus` record (entry, header and name) after padding to 8 bytes.
+pub fn direntplus_size(namelen: usize) -> usize {
+    std::mem::size_of::<EntryOut>() + dirent_size(namelen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::size_of;
+
+    #[test]
+    fn struct_sizes_match_the_kernel_abi() {
+        assert_eq!(size_of::<InHeader>(), 40);
+        assert_eq!(size_of::<OutHeader>(), 16);
+        assert_eq!(size_of::<Attr>(), 88);
+        assert_eq!(size_of::<EntryOut>(), 128);
+        assert_eq!(size_of::<AttrOut>(), 104);
+        assert_eq!(size_of::<SetattrIn>(), 88);
+        assert_eq!(size_of::<ReadIn>(), 40);
+        assert_eq!(size_of::<WriteIn>(), 40);
+        assert_eq!(size_of::<Kstatfs>(), 80);
+        assert_eq!(size_of::<InitInCompat>() + size_of::<InitInExt>(), 64);
+        assert_eq!(size_of::<InitOut>(), 64);
+        assert_eq!(size_of::<Dirent>(), 24);
+        assert_eq!(size_of::<CopyFileRangeIn>(), 56);
+        assert_eq!(size_of::<OpenOut>(), 16);
+        assert_eq!(size_of::<ReleaseIn>(), 24);
+        assert_eq!(size_of::<FallocateIn>(), 32);
+        assert_eq!(size_of::<LseekIn>(), 24);
+        assert_eq!(size_of::<MknodIn>(), 16);
+        assert_eq!(size_of::<CreateIn>(), 16);
+    }
+
+    #[test]
+    fn from_prefix_refuses_short_input() {
+        assert!(InHeader::from_prefix(&[0u8; 39]).is_none());
+        assert!(InHeader::from_prefix(&[0u8; 40]).is_some());
+    }
+
+    #[test]
+    fn from_prefix_reads_little_endian_fields() {
+        let mut bytes = [0u8; 40];
+        bytes[0..4].copy_from_slice(&40u32.to_le_bytes());
+        bytes[4..8].copy_from_slice(&opcode::GETATTR.to_le_bytes());
+        bytes[8..16].copy_from_slice(&7u64.to_le_bytes());
+        let h = InHeader::from_prefix(&bytes).unwrap();
+        assert_eq!((h.len, h.opcode, h.unique), (40, opcode::GETATTR, 7));
+        assert_eq!(h.as_bytes(), &bytes[..]);
+    }
+
+    #[test]
+    fn dirent_sizes_are_padded_to_eight() {
+        assert_eq!(dirent_size(1), 32);
+        assert_eq!(dirent_size(8), 32);
+        assert_eq!(dirent_size(9), 40);
+        assert_eq!(direntplus_size(1), 160);
+    }
+}

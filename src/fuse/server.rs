@@ -1,0 +1,1 @@
+//! FUSE request dispatch.

@@ -1,0 +1,14 @@
+//! A vhost-user virtio-fs daemon: serves a host directory to a Linux guest.
+//!
+//! Layers, from the wire inwards:
+//! - [`vhost_user`]: the vhost-user backend; turns descriptor chains into FUSE byte streams;
+//! - [`fuse`]: FUSE wire format and the request dispatcher (no virtio types);
+//! - [`filesystem`]: the trait the dispatcher calls;
+//! - [`passthrough`]: the filesystem that serves a host directory.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
+pub mod filesystem;
+pub mod fuse;
+pub mod passthrough;

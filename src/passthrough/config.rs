@@ -1,0 +1,109 @@
+//! Settings of the passthrough filesystem: the shared directory, the cache policy and the
+//! optional features a host enables on the command line.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// How much the guest may cache (`--cache`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheMode {
+    /// No caching: zero timeouts and direct I/O.
+    Never,
+    /// Metadata cached for a long time, file data never (direct I/O).
+    Metadata,
+    /// Short metadata timeouts; page cache kept only while the file is unchanged.
+    #[default]
+    Auto,
+    /// The guest keeps pages, attributes, entries and directory listings.
+    Always,
+}
+
+impl FromStr for CacheMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "never" | "none" => Ok(CacheMode::Never),
+            "metadata" => Ok(CacheMode::Metadata),
+            "auto" => Ok(CacheMode::Auto),
+            "always" => Ok(CacheMode::Always),
+            _ => Err(format!(
+                "invalid cache mode '{s}': expected one of never, metadata, auto, always"
+            )),
+        }
+    }
+}
+
+impl CacheMode {
+    /// How long the guest may trust a name → node mapping and a node's attributes.
+    pub fn timeout(self) -> Duration {
+        match self {
+            CacheMode::Never => Duration::ZERO,
+            CacheMode::Auto => Duration::from_secs(1),
+            CacheMode::Metadata | CacheMode::Always => Duration::from_secs(86400),
+        }
+    }
+}
+
+/// Configuration of a [`super::PassthroughFs`].
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The host directory served to the guest.
+    pub root_dir: PathBuf,
+    pub cache: CacheMode,
+    /// Pass extended attributes through (`--xattr`).
+    pub xattr: bool,
+    /// Refuse every change with `EROFS` (`--readonly`).
+    pub readonly: bool,
+    /// Offer `READDIRPLUS` to the guest (off with `--no-readdirplus`).
+    pub readdirplus: bool,
+    /// Enable the guest's writeback cache (`--writeback`).
+    pub writeback: bool,
+    /// Entry timeout; defaults from `cache`.
+    pub entry_timeout: Duration,
+    /// Attribute timeout; defaults from `cache`.
+    pub attr_timeout: Duration,
+}
+
+impl Config {
+    /// A configuration for `root_dir` with the defaults of `cache`.
+    pub fn new(root_dir: impl Into<PathBuf>, cache: CacheMode) -> Self {
+        Config {
+            root_dir: root_dir.into(),
+            cache,
+            xattr: false,
+            readonly: false,
+            readdirplus: true,
+            writeback: false,
+            entry_timeout: cache.timeout(),
+            attr_timeout: cache.timeout(),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::new("/", CacheMode::Auto)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_mode_parses_every_reference_spelling() {
+        assert_eq!("never".parse::<CacheMode>(), Ok(CacheMode::Never));
+        assert_eq!("none".parse::<CacheMode>(), Ok(CacheMode::Never));
+        assert_eq!("metadata".parse::<CacheMode>(), Ok(CacheMode::Metadata));
+        assert_eq!("auto".parse::<CacheMode>(), Ok(CacheMode::Auto));
+        assert_eq!("always".parse::<CacheMode>(), Ok(CacheMode::Always));
+    }
+
+    #[test]
+    fn cache_mode_refusal_names_the_choices() {
+        let err = "sometimes".parse::<CacheMode>().unwrap_err();
+        assert!(err.contains("never, metadata, auto, always"), "{err}");
+    }
+}
