@@ -9,6 +9,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+pub mod cli;
+pub mod daemon;
 pub mod filesystem;
 pub mod fuse;
 pub mod passthrough;
+pub mod vhost_user;

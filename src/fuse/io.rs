@@ -50,8 +50,8 @@ pub trait Writer: ZeroCopyWriter + Sized {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;
     /// Bytes written so far through this writer (not counting split-off parts).
     fn bytes_written(&self) -> usize;
-    /// Splits off everything after the first `offset` bytes into a new writer; `self` keeps
-    /// only the first `offset` bytes.
+    /// Splits off everything after the next `offset` bytes into a new writer; `self` keeps only
+    /// those `offset` bytes of room.
     fn split_at(&mut self, offset: usize) -> io::Result<Self>;
 }
 
@@ -130,6 +130,11 @@ impl VecWriter {
         self.buf.borrow().clone()
     }
 
+    /// The shared buffer, to read the reply after the writer was handed away.
+    pub fn output(&self) -> Rc<RefCell<Vec<u8>>> {
+        self.buf.clone()
+    }
+
     fn reserve(&self, n: usize) -> usize {
         let at = self.start + self.pos;
         let mut buf = self.buf.borrow_mut();
@@ -182,10 +187,9 @@ impl Writer for VecWriter {
     }
 
     fn split_at(&mut self, offset: usize) -> io::Result<Self> {
-        let at = self
-            .start
+        let at = (self.start + self.pos)
             .checked_add(offset)
-            .filter(|at| *at <= self.end && offset >= self.pos)
+            .filter(|at| *at <= self.end)
             .ok_or(io::ErrorKind::InvalidInput)?;
         let tail = VecWriter {
             buf: self.buf.clone(),

@@ -1,8 +1,996 @@
-//! The passthrough filesystem: serves a host directory.
+//! The passthrough filesystem: serves a host directory to the guest.
+//!
+//! # Security model
+//! The guest is untrusted. Every operation is performed relative to a descriptor under the shared
+//! directory: node ids map to `O_PATH | O_NOFOLLOW` descriptors (`inode`), names from the guest
+//! are single components (no `/`, not empty, at most 255 bytes; `.` and `..` are refused by the
+//! calls that create or remove names), and no host path is ever built from guest names. Symlinks
+//! are never followed on the host: lookups use `O_NOFOLLOW`, stat and chown use
+//! `AT_SYMLINK_NOFOLLOW`, and an inode is reopened for I/O through its `/proc/self/fd/N` magic
+//! link, which resolves to the inode itself (opening a symlink that way fails with `ELOOP`).
+//! `..` of the shared directory is the shared directory.
+//!
+//! # Layout
+//! - `inode`: node id ↔ host file table with lookup counts;
+//! - `handle`: open files and directories;
+//! - `dir`: directory snapshots served by READDIR / READDIRPLUS;
+//! - `sys`: thin wrappers over the syscalls;
+//! - `credentials`: creating files as the guest caller when running as root.
 
 pub mod config;
+mod credentials;
+mod dir;
+mod handle;
+mod inode;
+mod sys;
+#[cfg(test)]
+mod tests;
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
 
 pub use config::{CacheMode, Config};
 
-/// Placeholder until the implementation lands.
-pub struct PassthroughFs;
+use crate::filesystem::{
+    Context, DirEntry, Entry, FileSystem, Opened, SetAttr, SetTime, XattrReply,
+};
+use crate::fuse::abi::{fopen, init, ROOT_ID};
+use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
+use handle::{HandleData, HandleStore};
+use inode::{InodeData, InodeKey, InodeStore};
+use sys::{error, ProcName};
+
+/// Longest name of a directory entry.
+const NAME_MAX: usize = 255;
+/// Largest extended attribute value, and largest list of names (Linux `XATTR_*_MAX`).
+const XATTR_MAX: usize = 65536;
+
+/// A filesystem that passes every request through to a host directory.
+pub struct PassthroughFs {
+    cfg: Config,
+    inodes: InodeStore,
+    handles: HandleStore,
+    /// `/proc/self/fd`, to reopen inodes through their magic links.
+    proc_self_fd: OwnedFd,
+    /// Whether the daemon runs as root (and so creates files as the caller).
+    as_root: bool,
+}
+
+/// Refuses names that are empty, contain `/`, or are longer than `NAME_MAX`.
+fn check_name(name: &CStr) -> io::Result<()> {
+    let b = name.to_bytes();
+    if b.is_empty() || b.contains(&b'/') {
+        return Err(error(libc::EINVAL));
+    }
+    if b.len() > NAME_MAX {
+        return Err(error(libc::ENAMETOOLONG));
+    }
+    Ok(())
+}
+
+/// As [`check_name`], and also refuses `.` and `..` (names that are created, removed or moved).
+fn check_new_name(name: &CStr) -> io::Result<()> {
+    check_name(name)?;
+    match name.to_bytes() {
+        b"." | b".." => Err(error(libc::EINVAL)),
+        _ => Ok(()),
+    }
+}
+
+/// Whether `open(2)` flags may change the file.
+fn flags_write(flags: i32) -> bool {
+    let acc = flags & libc::O_ACCMODE;
+    acc == libc::O_WRONLY || acc == libc::O_RDWR || flags & libc::O_TRUNC != 0
+}
+
+/// The permission bits of `mode` with set-user-id cleared, and set-group-id cleared when the
+/// group may execute; `None` when nothing needs clearing.
+fn killed_suidgid(mode: u32) -> Option<u32> {
+    let mut m = mode & 0o7777;
+    if m & libc::S_ISUID != 0 {
+        m &= !libc::S_ISUID;
+    }
+    if m & libc::S_ISGID != 0 && m & libc::S_IXGRP != 0 {
+        m &= !libc::S_ISGID;
+    }
+    (m != mode & 0o7777).then_some(m)
+}
+
+fn timespec(t: SetTime) -> libc::timespec {
+    let (tv_sec, tv_nsec) = match t {
+        SetTime::Omit => (0, libc::UTIME_OMIT),
+        SetTime::Now => (0, libc::UTIME_NOW),
+        SetTime::At(s, ns) => (s, ns as i64),
+    };
+    libc::timespec {
+        tv_sec: tv_sec as libc::time_t,
+        tv_nsec: tv_nsec as _,
+    }
+}
+
+/// Whether a file of type `kind` (`S_IFMT` bits) may be opened for I/O on the host: symlinks
+/// are never followed (`ELOOP`); device nodes, FIFOs and sockets are served by the guest kernel
+/// itself and never opened here (`ENXIO`), so a node the guest made cannot reach a host device.
+fn check_openable(kind: u32) -> io::Result<()> {
+    match kind {
+        libc::S_IFREG | libc::S_IFDIR => Ok(()),
+        libc::S_IFLNK => Err(error(libc::ELOOP)),
+        _ => Err(error(libc::ENXIO)),
+    }
+}
+
+fn open_path_flags() -> i32 {
+    libc::O_PATH | libc::O_NOFOLLOW
+}
+
+impl PassthroughFs {
+    /// Opens the shared directory `cfg.root_dir` and `/proc/self/fd`.
+    pub fn new(cfg: Config) -> io::Result<PassthroughFs> {
+        let open_path_dir = |path: &std::path::Path| -> io::Result<OwnedFd> {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+                .open(path)?;
+            Ok(f.into())
+        };
+        let root = open_path_dir(&cfg.root_dir)?;
+        let proc_self_fd = open_path_dir(std::path::Path::new("/proc/self/fd"))?;
+        let (st, mnt_id) = sys::stat_fd_mnt(root.as_fd())?;
+        Ok(PassthroughFs {
+            inodes: InodeStore::new(root, &st, mnt_id),
+            handles: HandleStore::default(),
+            proc_self_fd,
+            as_root: credentials::running_as_root(),
+            cfg,
+        })
+    }
+
+    fn inode(&self, id: u64) -> io::Result<Arc<InodeData>> {
+        self.inodes.get(id).ok_or_else(|| error(libc::EBADF))
+    }
+
+    fn check_writable(&self) -> io::Result<()> {
+        if self.cfg.readonly {
+            Err(error(libc::EROFS))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn xattr_enabled(&self) -> io::Result<()> {
+        if self.cfg.xattr {
+            Ok(())
+        } else {
+            Err(error(libc::ENOSYS))
+        }
+    }
+
+    fn entry(&self, id: u64, attr: libc::stat64) -> Entry {
+        Entry {
+            inode: id,
+            generation: 0,
+            attr,
+            attr_flags: 0,
+            attr_timeout: self.cfg.attr_timeout,
+            entry_timeout: self.cfg.entry_timeout,
+        }
+    }
+
+    /// Registers the file `fd` (`O_PATH`) refers to and returns its entry, with one reference.
+    fn register(&self, fd: OwnedFd) -> io::Result<Entry> {
+        let (st, mnt_id) = sys::stat_fd_mnt(fd.as_fd())?;
+        let id =
+            self.inodes
+                .get_or_insert(InodeKey::new(&st, mnt_id), st.st_mode & libc::S_IFMT, fd);
+        Ok(self.entry(id, st))
+    }
+
+    /// Looks `name` up in `parent` without following a symlink and takes one reference.
+    fn do_lookup(&self, parent: &InodeData, name: &CStr) -> io::Result<Entry> {
+        let fd = sys::openat(parent.fd(), name, open_path_flags(), 0)?;
+        self.register(fd)
+    }
+
+    /// Opens `inode` for I/O through `/proc/self/fd/N` (resolving to the inode itself).
+    fn reopen(&self, inode: &InodeData, flags: i32) -> io::Result<OwnedFd> {
+        self.reopen_fd(inode.fd(), flags)
+    }
+
+    /// Opens the file `fd` refers to through `/proc/self/fd/N`; `O_DIRECT` is dropped when the
+    /// host file system refuses it.
+    fn reopen_fd(&self, fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
+        let name = ProcName::new(fd.as_raw_fd());
+        let flags = flags & !(libc::O_NOFOLLOW | libc::O_CREAT | libc::O_EXCL);
+        match sys::openat(self.proc_self_fd.as_fd(), name.name(), flags, 0) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && flags & libc::O_DIRECT != 0 => {
+                sys::openat(
+                    self.proc_self_fd.as_fd(),
+                    name.name(),
+                    flags & !libc::O_DIRECT,
+                    0,
+                )
+            }
+            r => r,
+        }
+    }
+
+    /// The guest's `open(2)` flags as the host file is opened with: creation, terminal,
+    /// path-only and signal flags removed; with writeback caching, write-only becomes
+    /// read-write (the guest's page cache may read) and `O_APPEND` is left to the guest.
+    fn host_open_flags(&self, flags: i32) -> i32 {
+        let mut f = flags
+            & !(libc::O_CREAT
+                | libc::O_EXCL
+                | libc::O_NOCTTY
+                | libc::O_NOFOLLOW
+                | libc::O_PATH
+                | libc::O_ASYNC
+                | (libc::O_TMPFILE & !libc::O_DIRECTORY));
+        if self.cfg.writeback {
+            if f & libc::O_ACCMODE == libc::O_WRONLY {
+                f = (f & !libc::O_ACCMODE) | libc::O_RDWR;
+            }
+            f &= !libc::O_APPEND;
+        }
+        f
+    }
+
+    fn file_open_flags(&self) -> u32 {
+        match self.cfg.cache {
+            CacheMode::Never | CacheMode::Metadata => fopen::DIRECT_IO,
+            CacheMode::Auto => 0,
+            CacheMode::Always => fopen::KEEP_CACHE,
+        }
+    }
+
+    fn dir_open_flags(&self) -> u32 {
+        match self.cfg.cache {
+            CacheMode::Always => fopen::CACHE_DIR | fopen::KEEP_CACHE,
+            _ => 0,
+        }
+    }
+
+    /// Makes a node with `make(parent_fd)` as the caller, then looks it up.
+    fn make_node(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        make: impl FnOnce(BorrowedFd<'_>) -> io::Result<()>,
+    ) -> io::Result<Entry> {
+        self.check_writable()?;
+        check_new_name(name)?;
+        let p = self.inode(parent)?;
+        {
+            let _creds = credentials::switch_to(self.as_root, ctx.uid, ctx.gid)?;
+            make(p.fd())?;
+        }
+        self.do_lookup(&p, name)
+    }
+
+    /// Registers a file just opened (by CREATE or TMPFILE) as an inode and a handle.
+    fn register_open(&self, file: OwnedFd, direct: bool) -> io::Result<(Entry, Opened)> {
+        if direct {
+            // The host may not support direct I/O; the guest is told DIRECT_IO regardless.
+            let _ = sys::set_direct(file.as_fd());
+        }
+        let name = ProcName::new(file.as_raw_fd());
+        let path_fd = sys::openat(self.proc_self_fd.as_fd(), name.name(), libc::O_PATH, 0)?;
+        let entry = self.register(path_fd)?;
+        let handle = self.handles.insert(HandleData::file(entry.inode, file));
+        let opened = Opened {
+            handle: Some(handle),
+            open_flags: self.file_open_flags(),
+        };
+        Ok((entry, opened))
+    }
+
+    /// Clears set-user-id / set-group-id on the open file `fd` as an unprivileged write would.
+    fn kill_suidgid_fd(fd: BorrowedFd<'_>) -> io::Result<()> {
+        let st = sys::stat_fd(fd)?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            if let Some(m) = killed_suidgid(st.st_mode) {
+                sys::fchmod(fd, m)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn dir_handle(&self, inode: u64, handle: u64) -> io::Result<Arc<HandleData>> {
+        let h = self.handles.get(handle, inode)?;
+        if h.dir.is_none() {
+            return Err(error(libc::ENOTDIR));
+        }
+        Ok(h)
+    }
+}
+
+impl FileSystem for PassthroughFs {
+    fn init(&self, capable: u64) -> io::Result<u64> {
+        let mut want = init::ASYNC_READ
+            | init::PARALLEL_DIROPS
+            | init::BIG_WRITES
+            | init::ATOMIC_O_TRUNC
+            | init::MAX_PAGES;
+        if self.cfg.readdirplus {
+            want |= init::DO_READDIRPLUS | init::READDIRPLUS_AUTO;
+        }
+        match self.cfg.cache {
+            CacheMode::Always => want |= init::CACHE_SYMLINKS,
+            CacheMode::Auto => want |= init::AUTO_INVAL_DATA,
+            CacheMode::Never | CacheMode::Metadata => {}
+        }
+        if self.cfg.writeback {
+            want |= init::WRITEBACK_CACHE;
+        }
+        Ok(want & capable)
+    }
+
+    fn destroy(&self) {
+        self.handles.clear();
+        self.inodes.clear();
+    }
+
+    fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
+        check_name(name)?;
+        let p = self.inode(parent)?;
+        let this = match name.to_bytes() {
+            b"." => true,
+            b".." => p.id == ROOT_ID,
+            _ => false,
+        };
+        if this {
+            if !p.is_dir() {
+                return Err(error(libc::ENOTDIR));
+            }
+            let st = sys::stat_fd(p.fd())?;
+            if !self.inodes.add_ref(p.id) {
+                return Err(error(libc::EBADF));
+            }
+            return Ok(self.entry(p.id, st));
+        }
+        self.do_lookup(&p, name)
+    }
+
+    fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
+        self.inodes.forget(inode, count);
+    }
+
+    fn getattr(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: Option<u64>,
+    ) -> io::Result<(libc::stat64, Duration)> {
+        let data = self.inode(inode)?;
+        let st = match handle.and_then(|h| self.handles.get(h, inode).ok()) {
+            Some(h) => sys::stat_fd(h.fd())?,
+            None => sys::stat_fd(data.fd())?,
+        };
+        Ok((st, self.cfg.attr_timeout))
+    }
+
+    fn setattr(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        attr: SetAttr,
+        handle: Option<u64>,
+    ) -> io::Result<(libc::stat64, Duration)> {
+        self.check_writable()?;
+        let data = self.inode(inode)?;
+        let h = handle.and_then(|h| self.handles.get(h, inode).ok());
+        let proc = ProcName::new(data.fd.as_raw_fd());
+
+        if let Some(mode) = attr.mode {
+            match &h {
+                Some(h) => sys::fchmod(h.fd(), mode & 0o7777)?,
+                None if data.is_symlink() => return Err(error(libc::EOPNOTSUPP)),
+                None => sys::fchmodat(self.proc_self_fd.as_fd(), proc.name(), mode & 0o7777)?,
+            }
+        }
+        if attr.uid.is_some() || attr.gid.is_some() {
+            let uid = attr.uid.unwrap_or(u32::MAX);
+            let gid = attr.gid.unwrap_or(u32::MAX);
+            sys::fchown_fd(data.fd(), uid, gid)?;
+        }
+        if let Some(size) = attr.size {
+            match &h {
+                Some(h) => sys::ftruncate(h.fd(), size)?,
+                None => {
+                    match data.kind {
+                        libc::S_IFREG => {}
+                        libc::S_IFDIR => return Err(error(libc::EISDIR)),
+                        _ => return Err(error(libc::EINVAL)),
+                    }
+                    let f = self.reopen(&data, libc::O_WRONLY | libc::O_NONBLOCK)?;
+                    sys::ftruncate(f.as_fd(), size)?;
+                }
+            }
+        }
+        if attr.atime != SetTime::Omit || attr.mtime != SetTime::Omit {
+            let times = [timespec(attr.atime), timespec(attr.mtime)];
+            match &h {
+                Some(h) => sys::futimens(h.fd(), &times)?,
+                None => sys::utimensat(self.proc_self_fd.as_fd(), proc.name(), &times)?,
+            }
+        }
+        if attr.kill_suidgid && attr.mode.is_none() && data.kind == libc::S_IFREG {
+            let st = sys::stat_fd(data.fd())?;
+            if let Some(m) = killed_suidgid(st.st_mode) {
+                sys::fchmodat(self.proc_self_fd.as_fd(), proc.name(), m)?;
+            }
+        }
+        Ok((sys::stat_fd(data.fd())?, self.cfg.attr_timeout))
+    }
+
+    fn readlink(&self, _ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
+        let data = self.inode(inode)?;
+        if !data.is_symlink() {
+            return Err(error(libc::EINVAL));
+        }
+        sys::readlink_fd(data.fd())
+    }
+
+    fn symlink(&self, ctx: &Context, target: &CStr, parent: u64, name: &CStr) -> io::Result<Entry> {
+        self.make_node(ctx, parent, name, |dir| sys::symlinkat(target, dir, name))
+    }
+
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    ) -> io::Result<Entry> {
+        let mode = mode & !(umask & 0o7777);
+        self.make_node(ctx, parent, name, |dir| {
+            sys::mknodat(dir, name, mode, u64::from(rdev))
+        })
+    }
+
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        umask: u32,
+    ) -> io::Result<Entry> {
+        let mode = mode & !umask & 0o7777;
+        self.make_node(ctx, parent, name, |dir| sys::mkdirat(dir, name, mode))
+    }
+
+    fn unlink(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        self.check_writable()?;
+        check_new_name(name)?;
+        let p = self.inode(parent)?;
+        sys::unlinkat(p.fd(), name, 0)
+    }
+
+    fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        self.check_writable()?;
+        check_new_name(name)?;
+        let p = self.inode(parent)?;
+        sys::unlinkat(p.fd(), name, libc::AT_REMOVEDIR)
+    }
+
+    fn rename(
+        &self,
+        _ctx: &Context,
+        olddir: u64,
+        oldname: &CStr,
+        newdir: u64,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
+        self.check_writable()?;
+        if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE | libc::RENAME_WHITEOUT) != 0 {
+            return Err(error(libc::EINVAL));
+        }
+        check_new_name(oldname)?;
+        check_new_name(newname)?;
+        let old = self.inode(olddir)?;
+        let new = self.inode(newdir)?;
+        sys::renameat2(old.fd(), oldname, new.fd(), newname, flags)
+    }
+
+    fn link(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        newparent: u64,
+        newname: &CStr,
+    ) -> io::Result<Entry> {
+        self.check_writable()?;
+        check_new_name(newname)?;
+        let src = self.inode(inode)?;
+        let np = self.inode(newparent)?;
+        if src.is_dir() {
+            return Err(error(libc::EPERM));
+        }
+        // Following the magic link reaches the inode itself (a symlink is linked, not its
+        // target) and needs no privilege, unlike `AT_EMPTY_PATH`.
+        let proc = ProcName::new(src.fd.as_raw_fd());
+        sys::linkat(
+            self.proc_self_fd.as_fd(),
+            proc.name(),
+            np.fd(),
+            newname,
+            libc::AT_SYMLINK_FOLLOW,
+        )?;
+        self.do_lookup(&np, newname)
+    }
+
+    fn open(&self, _ctx: &Context, inode: u64, flags: u32, fuse_flags: u32) -> io::Result<Opened> {
+        let flags = flags as i32;
+        if self.cfg.readonly && flags_write(flags) {
+            return Err(error(libc::EROFS));
+        }
+        let data = self.inode(inode)?;
+        check_openable(data.kind)?;
+        let file = self.reopen(&data, self.host_open_flags(flags))?;
+        if fuse_flags & crate::fuse::abi::OPEN_KILL_SUIDGID != 0 && flags & libc::O_TRUNC != 0 {
+            Self::kill_suidgid_fd(file.as_fd())?;
+        }
+        let handle = self.handles.insert(HandleData::file(inode, file));
+        Ok(Opened {
+            handle: Some(handle),
+            open_flags: self.file_open_flags(),
+        })
+    }
+
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+        _fuse_flags: u32,
+    ) -> io::Result<(Entry, Opened)> {
+        self.check_writable()?;
+        check_new_name(name)?;
+        let p = self.inode(parent)?;
+        let flags = flags as i32;
+        let direct = flags & libc::O_DIRECT != 0;
+        // Always exclusive: an existing name is handled below. O_DIRECT is set after creation
+        // (the host may refuse it, and the file must not be created twice).
+        let oflags =
+            (self.host_open_flags(flags) & !libc::O_DIRECT) | libc::O_CREAT | libc::O_NOFOLLOW;
+        let mode = mode & !umask & 0o7777;
+        let mut tries = 0;
+        loop {
+            let created = {
+                let _creds = credentials::switch_to(self.as_root, ctx.uid, ctx.gid)?;
+                sys::openat(p.fd(), name, oflags | libc::O_EXCL, mode)
+            };
+            match created {
+                Ok(file) => return self.register_open(file, direct),
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {}
+                Err(e) => return Err(e),
+            }
+            // The name exists: open it as OPEN would, so that an existing device node, FIFO or
+            // socket is never opened on the host.
+            match sys::openat(p.fd(), name, open_path_flags(), 0) {
+                Ok(path_fd) => {
+                    let st = sys::stat_fd(path_fd.as_fd())?;
+                    match st.st_mode & libc::S_IFMT {
+                        libc::S_IFDIR => return Err(error(libc::EISDIR)),
+                        kind => check_openable(kind)?,
+                    }
+                    let file = self.reopen_fd(path_fd.as_fd(), self.host_open_flags(flags))?;
+                    return self.register_open(file, false);
+                }
+                // Removed in between: try creating again.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) && tries < 3 => tries += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn tmpfile(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> io::Result<(Entry, Opened)> {
+        self.check_writable()?;
+        let p = self.inode(parent)?;
+        let flags = flags as i32;
+        let direct = flags & libc::O_DIRECT != 0;
+        let oflags = (self.host_open_flags(flags) & !libc::O_DIRECT) | libc::O_TMPFILE;
+        let mode = mode & !umask & 0o7777;
+        let file = {
+            let _creds = credentials::switch_to(self.as_root, ctx.uid, ctx.gid)?;
+            sys::openat(p.fd(), c".", oflags, mode)?
+        };
+        self.register_open(file, direct)
+    }
+
+    fn read(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        w: &mut dyn ZeroCopyWriter,
+        size: u32,
+        offset: u64,
+    ) -> io::Result<usize> {
+        sys::to_off(offset)?;
+        let h = self.handles.get(handle, inode)?;
+        let size = size as usize;
+        let mut done = 0usize;
+        while done < size {
+            let at = offset
+                .checked_add(done as u64)
+                .ok_or_else(|| error(libc::EINVAL))?;
+            match w.read_from_file_at(h.fd(), size - done, at) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) if done > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
+    fn write(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        r: &mut dyn ZeroCopyReader,
+        size: u32,
+        offset: u64,
+        kill_priv: bool,
+    ) -> io::Result<usize> {
+        self.check_writable()?;
+        sys::to_off(offset)?;
+        let h = self.handles.get(handle, inode)?;
+        if kill_priv {
+            Self::kill_suidgid_fd(h.fd())?;
+        }
+        let size = size as usize;
+        let mut done = 0usize;
+        while done < size {
+            let at = offset
+                .checked_add(done as u64)
+                .ok_or_else(|| error(libc::EINVAL))?;
+            match r.write_to_file_at(h.fd(), size - done, at) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) if done > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
+    fn flush(&self, _ctx: &Context, inode: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
+        let h = self.handles.get(handle, inode)?;
+        // Closing a duplicate gives the host file system the close(2) of the guest process
+        // (for example NFS flushes on close) while the handle stays open.
+        drop(sys::dup(h.fd())?);
+        Ok(())
+    }
+
+    fn release(&self, _ctx: &Context, inode: u64, _flags: u32, handle: u64) -> io::Result<()> {
+        self.handles.remove(handle, inode)
+    }
+
+    fn fsync(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        let h = self.handles.get(handle, inode)?;
+        sys::fsync(h.fd(), datasync)
+    }
+
+    fn opendir(&self, _ctx: &Context, inode: u64, _flags: u32) -> io::Result<Opened> {
+        let data = self.inode(inode)?;
+        if !data.is_dir() {
+            return Err(error(libc::ENOTDIR));
+        }
+        let file = self.reopen(&data, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let handle = self.handles.insert(HandleData::dir(inode, file));
+        Ok(Opened {
+            handle: Some(handle),
+            open_flags: self.dir_open_flags(),
+        })
+    }
+
+    fn readdir(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        _size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry<'_>) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        let h = self.dir_handle(inode, handle)?;
+        let Some(dir) = &h.dir else {
+            return Err(error(libc::ENOTDIR));
+        };
+        let mut snap = dir.lock().unwrap_or_else(PoisonError::into_inner);
+        if offset == 0 || !snap.is_filled() {
+            snap.fill(h.fd())?;
+        }
+        let Ok(start) = usize::try_from(offset) else {
+            return Ok(());
+        };
+        for i in start..snap.len() {
+            let Some(e) = snap.get(i) else { break };
+            let n = add_entry(DirEntry {
+                ino: e.ino,
+                offset: i as u64 + 1,
+                type_: u32::from(e.dtype),
+                name: e.name,
+            })?;
+            if n == 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn readdirplus(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        _size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry<'_>, Entry) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        let h = self.dir_handle(inode, handle)?;
+        let parent = self.inode(inode)?;
+        let Some(dir) = &h.dir else {
+            return Err(error(libc::ENOTDIR));
+        };
+        let mut snap = dir.lock().unwrap_or_else(PoisonError::into_inner);
+        if offset == 0 || !snap.is_filled() {
+            snap.fill(h.fd())?;
+        }
+        let Ok(start) = usize::try_from(offset) else {
+            return Ok(());
+        };
+        let mut emitted = false;
+        for i in start..snap.len() {
+            let Some(e) = snap.get(i) else { break };
+            let dirent = |type_: u32| DirEntry {
+                ino: e.ino,
+                offset: i as u64 + 1,
+                type_,
+                name: e.name,
+            };
+            let (dent, entry) = if e.name == b"." || e.name == b".." {
+                // No node id (and no reference) for these: the guest never looks them up.
+                let mut attr = sys::zeroed_stat();
+                attr.st_ino = e.ino;
+                attr.st_mode = sys::dtype_to_mode(e.dtype);
+                let entry = Entry {
+                    inode: 0,
+                    generation: 0,
+                    attr,
+                    attr_flags: 0,
+                    attr_timeout: Duration::ZERO,
+                    entry_timeout: Duration::ZERO,
+                };
+                (dirent(u32::from(e.dtype)), entry)
+            } else {
+                match self.do_lookup(&parent, e.cname) {
+                    Ok(entry) => {
+                        let t = sys::mode_to_dtype(entry.attr.st_mode);
+                        (dirent(u32::from(t)), entry)
+                    }
+                    // Removed since the snapshot was taken.
+                    Err(err) if err.raw_os_error() == Some(libc::ENOENT) => continue,
+                    Err(_) if emitted => break,
+                    Err(err) => return Err(err),
+                }
+            };
+            let id = entry.inode;
+            match add_entry(dent, entry) {
+                Ok(n) if n > 0 => emitted = true,
+                res => {
+                    // Refused (or failed): the guest never saw this reference.
+                    if id != 0 {
+                        self.inodes.forget(id, 1);
+                    }
+                    return res.map(drop);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn releasedir(&self, _ctx: &Context, inode: u64, _flags: u32, handle: u64) -> io::Result<()> {
+        self.handles.remove(handle, inode)
+    }
+
+    fn fsyncdir(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        let h = self.handles.get(handle, inode)?;
+        sys::fsync(h.fd(), datasync)
+    }
+
+    fn statfs(&self, _ctx: &Context, inode: u64) -> io::Result<libc::statvfs64> {
+        let data = self.inode(inode)?;
+        sys::fstatvfs(data.fd())
+    }
+
+    fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
+        let data = self.inode(inode)?;
+        let st = sys::stat_fd(data.fd())?;
+        let mask = mask as i32 & (libc::R_OK | libc::W_OK | libc::X_OK);
+        if mask == libc::F_OK {
+            return Ok(());
+        }
+        let mode = st.st_mode;
+        let root = ctx.uid == 0;
+        // Whether owner, group or others (as applicable to the caller) have `bits` (rwx
+        // position in the owner triplet).
+        let allowed = |owner_bit: u32| {
+            (st.st_uid == ctx.uid && mode & owner_bit != 0)
+                || (st.st_gid == ctx.gid && mode & (owner_bit >> 3) != 0)
+                || mode & (owner_bit >> 6) != 0
+        };
+        let denied = io::Error::from_raw_os_error(libc::EACCES);
+        if mask & libc::R_OK != 0 && !root && !allowed(libc::S_IRUSR) {
+            return Err(denied);
+        }
+        if mask & libc::W_OK != 0 {
+            if self.cfg.readonly {
+                return Err(error(libc::EROFS));
+            }
+            if !root && !allowed(libc::S_IWUSR) {
+                return Err(denied);
+            }
+        }
+        if mask & libc::X_OK != 0 {
+            let root_may = root && (mode & 0o111 != 0 || mode & libc::S_IFMT == libc::S_IFDIR);
+            if !root_may && !allowed(libc::S_IXUSR) {
+                return Err(denied);
+            }
+        }
+        Ok(())
+    }
+
+    fn setxattr(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        name: &CStr,
+        value: &[u8],
+        flags: u32,
+    ) -> io::Result<()> {
+        self.xattr_enabled()?;
+        self.check_writable()?;
+        let data = self.inode(inode)?;
+        let proc = ProcName::new(data.fd.as_raw_fd());
+        sys::setxattr(proc.path(), name, value, flags as i32)
+    }
+
+    fn getxattr(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        name: &CStr,
+        size: u32,
+    ) -> io::Result<XattrReply> {
+        self.xattr_enabled()?;
+        let data = self.inode(inode)?;
+        let proc = ProcName::new(data.fd.as_raw_fd());
+        if size == 0 {
+            let n = sys::getxattr(proc.path(), name, &mut [])?;
+            return Ok(XattrReply::Size(n as u32));
+        }
+        let mut buf = vec![0u8; (size as usize).min(XATTR_MAX)];
+        let n = sys::getxattr(proc.path(), name, &mut buf)?;
+        buf.truncate(n);
+        Ok(XattrReply::Data(buf))
+    }
+
+    fn listxattr(&self, _ctx: &Context, inode: u64, size: u32) -> io::Result<XattrReply> {
+        self.xattr_enabled()?;
+        let data = self.inode(inode)?;
+        let proc = ProcName::new(data.fd.as_raw_fd());
+        if size == 0 {
+            let n = sys::listxattr(proc.path(), &mut [])?;
+            return Ok(XattrReply::Size(n as u32));
+        }
+        let mut buf = vec![0u8; (size as usize).min(XATTR_MAX)];
+        let n = sys::listxattr(proc.path(), &mut buf)?;
+        buf.truncate(n);
+        Ok(XattrReply::Data(buf))
+    }
+
+    fn removexattr(&self, _ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> {
+        self.xattr_enabled()?;
+        self.check_writable()?;
+        let data = self.inode(inode)?;
+        let proc = ProcName::new(data.fd.as_raw_fd());
+        sys::removexattr(proc.path(), name)
+    }
+
+    fn fallocate(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> io::Result<()> {
+        self.check_writable()?;
+        let h = self.handles.get(handle, inode)?;
+        sys::fallocate(h.fd(), mode, offset, length)
+    }
+
+    fn lseek(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        offset: u64,
+        whence: u32,
+    ) -> io::Result<u64> {
+        let whence = match whence as i32 {
+            w @ (libc::SEEK_SET
+            | libc::SEEK_CUR
+            | libc::SEEK_END
+            | libc::SEEK_DATA
+            | libc::SEEK_HOLE) => w,
+            _ => return Err(error(libc::EINVAL)),
+        };
+        let h = self.handles.get(handle, inode)?;
+        sys::lseek(h.fd(), offset, whence)
+    }
+
+    fn copy_file_range(
+        &self,
+        _ctx: &Context,
+        inode_in: u64,
+        handle_in: u64,
+        offset_in: u64,
+        inode_out: u64,
+        handle_out: u64,
+        offset_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> io::Result<usize> {
+        self.check_writable()?;
+        let flags = u32::try_from(flags).map_err(|_| error(libc::EINVAL))?;
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        let hin = self.handles.get(handle_in, inode_in)?;
+        let hout = self.handles.get(handle_out, inode_out)?;
+        sys::copy_file_range(hin.fd(), offset_in, hout.fd(), offset_out, len, flags)
+    }
+
+    fn syncfs(&self, _ctx: &Context, inode: u64) -> io::Result<()> {
+        let data = self.inode(inode)?;
+        // syncfs(2) needs a real descriptor; regular files and directories are safe to open.
+        let opened = match data.kind {
+            libc::S_IFDIR => self.reopen(&data, libc::O_RDONLY | libc::O_DIRECTORY).ok(),
+            libc::S_IFREG => self.reopen(&data, libc::O_RDONLY | libc::O_NONBLOCK).ok(),
+            _ => None,
+        };
+        let file = match opened {
+            Some(f) => f,
+            None => {
+                let root = self.inode(ROOT_ID)?;
+                self.reopen(&root, libc::O_RDONLY | libc::O_DIRECTORY)?
+            }
+        };
+        sys::syncfs(file.as_fd())
+    }
+}

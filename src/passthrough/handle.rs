@@ -1,0 +1,140 @@
+//! The handle table: files and directories the guest has open (OPEN, CREATE, TMPFILE,
+//! OPENDIR) until the matching RELEASE / RELEASEDIR.
+//!
+//! A handle owns a real (not `O_PATH`) descriptor of its inode; a directory handle also owns
+//! the [`DirSnapshot`] its READDIRs are served from. Handle numbers come from a counter and are
+//! never reused. Requests name the inode as well as the handle; a handle used with another
+//! inode is refused with `EBADF`.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use super::dir::DirSnapshot;
+use super::sys;
+
+/// One open file or directory.
+#[derive(Debug)]
+pub struct HandleData {
+    pub inode: u64,
+    pub file: OwnedFd,
+    /// The directory listing, for handles made by OPENDIR.
+    pub dir: Option<Mutex<DirSnapshot>>,
+}
+
+impl HandleData {
+    pub fn file(inode: u64, file: OwnedFd) -> Self {
+        HandleData {
+            inode,
+            file,
+            dir: None,
+        }
+    }
+
+    pub fn dir(inode: u64, file: OwnedFd) -> Self {
+        HandleData {
+            inode,
+            file,
+            dir: Some(Mutex::new(DirSnapshot::new())),
+        }
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+/// Handle number → open file.
+pub struct HandleStore {
+    map: RwLock<HashMap<u64, Arc<HandleData>>>,
+    next: AtomicU64,
+}
+
+impl Default for HandleStore {
+    fn default() -> Self {
+        HandleStore {
+            map: RwLock::new(HashMap::new()),
+            next: AtomicU64::new(1),
+        }
+    }
+}
+
+impl HandleStore {
+    pub fn insert(&self, data: HandleData) -> u64 {
+        let h = self.next.fetch_add(1, Ordering::Relaxed);
+        self.map
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(h, Arc::new(data));
+        h
+    }
+
+    /// The handle `h` of `inode`; `EBADF` when unknown or opened for another inode.
+    pub fn get(&self, h: u64, inode: u64) -> io::Result<Arc<HandleData>> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        match map.get(&h) {
+            Some(data) if data.inode == inode => Ok(data.clone()),
+            _ => Err(sys::error(libc::EBADF)),
+        }
+    }
+
+    /// Closes the handle `h` of `inode` (once no request still uses it).
+    pub fn remove(&self, h: u64, inode: u64) -> io::Result<()> {
+        let removed = {
+            let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+            match map.get(&h) {
+                Some(data) if data.inode == inode => map.remove(&h),
+                _ => return Err(sys::error(libc::EBADF)),
+            }
+        };
+        drop(removed);
+        Ok(())
+    }
+
+    pub fn clear(&self) {
+        let old = std::mem::take(&mut *self.map.write().unwrap_or_else(PoisonError::into_inner));
+        drop(old);
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.map
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn devnull() -> OwnedFd {
+        std::fs::File::open("/dev/null").unwrap().into()
+    }
+
+    #[test]
+    fn handles_are_distinct_and_bound_to_their_inode() {
+        let store = HandleStore::default();
+        let a = store.insert(HandleData::file(5, devnull()));
+        let b = store.insert(HandleData::dir(6, devnull()));
+        assert_ne!(a, b);
+        assert_eq!(store.get(a, 5).unwrap().inode, 5);
+        assert!(store.get(b, 6).unwrap().dir.is_some());
+        let e = store.get(a, 6).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+        assert_eq!(
+            store.remove(a, 6).unwrap_err().raw_os_error(),
+            Some(libc::EBADF)
+        );
+        store.remove(a, 5).unwrap();
+        assert_eq!(
+            store.remove(a, 5).unwrap_err().raw_os_error(),
+            Some(libc::EBADF)
+        );
+        store.clear();
+        assert_eq!(store.len(), 0);
+    }
+}

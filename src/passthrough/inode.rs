@@ -1,0 +1,291 @@
+//! The inode store: node ids handed to the guest, each backed by an `O_PATH | O_NOFOLLOW`
+//! descriptor of a host file.
+//!
+//! A host file is identified by (`st_dev`, `st_ino`, mount id); looking up a file already known
+//! returns its node id and adds a reference, so one host file has one node id at a time. The
+//! table is read-mostly: lookups of known files and most forgets take only the read lock and
+//! change the per-inode atomic count; the write lock is taken to add an inode and to remove one
+//! whose count reaches zero.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use crate::fuse::abi::ROOT_ID;
+
+/// What identifies a host file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct InodeKey {
+    pub dev: u64,
+    pub ino: u64,
+    pub mnt_id: u64,
+}
+
+impl InodeKey {
+    pub fn new(st: &libc::stat64, mnt_id: u64) -> Self {
+        InodeKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            mnt_id,
+        }
+    }
+}
+
+/// One host file the guest holds references on.
+#[derive(Debug)]
+pub struct InodeData {
+    pub id: u64,
+    pub key: InodeKey,
+    /// `O_PATH | O_NOFOLLOW` descriptor of the file.
+    pub fd: OwnedFd,
+    /// `S_IFMT` bits of the file's mode.
+    pub kind: u32,
+    refcount: AtomicU64,
+}
+
+impl InodeData {
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.kind == libc::S_IFDIR
+    }
+
+    pub fn is_symlink(&self) -> bool {
+        self.kind == libc::S_IFLNK
+    }
+
+    #[cfg(test)]
+    pub fn refcount(&self) -> u64 {
+        self.refcount.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Default)]
+struct Maps {
+    by_id: HashMap<u64, Arc<InodeData>>,
+    by_key: HashMap<InodeKey, u64>,
+}
+
+/// Node id → inode, and host identity → node id.
+pub struct InodeStore {
+    maps: RwLock<Maps>,
+    next_id: AtomicU64,
+}
+
+impl InodeStore {
+    /// A store holding only the root directory, as [`ROOT_ID`].
+    pub fn new(root_fd: OwnedFd, root_st: &libc::stat64, mnt_id: u64) -> Self {
+        let store = InodeStore {
+            maps: RwLock::new(Maps::default()),
+            next_id: AtomicU64::new(ROOT_ID + 1),
+        };
+        store.insert_root(root_fd, root_st, mnt_id);
+        store
+    }
+
+    fn insert_root(&self, fd: OwnedFd, st: &libc::stat64, mnt_id: u64) {
+        let key = InodeKey::new(st, mnt_id);
+        let data = Arc::new(InodeData {
+            id: ROOT_ID,
+            key,
+            fd,
+            kind: st.st_mode & libc::S_IFMT,
+            refcount: AtomicU64::new(1),
+        });
+        let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
+        maps.by_key.insert(key, ROOT_ID);
+        maps.by_id.insert(ROOT_ID, data);
+    }
+
+    /// The inode with node id `id`.
+    pub fn get(&self, id: u64) -> Option<Arc<InodeData>> {
+        let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
+        maps.by_id.get(&id).cloned()
+    }
+
+    /// Adds one reference on `id`, if it is known.
+    pub fn add_ref(&self, id: u64) -> bool {
+        let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
+        match maps.by_id.get(&id) {
+            Some(data) => {
+                data.refcount.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Returns the node id of the file `fd` refers to (identified by `key`) with one more
+    /// reference, adding it with a count of 1 when new. `fd` is kept only for a new inode.
+    pub fn get_or_insert(&self, key: InodeKey, kind: u32, fd: OwnedFd) -> u64 {
+        {
+            let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(id) = Self::ref_existing(&maps, &key) {
+                return id;
+            }
+        }
+        let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(id) = Self::ref_existing(&maps, &key) {
+            return id;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let data = Arc::new(InodeData {
+            id,
+            key,
+            fd,
+            kind,
+            refcount: AtomicU64::new(1),
+        });
+        maps.by_key.insert(key, id);
+        maps.by_id.insert(id, data);
+        id
+    }
+
+    fn ref_existing(maps: &Maps, key: &InodeKey) -> Option<u64> {
+        let id = *maps.by_key.get(key)?;
+        let data = maps.by_id.get(&id)?;
+        // Counts only drop to zero (and entries go away) under the write lock, so an entry seen
+        // under any lock is live and taking a reference on it is enough.
+        data.refcount.fetch_add(1, Ordering::Relaxed);
+        Some(id)
+    }
+
+    /// Drops `count` references on `id`; at zero the inode is removed and its descriptor closed
+    /// (once no request still uses it). Unknown ids and the root are ignored.
+    pub fn forget(&self, id: u64, count: u64) {
+        if id == ROOT_ID || count == 0 {
+            return;
+        }
+        {
+            let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
+            let Some(data) = maps.by_id.get(&id) else {
+                return;
+            };
+            // Fast path: the count stays above zero.
+            let mut cur = data.refcount.load(Ordering::Relaxed);
+            while cur > count {
+                match data.refcount.compare_exchange_weak(
+                    cur,
+                    cur - count,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return,
+                    Err(now) => cur = now,
+                }
+            }
+        }
+        let removed = {
+            let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
+            let Some(data) = maps.by_id.get(&id) else {
+                return;
+            };
+            // Under the write lock nobody else changes counts.
+            let left = data.refcount.load(Ordering::Relaxed).saturating_sub(count);
+            data.refcount.store(left, Ordering::Relaxed);
+            if left > 0 {
+                return;
+            }
+            let key = data.key;
+            if maps.by_key.get(&key) == Some(&id) {
+                maps.by_key.remove(&key);
+            }
+            maps.by_id.remove(&id)
+        };
+        // The descriptor closes outside the lock (when the last `Arc` goes).
+        drop(removed);
+    }
+
+    /// Drops every inode but the root (the guest unmounted).
+    pub fn clear(&self) {
+        let old = {
+            let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
+            let root = maps.by_id.remove(&ROOT_ID);
+            let old = std::mem::take(&mut *maps);
+            if let Some(root) = root {
+                root.refcount.store(1, Ordering::Relaxed);
+                maps.by_key.insert(root.key, ROOT_ID);
+                maps.by_id.insert(ROOT_ID, root);
+            }
+            old
+        };
+        drop(old);
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.maps
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .by_id
+            .len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::passthrough::sys;
+    use std::os::fd::AsRawFd;
+
+    fn open_path(dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> (OwnedFd, InodeKey, u32) {
+        let fd = sys::openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0).unwrap();
+        let (st, mnt) = sys::stat_fd_mnt(fd.as_fd()).unwrap();
+        (fd, InodeKey::new(&st, mnt), st.st_mode & libc::S_IFMT)
+    }
+
+    fn store_on(dir: &std::path::Path) -> (InodeStore, OwnedFd) {
+        let root: OwnedFd = std::fs::File::open(dir).unwrap().into();
+        let (fd, key, _) = open_path(root.as_fd(), c".");
+        let (st, _) = sys::stat_fd_mnt(fd.as_fd()).unwrap();
+        (InodeStore::new(fd, &st, key.mnt_id), root)
+    }
+
+    #[test]
+    fn same_host_file_gets_same_id_and_counts_references() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        let (store, root) = store_on(tmp.path());
+        let (fd1, key, kind) = open_path(root.as_fd(), c"f");
+        let (fd2, key2, _) = open_path(root.as_fd(), c"f");
+        assert_eq!(key, key2);
+        let a = store.get_or_insert(key, kind, fd1);
+        let raw2 = fd2.as_raw_fd();
+        let b = store.get_or_insert(key, kind, fd2);
+        assert_eq!(a, b);
+        assert_ne!(a, ROOT_ID);
+        assert_eq!(store.get(a).unwrap().refcount(), 2);
+        // The second descriptor was not kept.
+        assert_ne!(store.get(a).unwrap().fd.as_raw_fd(), raw2);
+        store.forget(a, 1);
+        assert_eq!(store.get(a).unwrap().refcount(), 1);
+        store.forget(a, 1);
+        assert!(store.get(a).is_none());
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn root_and_unknown_ids_ignore_forget() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (store, _root) = store_on(tmp.path());
+        store.forget(ROOT_ID, 100);
+        store.forget(12345, 1);
+        assert!(store.get(ROOT_ID).is_some());
+    }
+
+    #[test]
+    fn clear_keeps_only_the_root() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        let (store, root) = store_on(tmp.path());
+        let (fd, key, kind) = open_path(root.as_fd(), c"f");
+        let id = store.get_or_insert(key, kind, fd);
+        store.clear();
+        assert!(store.get(id).is_none());
+        assert!(store.get(ROOT_ID).is_some());
+        assert_eq!(store.len(), 1);
+    }
+}

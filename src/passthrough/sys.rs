@@ -1,0 +1,517 @@
+//! Thin safe wrappers over the libc calls the passthrough filesystem makes.
+//!
+//! Every wrapper takes borrowed descriptors and NUL-terminated names, returns owned descriptors,
+//! and turns a `-1` into the thread's `errno` as an [`io::Error`]. None of them builds a host path
+//! from guest names: names are always resolved relative to a directory descriptor. The only
+//! absolute path used is `/proc/self/fd/N` (see [`ProcName`]), for the few calls that have no
+//! `*at` form (the `*xattr` family).
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The empty name, for `AT_EMPTY_PATH` calls on the descriptor itself.
+pub const EMPTY: &CStr = c"";
+
+/// An `io::Error` for a raw `errno` value.
+pub fn error(errno: i32) -> io::Error {
+    io::Error::from_raw_os_error(errno)
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn check_size(ret: isize) -> io::Result<usize> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+fn check_long(ret: libc::c_long) -> io::Result<u64> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as u64)
+    }
+}
+
+/// Converts a guest offset or length to `off64_t`; values above `i64::MAX` are `EINVAL`.
+pub fn to_off(v: u64) -> io::Result<libc::off64_t> {
+    libc::off64_t::try_from(v).map_err(|_| error(libc::EINVAL))
+}
+
+/// Takes ownership of a descriptor a successful call just returned.
+fn owned(fd: libc::c_int) -> OwnedFd {
+    // SAFETY: callers pass a descriptor the kernel has just created for us; nothing else owns it.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// A descriptor number as a NUL-terminated decimal name, to resolve under `/proc/self/fd`
+/// without allocating. [`ProcName::path`] gives the absolute `/proc/self/fd/N` form.
+pub struct ProcName {
+    buf: [u8; 32],
+    /// Where the decimal number starts in `buf`.
+    start: usize,
+    /// Length of `buf` including the terminating NUL.
+    len: usize,
+}
+
+const PROC_PREFIX: &[u8] = b"/proc/self/fd/";
+
+impl ProcName {
+    pub fn new(fd: RawFd) -> Self {
+        let mut digits = [0u8; 10];
+        let mut n = fd.unsigned_abs();
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let digits = &digits[i..];
+        let mut buf = [0u8; 32];
+        buf[..PROC_PREFIX.len()].copy_from_slice(PROC_PREFIX);
+        let end = PROC_PREFIX.len() + digits.len();
+        buf[PROC_PREFIX.len()..end].copy_from_slice(digits);
+        ProcName {
+            buf,
+            start: PROC_PREFIX.len(),
+            len: end + 1,
+        }
+    }
+
+    /// `"N"`, to resolve relative to a `/proc/self/fd` directory descriptor.
+    pub fn name(&self) -> &CStr {
+        CStr::from_bytes_with_nul(&self.buf[self.start..self.len]).unwrap_or(EMPTY)
+    }
+
+    /// `"/proc/self/fd/N"`.
+    pub fn path(&self) -> &CStr {
+        CStr::from_bytes_with_nul(&self.buf[..self.len]).unwrap_or(EMPTY)
+    }
+}
+
+pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is NUL-terminated and outlives the call; the result is checked.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    };
+    check(fd).map(owned)
+}
+
+/// A zeroed `stat64`, to be filled in.
+pub fn zeroed_stat() -> libc::stat64 {
+    // SAFETY: `stat64` is made of integers only, for which all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+pub fn fstatat(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<libc::stat64> {
+    let mut st = zeroed_stat();
+    // SAFETY: `name` is NUL-terminated and `st` is a valid out-pointer; the result is checked.
+    check(unsafe { libc::fstatat64(dir.as_raw_fd(), name.as_ptr(), &mut st, flags) })?;
+    Ok(st)
+}
+
+/// Attributes of the file `fd` refers to (any descriptor, `O_PATH` included; never follows).
+pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<libc::stat64> {
+    fstatat(fd, EMPTY, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
+}
+
+static HAVE_STATX: AtomicBool = AtomicBool::new(true);
+
+/// Attributes of `fd` and the id of the mount it is on (0 when the kernel cannot tell).
+pub fn stat_fd_mnt(fd: BorrowedFd<'_>) -> io::Result<(libc::stat64, u64)> {
+    if HAVE_STATX.load(Ordering::Relaxed) {
+        // SAFETY: `statx` is made of integers only, for which all-zero is a valid value.
+        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: the name is NUL-terminated and `stx` is a valid out-pointer; checked below.
+        let ret = unsafe {
+            libc::statx(
+                fd.as_raw_fd(),
+                EMPTY.as_ptr(),
+                libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+                libc::STATX_BASIC_STATS | libc::STATX_MNT_ID,
+                &mut stx,
+            )
+        };
+        match check(ret) {
+            Ok(_) => {
+                let mnt_id = if stx.stx_mask & libc::STATX_MNT_ID != 0 {
+                    stx.stx_mnt_id
+                } else {
+                    0
+                };
+                return Ok((statx_to_stat(&stx), mnt_id));
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) => {
+                HAVE_STATX.store(false, Ordering::Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((stat_fd(fd)?, 0))
+}
+
+fn statx_to_stat(stx: &libc::statx) -> libc::stat64 {
+    let mut st = zeroed_stat();
+    st.st_dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    st.st_ino = stx.stx_ino;
+    st.st_nlink = stx.stx_nlink as _;
+    st.st_mode = stx.stx_mode as _;
+    st.st_uid = stx.stx_uid;
+    st.st_gid = stx.stx_gid;
+    st.st_rdev = libc::makedev(stx.stx_rdev_major, stx.stx_rdev_minor);
+    st.st_size = stx.stx_size as _;
+    st.st_blksize = stx.stx_blksize as _;
+    st.st_blocks = stx.stx_blocks as _;
+    st.st_atime = stx.stx_atime.tv_sec as _;
+    st.st_atime_nsec = stx.stx_atime.tv_nsec as _;
+    st.st_mtime = stx.stx_mtime.tv_sec as _;
+    st.st_mtime_nsec = stx.stx_mtime.tv_nsec as _;
+    st.st_ctime = stx.stx_ctime.tv_sec as _;
+    st.st_ctime_nsec = stx.stx_ctime.tv_nsec as _;
+    st
+}
+
+pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated; the result is checked.
+    check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) }).map(drop)
+}
+
+pub fn mknodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32, rdev: u64) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated; the result is checked.
+    check(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode, rdev as libc::dev_t) })
+        .map(drop)
+}
+
+pub fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: both strings are NUL-terminated; the result is checked.
+    check(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) }).map(drop)
+}
+
+pub fn unlinkat(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated; the result is checked.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) }).map(drop)
+}
+
+pub fn renameat2(
+    olddir: BorrowedFd<'_>,
+    oldname: &CStr,
+    newdir: BorrowedFd<'_>,
+    newname: &CStr,
+    flags: u32,
+) -> io::Result<()> {
+    // SAFETY: both names are NUL-terminated; the raw syscall avoids depending on the libc
+    // version for `renameat2`; the result is checked.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            olddir.as_raw_fd(),
+            oldname.as_ptr(),
+            newdir.as_raw_fd(),
+            newname.as_ptr(),
+            flags,
+        )
+    };
+    check_long(ret).map(drop)
+}
+
+pub fn linkat(
+    olddir: BorrowedFd<'_>,
+    oldname: &CStr,
+    newdir: BorrowedFd<'_>,
+    newname: &CStr,
+    flags: i32,
+) -> io::Result<()> {
+    // SAFETY: both names are NUL-terminated; the result is checked.
+    let ret = unsafe {
+        libc::linkat(
+            olddir.as_raw_fd(),
+            oldname.as_ptr(),
+            newdir.as_raw_fd(),
+            newname.as_ptr(),
+            flags,
+        )
+    };
+    check(ret).map(drop)
+}
+
+/// The target of the symlink `fd` (an `O_PATH | O_NOFOLLOW` descriptor of it).
+pub fn readlink_fd(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: `buf` is writable for `buf.len()` bytes and the name is NUL-terminated; checked.
+    let ret = unsafe {
+        libc::readlinkat(
+            fd.as_raw_fd(),
+            EMPTY.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    let n = check_size(ret)?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+pub fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    // SAFETY: plain syscall on a borrowed descriptor; the result is checked.
+    check(unsafe { libc::fchmod(fd.as_raw_fd(), mode) }).map(drop)
+}
+
+pub fn fchmodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated; the result is checked.
+    check(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), mode, 0) }).map(drop)
+}
+
+/// Changes the owner of the file `fd` refers to (never following a symlink). `u32::MAX`
+/// (`-1`) leaves an id unchanged.
+pub fn fchown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: the name is NUL-terminated; the result is checked.
+    let ret = unsafe {
+        libc::fchownat(
+            fd.as_raw_fd(),
+            EMPTY.as_ptr(),
+            uid,
+            gid,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    check(ret).map(drop)
+}
+
+pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
+    let size = to_off(size)?;
+    // SAFETY: plain syscall on a borrowed descriptor; the result is checked.
+    check(unsafe { libc::ftruncate64(fd.as_raw_fd(), size) }).map(drop)
+}
+
+pub fn utimensat(dir: BorrowedFd<'_>, name: &CStr, times: &[libc::timespec; 2]) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated and `times` points to two timespecs; checked.
+    check(unsafe { libc::utimensat(dir.as_raw_fd(), name.as_ptr(), times.as_ptr(), 0) }).map(drop)
+}
+
+pub fn futimens(fd: BorrowedFd<'_>, times: &[libc::timespec; 2]) -> io::Result<()> {
+    // SAFETY: `times` points to two timespecs; the result is checked.
+    check(unsafe { libc::futimens(fd.as_raw_fd(), times.as_ptr()) }).map(drop)
+}
+
+pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> io::Result<()> {
+    // SAFETY: plain syscalls on a borrowed descriptor; the result is checked.
+    let ret = unsafe {
+        if datasync {
+            libc::fdatasync(fd.as_raw_fd())
+        } else {
+            libc::fsync(fd.as_raw_fd())
+        }
+    };
+    check(ret).map(drop)
+}
+
+pub fn dup(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall on a borrowed descriptor; the new descriptor is checked and owned.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) }).map(owned)
+}
+
+/// Adds `O_DIRECT` to an open file's status flags.
+pub fn set_direct(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain fcntl calls on a borrowed descriptor; the results are checked.
+    unsafe {
+        let fl = check(libc::fcntl(fd.as_raw_fd(), libc::F_GETFL))?;
+        check(libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_SETFL,
+            fl | libc::O_DIRECT,
+        ))
+        .map(drop)
+    }
+}
+
+pub fn fallocate(fd: BorrowedFd<'_>, mode: u32, offset: u64, len: u64) -> io::Result<()> {
+    let (offset, len) = (to_off(offset)?, to_off(len)?);
+    // SAFETY: plain syscall on a borrowed descriptor; the result is checked.
+    check(unsafe { libc::fallocate64(fd.as_raw_fd(), mode as i32, offset, len) }).map(drop)
+}
+
+pub fn lseek(fd: BorrowedFd<'_>, offset: u64, whence: i32) -> io::Result<u64> {
+    let offset = to_off(offset)?;
+    // SAFETY: plain syscall on a borrowed descriptor; the result is checked.
+    let ret = unsafe { libc::lseek64(fd.as_raw_fd(), offset, whence) };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as u64)
+    }
+}
+
+pub fn copy_file_range(
+    fd_in: BorrowedFd<'_>,
+    off_in: u64,
+    fd_out: BorrowedFd<'_>,
+    off_out: u64,
+    len: usize,
+    flags: u32,
+) -> io::Result<usize> {
+    let mut off_in = to_off(off_in)?;
+    let mut off_out = to_off(off_out)?;
+    // SAFETY: the offsets are valid in/out pointers to `loff_t`s for the duration of the call;
+    // the result is checked.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_copy_file_range,
+            fd_in.as_raw_fd(),
+            &mut off_in as *mut libc::off64_t,
+            fd_out.as_raw_fd(),
+            &mut off_out as *mut libc::off64_t,
+            len,
+            flags,
+        )
+    };
+    check_long(ret).map(|n| n as usize)
+}
+
+pub fn fstatvfs(fd: BorrowedFd<'_>) -> io::Result<libc::statvfs64> {
+    // SAFETY: `statvfs64` is made of integers only, for which all-zero is a valid value.
+    let mut st: libc::statvfs64 = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer; the result is checked.
+    check(unsafe { libc::fstatvfs64(fd.as_raw_fd(), &mut st) })?;
+    Ok(st)
+}
+
+pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain syscall on a borrowed descriptor; the result is checked.
+    check(unsafe { libc::syncfs(fd.as_raw_fd()) }).map(drop)
+}
+
+/// Reads directory entries of `fd` into `buf` (`getdents64`); 0 at the end of the directory.
+pub fn getdents64(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is writable for `buf.len()` bytes; the result is checked.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_getdents64,
+            fd.as_raw_fd(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    check_long(ret).map(|n| n as usize)
+}
+
+/// `getxattr(2)` on an absolute path (following the last component); `buf` empty asks the size.
+pub fn getxattr(path: &CStr, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the strings are NUL-terminated and `buf` is writable for `buf.len()` bytes (a null
+    // pointer is never dereferenced when the length is 0); the result is checked.
+    let ret = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    check_size(ret)
+}
+
+/// `listxattr(2)` on an absolute path; `buf` empty asks the size.
+pub fn listxattr(path: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the path is NUL-terminated and `buf` is writable for `buf.len()` bytes; checked.
+    let ret = unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    check_size(ret)
+}
+
+pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
+    // SAFETY: the strings are NUL-terminated and `value` is readable for its length; checked.
+    let ret = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    };
+    check(ret).map(drop)
+}
+
+pub fn removexattr(path: &CStr, name: &CStr) -> io::Result<()> {
+    // SAFETY: both strings are NUL-terminated; the result is checked.
+    check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
+}
+
+/// `libc::DT_*` of a `st_mode`.
+pub fn mode_to_dtype(mode: u32) -> u8 {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => libc::DT_REG,
+        libc::S_IFDIR => libc::DT_DIR,
+        libc::S_IFLNK => libc::DT_LNK,
+        libc::S_IFIFO => libc::DT_FIFO,
+        libc::S_IFSOCK => libc::DT_SOCK,
+        libc::S_IFCHR => libc::DT_CHR,
+        libc::S_IFBLK => libc::DT_BLK,
+        _ => libc::DT_UNKNOWN,
+    }
+}
+
+/// `S_IF*` type bits of a `libc::DT_*`.
+pub fn dtype_to_mode(dtype: u8) -> u32 {
+    match dtype {
+        libc::DT_REG => libc::S_IFREG,
+        libc::DT_DIR => libc::S_IFDIR,
+        libc::DT_LNK => libc::S_IFLNK,
+        libc::DT_FIFO => libc::S_IFIFO,
+        libc::DT_SOCK => libc::S_IFSOCK,
+        libc::DT_CHR => libc::S_IFCHR,
+        libc::DT_BLK => libc::S_IFBLK,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_name_formats_descriptor_numbers() {
+        assert_eq!(ProcName::new(0).name(), c"0");
+        assert_eq!(ProcName::new(7).path(), c"/proc/self/fd/7");
+        assert_eq!(ProcName::new(1234567).name(), c"1234567");
+        assert_eq!(ProcName::new(i32::MAX).path(), c"/proc/self/fd/2147483647");
+    }
+
+    #[test]
+    fn offsets_above_i64_max_are_einval() {
+        assert_eq!(to_off(i64::MAX as u64).unwrap(), i64::MAX);
+        let e = to_off(i64::MAX as u64 + 1).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+    }
+
+    #[test]
+    fn dtype_and_mode_round_trip() {
+        for m in [
+            libc::S_IFREG,
+            libc::S_IFDIR,
+            libc::S_IFLNK,
+            libc::S_IFIFO,
+            libc::S_IFSOCK,
+            libc::S_IFCHR,
+            libc::S_IFBLK,
+        ] {
+            assert_eq!(dtype_to_mode(mode_to_dtype(m | 0o644)), m);
+        }
+    }
+}

@@ -1,0 +1,1185 @@
+//! Behaviour tests of [`PassthroughFs`] on temporary directories, through the [`FileSystem`]
+//! trait only (plus a peek at the inode table for lookup counts).
+
+use super::*;
+use crate::fuse::io::{SliceReader, VecWriter};
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::fmt::Debug;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+fn ctx() -> Context {
+    Context {
+        uid: 0,
+        gid: 0,
+        pid: 1,
+    }
+}
+
+fn fs_with(dir: &Path, f: impl FnOnce(&mut Config)) -> PassthroughFs {
+    let mut cfg = Config::new(dir, CacheMode::Auto);
+    f(&mut cfg);
+    PassthroughFs::new(cfg).unwrap()
+}
+
+fn new_fs(dir: &Path) -> PassthroughFs {
+    fs_with(dir, |_| {})
+}
+
+fn cs(s: &str) -> CString {
+    CString::new(s).unwrap()
+}
+
+fn errno<T: Debug>(r: io::Result<T>) -> i32 {
+    r.unwrap_err().raw_os_error().expect("an OS error")
+}
+
+/// Looks `path` up component by component from the root (one reference per component).
+fn lookup(fs: &PassthroughFs, path: &str) -> Entry {
+    let mut e = fs.lookup(&ctx(), ROOT_ID, c".").unwrap();
+    for comp in path.split('/').filter(|c| !c.is_empty()) {
+        e = fs.lookup(&ctx(), e.inode, &cs(comp)).unwrap();
+    }
+    e
+}
+
+fn read_at(fs: &PassthroughFs, inode: u64, fh: u64, size: u32, off: u64) -> Vec<u8> {
+    let mut w = VecWriter::new(size as usize);
+    let n = fs.read(&ctx(), inode, fh, &mut w, size, off).unwrap();
+    let mut b = w.bytes();
+    b.truncate(n);
+    b
+}
+
+fn write_at(fs: &PassthroughFs, inode: u64, fh: u64, data: &[u8], off: u64) -> usize {
+    let mut r = SliceReader::new(data);
+    fs.write(&ctx(), inode, fh, &mut r, data.len() as u32, off, false)
+        .unwrap()
+}
+
+fn create(fs: &PassthroughFs, parent: u64, name: &str, mode: u32) -> (Entry, u64) {
+    let (e, o) = fs
+        .create(&ctx(), parent, &cs(name), mode, libc::O_RDWR as u32, 0, 0)
+        .unwrap();
+    (e, o.handle.unwrap())
+}
+
+/// Every (name, offset, type) of a directory, from `offset` on, taking at most `max` entries.
+fn readdir(
+    fs: &PassthroughFs,
+    inode: u64,
+    fh: u64,
+    offset: u64,
+    max: usize,
+) -> Vec<(Vec<u8>, u64, u32)> {
+    let mut out = Vec::new();
+    fs.readdir(&ctx(), inode, fh, 4096, offset, &mut |d| {
+        if out.len() == max {
+            return Ok(0);
+        }
+        out.push((d.name.to_vec(), d.offset, d.type_));
+        Ok(1)
+    })
+    .unwrap();
+    out
+}
+
+fn refcount(fs: &PassthroughFs, id: u64) -> Option<u64> {
+    fs.inodes.get(id).map(|d| d.refcount())
+}
+
+#[test]
+fn lookup_dotdot_at_root_stays_in_share() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("sub")).unwrap();
+    let fs = new_fs(tmp.path());
+    let root_ino = std::fs::metadata(tmp.path()).unwrap().ino();
+    let up = fs.lookup(&ctx(), ROOT_ID, c"..").unwrap();
+    assert_eq!(up.inode, ROOT_ID);
+    assert_eq!(up.attr.st_ino, root_ino);
+    let sub = fs.lookup(&ctx(), ROOT_ID, c"sub").unwrap();
+    let back = fs.lookup(&ctx(), sub.inode, c"..").unwrap();
+    assert_eq!(back.inode, ROOT_ID);
+}
+
+#[test]
+fn lookup_dot_returns_the_directory_itself() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("sub")).unwrap();
+    let fs = new_fs(tmp.path());
+    let sub = fs.lookup(&ctx(), ROOT_ID, c"sub").unwrap();
+    let dot = fs.lookup(&ctx(), sub.inode, c".").unwrap();
+    assert_eq!(dot.inode, sub.inode);
+    assert_eq!(refcount(&fs, sub.inode), Some(2));
+}
+
+#[test]
+fn lookup_refuses_name_with_slash() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("sub")).unwrap();
+    let fs = new_fs(tmp.path());
+    assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"sub/..")), libc::EINVAL);
+    assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"../etc")), libc::EINVAL);
+    assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"/etc")), libc::EINVAL);
+    assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"")), libc::EINVAL);
+    let long = cs(&"a".repeat(256));
+    assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, &long)), libc::ENAMETOOLONG);
+    assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"missing")), libc::ENOENT);
+}
+
+#[test]
+fn lookup_under_a_regular_file_is_enotdir() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"").unwrap();
+    let fs = new_fs(tmp.path());
+    let f = lookup(&fs, "f");
+    assert_eq!(errno(fs.lookup(&ctx(), f.inode, c"x")), libc::ENOTDIR);
+    assert_eq!(errno(fs.lookup(&ctx(), f.inode, c".")), libc::ENOTDIR);
+}
+
+#[test]
+fn lookup_twice_returns_same_node_id_and_counts_references() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"").unwrap();
+    let fs = new_fs(tmp.path());
+    let a = fs.lookup(&ctx(), ROOT_ID, c"f").unwrap();
+    let b = fs.lookup(&ctx(), ROOT_ID, c"f").unwrap();
+    assert_eq!(a.inode, b.inode);
+    assert_ne!(a.inode, ROOT_ID);
+    assert_eq!(refcount(&fs, a.inode), Some(2));
+    assert_eq!(a.entry_timeout, fs.cfg.entry_timeout);
+    assert_eq!(a.attr_timeout, fs.cfg.attr_timeout);
+}
+
+#[test]
+fn forget_to_zero_frees_the_inode() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"").unwrap();
+    let fs = new_fs(tmp.path());
+    let a = fs.lookup(&ctx(), ROOT_ID, c"f").unwrap();
+    fs.lookup(&ctx(), ROOT_ID, c"f").unwrap();
+    fs.forget(&ctx(), a.inode, 1);
+    assert!(fs.getattr(&ctx(), a.inode, None).is_ok());
+    fs.batch_forget(&ctx(), &[(a.inode, 1), (987654, 3)]);
+    assert_eq!(errno(fs.getattr(&ctx(), a.inode, None)), libc::EBADF);
+    assert_eq!(fs.inodes.len(), 1);
+    // A new lookup gets a new node id.
+    let again = fs.lookup(&ctx(), ROOT_ID, c"f").unwrap();
+    assert_ne!(again.inode, a.inode);
+}
+
+#[test]
+fn root_is_never_forgotten() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    fs.forget(&ctx(), ROOT_ID, u64::MAX);
+    assert!(fs.getattr(&ctx(), ROOT_ID, None).is_ok());
+}
+
+#[test]
+fn unknown_node_ids_are_ebadf() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    assert_eq!(errno(fs.getattr(&ctx(), 42, None)), libc::EBADF);
+    assert_eq!(errno(fs.lookup(&ctx(), 42, c"x")), libc::EBADF);
+    assert_eq!(errno(fs.open(&ctx(), 42, 0, 0)), libc::EBADF);
+    assert_eq!(errno(fs.mkdir(&ctx(), 42, c"d", 0o755, 0)), libc::EBADF);
+    fs.forget(&ctx(), 42, 1);
+}
+
+#[test]
+fn symlink_pointing_outside_is_not_followed_by_open() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), b"secret").unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret"), tmp.path().join("link")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), tmp.path().join("dirlink")).unwrap();
+    let fs = new_fs(tmp.path());
+
+    let link = lookup(&fs, "link");
+    assert_eq!(link.attr.st_mode & libc::S_IFMT, libc::S_IFLNK);
+    assert_eq!(
+        errno(fs.open(&ctx(), link.inode, libc::O_RDONLY as u32, 0)),
+        libc::ELOOP
+    );
+    assert_eq!(
+        fs.readlink(&ctx(), link.inode).unwrap(),
+        outside.path().join("secret").as_os_str().as_bytes()
+    );
+
+    // A symlink to a directory is not a directory to walk or list.
+    let dirlink = lookup(&fs, "dirlink");
+    assert_eq!(
+        errno(fs.lookup(&ctx(), dirlink.inode, c"secret")),
+        libc::ENOTDIR
+    );
+    assert_eq!(errno(fs.opendir(&ctx(), dirlink.inode, 0)), libc::ENOTDIR);
+    assert_eq!(
+        errno(fs.mkdir(&ctx(), dirlink.inode, c"new", 0o755, 0)),
+        libc::ENOTDIR
+    );
+    assert!(!outside.path().join("new").exists());
+}
+
+#[test]
+fn create_through_dangling_symlink_does_not_escape() {
+    let outside = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path().join("planted"), tmp.path().join("esc")).unwrap();
+    let fs = new_fs(tmp.path());
+    assert!(fs
+        .create(&ctx(), ROOT_ID, c"esc", 0o644, libc::O_WRONLY as u32, 0, 0)
+        .is_err());
+    assert!(fs
+        .create(
+            &ctx(),
+            ROOT_ID,
+            c"esc",
+            0o644,
+            (libc::O_WRONLY | libc::O_EXCL) as u32,
+            0,
+            0
+        )
+        .is_err());
+    assert!(!outside.path().join("planted").exists());
+}
+
+#[test]
+fn create_then_read_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    let (e, fh) = fs
+        .create(&ctx(), ROOT_ID, c"f", 0o666, libc::O_RDWR as u32, 0o022, 0)
+        .map(|(e, o)| (e, o.handle.unwrap()))
+        .unwrap();
+    assert_eq!(e.attr.st_mode, libc::S_IFREG | 0o644);
+    assert_eq!(write_at(&fs, e.inode, fh, b"hello world", 0), 11);
+    assert_eq!(read_at(&fs, e.inode, fh, 5, 6), b"world");
+    // Short read at the end of the file.
+    assert_eq!(read_at(&fs, e.inode, fh, 100, 0), b"hello world");
+    assert_eq!(read_at(&fs, e.inode, fh, 100, 50), b"");
+    fs.flush(&ctx(), e.inode, fh, 0).unwrap();
+    fs.fsync(&ctx(), e.inode, true, fh).unwrap();
+    fs.fsync(&ctx(), e.inode, false, fh).unwrap();
+    fs.release(&ctx(), e.inode, 0, fh).unwrap();
+    assert_eq!(std::fs::read(tmp.path().join("f")).unwrap(), b"hello world");
+    assert_eq!(lookup(&fs, "f").inode, e.inode);
+}
+
+#[test]
+fn create_excl_refuses_existing_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"keep").unwrap();
+    let fs = new_fs(tmp.path());
+    let flags = (libc::O_RDWR | libc::O_EXCL) as u32;
+    assert_eq!(
+        errno(fs.create(&ctx(), ROOT_ID, c"f", 0o644, flags, 0, 0)),
+        libc::EEXIST
+    );
+    // Without O_EXCL it opens the existing file.
+    let (e, fh) = create(&fs, ROOT_ID, "f", 0o644);
+    assert_eq!(read_at(&fs, e.inode, fh, 10, 0), b"keep");
+}
+
+#[test]
+fn create_never_opens_an_existing_special_file_or_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("d")).unwrap();
+    let fs = new_fs(tmp.path());
+    fs.mknod(&ctx(), ROOT_ID, c"fifo", libc::S_IFIFO | 0o666, 0, 0)
+        .unwrap();
+    // Opening a FIFO for writing would block; a device node would reach the host device.
+    let flags = libc::O_WRONLY as u32;
+    assert_eq!(
+        errno(fs.create(&ctx(), ROOT_ID, c"fifo", 0o644, flags, 0, 0)),
+        libc::ENXIO
+    );
+    assert_eq!(
+        errno(fs.create(&ctx(), ROOT_ID, c"d", 0o644, 0, 0, 0)),
+        libc::EISDIR
+    );
+    assert_eq!(fs.handles.len(), 0);
+}
+
+#[test]
+fn create_as_uid_1000_is_owned_by_1000_on_the_host() {
+    if !credentials::running_as_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let fs = new_fs(tmp.path());
+    let user = Context {
+        uid: 1000,
+        gid: 1000,
+        pid: 1,
+    };
+    let (e, _) = fs
+        .create(&user, ROOT_ID, c"f", 0o644, libc::O_RDWR as u32, 0, 0)
+        .unwrap();
+    assert_eq!((e.attr.st_uid, e.attr.st_gid), (1000, 1000));
+    fs.mkdir(&user, ROOT_ID, c"d", 0o755, 0).unwrap();
+    fs.symlink(&user, c"f", ROOT_ID, c"l").unwrap();
+    for name in ["f", "d", "l"] {
+        let md = std::fs::symlink_metadata(tmp.path().join(name)).unwrap();
+        assert_eq!((md.uid(), md.gid()), (1000, 1000), "{name}");
+    }
+    // The thread is back to root afterwards: root-only directory still writable.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    fs.mkdir(&ctx(), ROOT_ID, c"rootdir", 0o755, 0).unwrap();
+    // And uid 1000 is refused in it.
+    assert_eq!(
+        errno(fs.mkdir(&user, ROOT_ID, c"d2", 0o755, 0)),
+        libc::EACCES
+    );
+}
+
+#[test]
+fn mkdir_and_mknod_apply_umask() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    let d = fs.mkdir(&ctx(), ROOT_ID, c"d", 0o777, 0o027).unwrap();
+    assert_eq!(d.attr.st_mode, libc::S_IFDIR | 0o750);
+    let p = fs
+        .mknod(&ctx(), ROOT_ID, c"p", libc::S_IFIFO | 0o666, 0, 0o022)
+        .unwrap();
+    assert_eq!(p.attr.st_mode, libc::S_IFIFO | 0o644);
+    assert_eq!(
+        errno(fs.mkdir(&ctx(), ROOT_ID, c"d", 0o777, 0)),
+        libc::EEXIST
+    );
+}
+
+#[test]
+fn open_refuses_special_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    let p = fs
+        .mknod(&ctx(), ROOT_ID, c"p", libc::S_IFIFO | 0o666, 0, 0)
+        .unwrap();
+    assert_eq!(
+        errno(fs.open(&ctx(), p.inode, libc::O_RDONLY as u32, 0)),
+        libc::ENXIO
+    );
+}
+
+#[test]
+fn readonly_refuses_mkdir_with_erofs() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"data").unwrap();
+    let fs = fs_with(tmp.path(), |c| c.readonly = true);
+    let c = ctx();
+    assert_eq!(errno(fs.mkdir(&c, ROOT_ID, c"d", 0o755, 0)), libc::EROFS);
+    assert_eq!(
+        errno(fs.mknod(&c, ROOT_ID, c"n", libc::S_IFIFO, 0, 0)),
+        libc::EROFS
+    );
+    assert_eq!(errno(fs.symlink(&c, c"x", ROOT_ID, c"s")), libc::EROFS);
+    assert_eq!(
+        errno(fs.create(&c, ROOT_ID, c"g", 0o644, 0, 0, 0)),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno(fs.tmpfile(&c, ROOT_ID, 0o644, libc::O_RDWR as u32, 0)),
+        libc::EROFS
+    );
+    assert_eq!(errno(fs.unlink(&c, ROOT_ID, c"f")), libc::EROFS);
+    assert_eq!(errno(fs.rmdir(&c, ROOT_ID, c"f")), libc::EROFS);
+    assert_eq!(
+        errno(fs.rename(&c, ROOT_ID, c"f", ROOT_ID, c"g", 0)),
+        libc::EROFS
+    );
+    let f = lookup(&fs, "f");
+    assert_eq!(errno(fs.link(&c, f.inode, ROOT_ID, c"h")), libc::EROFS);
+    let attr = SetAttr {
+        size: Some(0),
+        ..SetAttr::default()
+    };
+    assert_eq!(errno(fs.setattr(&c, f.inode, attr, None)), libc::EROFS);
+    for flags in [libc::O_WRONLY, libc::O_RDWR, libc::O_RDONLY | libc::O_TRUNC] {
+        assert_eq!(errno(fs.open(&c, f.inode, flags as u32, 0)), libc::EROFS);
+    }
+    let fh = fs.open(&c, f.inode, 0, 0).unwrap().handle.unwrap();
+    assert_eq!(read_at(&fs, f.inode, fh, 10, 0), b"data");
+    let mut r = SliceReader::new(b"x");
+    assert_eq!(
+        errno(fs.write(&c, f.inode, fh, &mut r, 1, 0, false)),
+        libc::EROFS
+    );
+    assert_eq!(errno(fs.fallocate(&c, f.inode, fh, 0, 0, 10)), libc::EROFS);
+    assert_eq!(
+        errno(fs.copy_file_range(&c, f.inode, fh, 0, f.inode, fh, 10, 1, 0)),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno(fs.access(&c, f.inode, libc::W_OK as u32)),
+        libc::EROFS
+    );
+    fs.access(&c, f.inode, libc::R_OK as u32).unwrap();
+    assert_eq!(std::fs::read(tmp.path().join("f")).unwrap(), b"data");
+}
+
+#[test]
+fn dot_and_dotdot_are_refused_as_names_to_change() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("sub")).unwrap();
+    std::fs::write(tmp.path().join("f"), b"").unwrap();
+    let fs = new_fs(tmp.path());
+    let c = ctx();
+    let sub = lookup(&fs, "sub");
+    for name in [c".", c".."] {
+        assert_eq!(errno(fs.unlink(&c, sub.inode, name)), libc::EINVAL);
+        assert_eq!(errno(fs.rmdir(&c, sub.inode, name)), libc::EINVAL);
+        assert_eq!(errno(fs.mkdir(&c, sub.inode, name, 0o755, 0)), libc::EINVAL);
+        assert_eq!(
+            errno(fs.rename(&c, sub.inode, name, ROOT_ID, c"x", 0)),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno(fs.rename(&c, ROOT_ID, c"f", sub.inode, name, 0)),
+            libc::EINVAL
+        );
+        let f = lookup(&fs, "f");
+        assert_eq!(errno(fs.link(&c, f.inode, ROOT_ID, name)), libc::EINVAL);
+        assert_eq!(errno(fs.symlink(&c, c"f", ROOT_ID, name)), libc::EINVAL);
+    }
+    assert_eq!(errno(fs.unlink(&c, ROOT_ID, c"a/b")), libc::EINVAL);
+    assert!(tmp.path().join("sub").is_dir());
+}
+
+#[test]
+fn rename_noreplace_refuses_existing_target() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a"), b"a").unwrap();
+    std::fs::write(tmp.path().join("b"), b"b").unwrap();
+    let fs = new_fs(tmp.path());
+    let r = fs.rename(&ctx(), ROOT_ID, c"a", ROOT_ID, c"b", libc::RENAME_NOREPLACE);
+    assert_eq!(errno(r), libc::EEXIST);
+    fs.rename(&ctx(), ROOT_ID, c"a", ROOT_ID, c"c", libc::RENAME_NOREPLACE)
+        .unwrap();
+    assert_eq!(std::fs::read(tmp.path().join("c")).unwrap(), b"a");
+    assert_eq!(
+        errno(fs.rename(&ctx(), ROOT_ID, c"c", ROOT_ID, c"d", 1 << 7)),
+        libc::EINVAL
+    );
+}
+
+#[test]
+fn rename_exchange_swaps() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a"), b"a").unwrap();
+    std::fs::create_dir(tmp.path().join("d")).unwrap();
+    std::fs::write(tmp.path().join("d/b"), b"b").unwrap();
+    let fs = new_fs(tmp.path());
+    let d = lookup(&fs, "d");
+    fs.rename(&ctx(), ROOT_ID, c"a", d.inode, c"b", libc::RENAME_EXCHANGE)
+        .unwrap();
+    assert_eq!(std::fs::read(tmp.path().join("a")).unwrap(), b"b");
+    assert_eq!(std::fs::read(tmp.path().join("d/b")).unwrap(), b"a");
+}
+
+#[test]
+fn unlink_while_open_still_reads() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"still here").unwrap();
+    let fs = new_fs(tmp.path());
+    let f = lookup(&fs, "f");
+    let fh = fs.open(&ctx(), f.inode, 0, 0).unwrap().handle.unwrap();
+    fs.unlink(&ctx(), ROOT_ID, c"f").unwrap();
+    assert!(!tmp.path().join("f").exists());
+    assert_eq!(read_at(&fs, f.inode, fh, 64, 0), b"still here");
+    let (st, _) = fs.getattr(&ctx(), f.inode, Some(fh)).unwrap();
+    assert_eq!(st.st_nlink, 0);
+    assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"f")), libc::ENOENT);
+}
+
+#[test]
+fn rmdir_removes_empty_directories_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(tmp.path().join("full/x")).unwrap();
+    std::fs::create_dir(tmp.path().join("empty")).unwrap();
+    let fs = new_fs(tmp.path());
+    assert_eq!(errno(fs.rmdir(&ctx(), ROOT_ID, c"full")), libc::ENOTEMPTY);
+    fs.rmdir(&ctx(), ROOT_ID, c"empty").unwrap();
+    assert!(!tmp.path().join("empty").exists());
+}
+
+#[test]
+fn setattr_truncates_and_sets_times() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"0123456789").unwrap();
+    let fs = new_fs(tmp.path());
+    let f = lookup(&fs, "f");
+    let attr = SetAttr {
+        size: Some(4),
+        atime: SetTime::At(1_000_000, 5),
+        mtime: SetTime::At(2_000_000, 7),
+        mode: Some(0o600),
+        ..SetAttr::default()
+    };
+    let (st, timeout) = fs.setattr(&ctx(), f.inode, attr, None).unwrap();
+    assert_eq!(timeout, fs.cfg.attr_timeout);
+    assert_eq!(st.st_size, 4);
+    assert_eq!((st.st_atime, st.st_atime_nsec), (1_000_000, 5));
+    assert_eq!((st.st_mtime, st.st_mtime_nsec), (2_000_000, 7));
+    assert_eq!(st.st_mode, libc::S_IFREG | 0o600);
+    // (Not read on the host here: that would update the access time.)
+    assert_eq!(std::fs::metadata(tmp.path().join("f")).unwrap().len(), 4);
+
+    // Through a handle, with "now" and omitted times.
+    let fh = fs
+        .open(&ctx(), f.inode, libc::O_RDWR as u32, 0)
+        .unwrap()
+        .handle
+        .unwrap();
+    let attr = SetAttr {
+        size: Some(1),
+        mtime: SetTime::Now,
+        ..SetAttr::default()
+    };
+    let (st, _) = fs.setattr(&ctx(), f.inode, attr, Some(fh)).unwrap();
+    assert_eq!(st.st_size, 1);
+    assert_eq!(st.st_atime, 1_000_000);
+    assert!(st.st_mtime > 2_000_000);
+}
+
+#[test]
+fn setattr_changes_owner_and_symlink_times_without_following() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"").unwrap();
+    std::os::unix::fs::symlink("f", tmp.path().join("l")).unwrap();
+    let fs = new_fs(tmp.path());
+    let l = lookup(&fs, "l");
+    let attr = SetAttr {
+        mtime: SetTime::At(12345, 0),
+        ..SetAttr::default()
+    };
+    fs.setattr(&ctx(), l.inode, attr, None).unwrap();
+    assert_eq!(
+        std::fs::symlink_metadata(tmp.path().join("l"))
+            .unwrap()
+            .mtime(),
+        12345
+    );
+    assert_ne!(
+        std::fs::metadata(tmp.path().join("f")).unwrap().mtime(),
+        12345
+    );
+    let chmod = SetAttr {
+        mode: Some(0o777),
+        ..SetAttr::default()
+    };
+    assert_eq!(
+        errno(fs.setattr(&ctx(), l.inode, chmod, None)),
+        libc::EOPNOTSUPP
+    );
+    if credentials::running_as_root() {
+        let chown = SetAttr {
+            uid: Some(1234),
+            ..SetAttr::default()
+        };
+        let (st, _) = fs.setattr(&ctx(), l.inode, chown, None).unwrap();
+        assert_eq!(st.st_uid, 1234);
+        assert_eq!(std::fs::metadata(tmp.path().join("f")).unwrap().uid(), 0);
+    }
+}
+
+#[test]
+fn kill_suidgid_clears_set_id_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("f");
+    std::fs::write(&path, b"x").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o6755)).unwrap();
+    let fs = new_fs(tmp.path());
+    let f = lookup(&fs, "f");
+    let fh = fs
+        .open(&ctx(), f.inode, libc::O_RDWR as u32, 0)
+        .unwrap()
+        .handle
+        .unwrap();
+    let mut r = SliceReader::new(b"y");
+    fs.write(&ctx(), f.inode, fh, &mut r, 1, 0, true).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o7777, 0o755);
+
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o4644)).unwrap();
+    let attr = SetAttr {
+        kill_suidgid: true,
+        ..SetAttr::default()
+    };
+    fs.setattr(&ctx(), f.inode, attr, None).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o7777, 0o644);
+    // Set-group-id without group execute is a mandatory-locking mark; kept.
+    assert_eq!(killed_suidgid(0o2644), None);
+}
+
+#[test]
+fn xattr_round_trip() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"").unwrap();
+    let fs = fs_with(tmp.path(), |c| c.xattr = true);
+    let f = lookup(&fs, "f");
+    match fs.setxattr(&ctx(), f.inode, c"user.test", b"value", 0) {
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return,
+        r => r.unwrap(),
+    }
+    assert_eq!(
+        fs.getxattr(&ctx(), f.inode, c"user.test", 0).unwrap(),
+        XattrReply::Size(5)
+    );
+    assert_eq!(
+        fs.getxattr(&ctx(), f.inode, c"user.test", 64).unwrap(),
+        XattrReply::Data(b"value".to_vec())
+    );
+    assert_eq!(
+        errno(fs.getxattr(&ctx(), f.inode, c"user.test", 2)),
+        libc::ERANGE
+    );
+    let XattrReply::Size(n) = fs.listxattr(&ctx(), f.inode, 0).unwrap() else {
+        panic!("size expected");
+    };
+    let XattrReply::Data(list) = fs.listxattr(&ctx(), f.inode, n).unwrap() else {
+        panic!("data expected");
+    };
+    assert!(list.split(|&b| b == 0).any(|n| n == b"user.test"));
+    assert_eq!(
+        errno(fs.setxattr(
+            &ctx(),
+            f.inode,
+            c"user.test",
+            b"v",
+            libc::XATTR_CREATE as u32
+        )),
+        libc::EEXIST
+    );
+    fs.removexattr(&ctx(), f.inode, c"user.test").unwrap();
+    assert_eq!(
+        errno(fs.getxattr(&ctx(), f.inode, c"user.test", 64)),
+        libc::ENODATA
+    );
+
+    // On a directory, and on a symlink (trusted.* as root; user.* is not allowed there).
+    fs.setxattr(&ctx(), ROOT_ID, c"user.dir", b"d", 0).unwrap();
+    assert_eq!(
+        fs.getxattr(&ctx(), ROOT_ID, c"user.dir", 8).unwrap(),
+        XattrReply::Data(b"d".to_vec())
+    );
+    if credentials::running_as_root() {
+        std::os::unix::fs::symlink("f", tmp.path().join("l")).unwrap();
+        let l = lookup(&fs, "l");
+        if fs.setxattr(&ctx(), l.inode, c"trusted.t", b"s", 0).is_ok() {
+            assert_eq!(
+                fs.getxattr(&ctx(), l.inode, c"trusted.t", 8).unwrap(),
+                XattrReply::Data(b"s".to_vec())
+            );
+            // The target was not touched.
+            assert_eq!(
+                errno(fs.getxattr(&ctx(), f.inode, c"trusted.t", 8)),
+                libc::ENODATA
+            );
+        }
+    }
+}
+
+#[test]
+fn xattr_disabled_is_enosys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    let c = ctx();
+    assert_eq!(errno(fs.getxattr(&c, ROOT_ID, c"user.x", 0)), libc::ENOSYS);
+    assert_eq!(errno(fs.listxattr(&c, ROOT_ID, 0)), libc::ENOSYS);
+    assert_eq!(
+        errno(fs.setxattr(&c, ROOT_ID, c"user.x", b"", 0)),
+        libc::ENOSYS
+    );
+    assert_eq!(errno(fs.removexattr(&c, ROOT_ID, c"user.x")), libc::ENOSYS);
+}
+
+#[test]
+fn link_returns_same_node_id_as_lookup() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"x").unwrap();
+    std::fs::create_dir(tmp.path().join("d")).unwrap();
+    let fs = new_fs(tmp.path());
+    let f = lookup(&fs, "f");
+    let d = lookup(&fs, "d");
+    let l = fs.link(&ctx(), f.inode, d.inode, c"g").unwrap();
+    assert_eq!(l.inode, f.inode);
+    assert_eq!(l.attr.st_nlink, 2);
+    assert_eq!(refcount(&fs, f.inode), Some(2));
+    assert_eq!(std::fs::read(tmp.path().join("d/g")).unwrap(), b"x");
+    assert_eq!(errno(fs.link(&ctx(), d.inode, ROOT_ID, c"d2")), libc::EPERM);
+}
+
+#[test]
+fn link_of_a_symlink_links_the_symlink_itself() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"x").unwrap();
+    std::os::unix::fs::symlink("f", tmp.path().join("l")).unwrap();
+    let fs = new_fs(tmp.path());
+    let l = lookup(&fs, "l");
+    let l2 = fs.link(&ctx(), l.inode, ROOT_ID, c"l2").unwrap();
+    assert_eq!(l2.inode, l.inode);
+    assert!(std::fs::symlink_metadata(tmp.path().join("l2"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
+
+#[test]
+fn tmpfile_creates_unnamed_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    let (e, o) = fs
+        .tmpfile(&ctx(), ROOT_ID, 0o666, libc::O_RDWR as u32, 0o077)
+        .unwrap();
+    let fh = o.handle.unwrap();
+    assert_eq!(e.attr.st_mode, libc::S_IFREG | 0o600);
+    assert_eq!(e.attr.st_nlink, 0);
+    assert_eq!(write_at(&fs, e.inode, fh, b"anon", 0), 4);
+    assert_eq!(read_at(&fs, e.inode, fh, 16, 0), b"anon");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    // It can be given a name with LINK.
+    let named = fs.link(&ctx(), e.inode, ROOT_ID, c"named").unwrap();
+    assert_eq!(named.inode, e.inode);
+    assert_eq!(std::fs::read(tmp.path().join("named")).unwrap(), b"anon");
+}
+
+#[test]
+fn copy_file_range_copies() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("src"), b"0123456789").unwrap();
+    let fs = new_fs(tmp.path());
+    let src = lookup(&fs, "src");
+    let hin = fs.open(&ctx(), src.inode, 0, 0).unwrap().handle.unwrap();
+    let (dst, hout) = create(&fs, ROOT_ID, "dst", 0o644);
+    let n = fs
+        .copy_file_range(&ctx(), src.inode, hin, 2, dst.inode, hout, 1, 5, 0)
+        .unwrap();
+    assert_eq!(n, 5);
+    assert_eq!(std::fs::read(tmp.path().join("dst")).unwrap(), b"\x0023456");
+    assert_eq!(
+        errno(fs.copy_file_range(&ctx(), src.inode, hin, 0, dst.inode, hout, 0, 1, 1 << 40)),
+        libc::EINVAL
+    );
+}
+
+#[test]
+fn lseek_finds_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    let (f, fh) = create(&fs, ROOT_ID, "sparse", 0o644);
+    const MIB: u64 = 1 << 20;
+    write_at(&fs, f.inode, fh, b"data", MIB);
+    let data = fs
+        .lseek(&ctx(), f.inode, fh, 0, libc::SEEK_DATA as u32)
+        .unwrap();
+    // File systems without hole tracking report the whole file as data.
+    assert!(data == MIB || data == 0, "{data}");
+    let hole = fs
+        .lseek(&ctx(), f.inode, fh, MIB, libc::SEEK_HOLE as u32)
+        .unwrap();
+    assert_eq!(hole, MIB + 4);
+    assert_eq!(
+        errno(fs.lseek(&ctx(), f.inode, fh, MIB + 4, libc::SEEK_DATA as u32)),
+        libc::ENXIO
+    );
+    assert_eq!(
+        fs.lseek(&ctx(), f.inode, fh, 3, libc::SEEK_SET as u32)
+            .unwrap(),
+        3
+    );
+    assert_eq!(errno(fs.lseek(&ctx(), f.inode, fh, 0, 99)), libc::EINVAL);
+}
+
+#[test]
+fn fallocate_extends_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    let (f, fh) = create(&fs, ROOT_ID, "f", 0o644);
+    fs.fallocate(&ctx(), f.inode, fh, 0, 0, 8192).unwrap();
+    assert_eq!(std::fs::metadata(tmp.path().join("f")).unwrap().len(), 8192);
+    assert_eq!(
+        errno(fs.fallocate(&ctx(), f.inode, fh, 0, u64::MAX, 1)),
+        libc::EINVAL
+    );
+}
+
+#[test]
+fn read_and_write_refuse_offsets_above_i64_max() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    let (f, fh) = create(&fs, ROOT_ID, "f", 0o644);
+    let mut w = VecWriter::new(16);
+    assert_eq!(
+        errno(fs.read(&ctx(), f.inode, fh, &mut w, 16, 1 << 63)),
+        libc::EINVAL
+    );
+    let mut r = SliceReader::new(b"x");
+    assert_eq!(
+        errno(fs.write(&ctx(), f.inode, fh, &mut r, 1, u64::MAX, false)),
+        libc::EINVAL
+    );
+}
+
+#[test]
+fn handles_are_checked_against_their_inode() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a"), b"a").unwrap();
+    std::fs::write(tmp.path().join("b"), b"b").unwrap();
+    let fs = new_fs(tmp.path());
+    let a = lookup(&fs, "a");
+    let b = lookup(&fs, "b");
+    let fh = fs.open(&ctx(), a.inode, 0, 0).unwrap().handle.unwrap();
+    let mut w = VecWriter::new(4);
+    assert_eq!(
+        errno(fs.read(&ctx(), b.inode, fh, &mut w, 4, 0)),
+        libc::EBADF
+    );
+    assert_eq!(errno(fs.release(&ctx(), b.inode, 0, fh)), libc::EBADF);
+    fs.release(&ctx(), a.inode, 0, fh).unwrap();
+    assert_eq!(errno(fs.release(&ctx(), a.inode, 0, fh)), libc::EBADF);
+    assert_eq!(errno(fs.flush(&ctx(), a.inode, fh, 0)), libc::EBADF);
+    assert_eq!(errno(fs.releasedir(&ctx(), ROOT_ID, 0, 999)), libc::EBADF);
+    // A file handle is no directory handle.
+    let fh = fs.open(&ctx(), a.inode, 0, 0).unwrap().handle.unwrap();
+    assert_eq!(
+        errno(fs.readdir(&ctx(), a.inode, fh, 4096, 0, &mut |_| Ok(1))),
+        libc::ENOTDIR
+    );
+}
+
+#[test]
+fn open_flags_follow_cache_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"").unwrap();
+    for (mode, file, dir) in [
+        (CacheMode::Never, fopen::DIRECT_IO, 0),
+        (CacheMode::Metadata, fopen::DIRECT_IO, 0),
+        (CacheMode::Auto, 0, 0),
+        (
+            CacheMode::Always,
+            fopen::KEEP_CACHE,
+            fopen::CACHE_DIR | fopen::KEEP_CACHE,
+        ),
+    ] {
+        let fs = fs_with(tmp.path(), |c| c.cache = mode);
+        let f = lookup(&fs, "f");
+        assert_eq!(fs.open(&ctx(), f.inode, 0, 0).unwrap().open_flags, file);
+        assert_eq!(fs.opendir(&ctx(), ROOT_ID, 0).unwrap().open_flags, dir);
+    }
+}
+
+#[test]
+fn writeback_opens_write_only_files_for_reading_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"readable").unwrap();
+    let fs = fs_with(tmp.path(), |c| c.writeback = true);
+    let f = lookup(&fs, "f");
+    let flags = (libc::O_WRONLY | libc::O_APPEND) as u32;
+    let fh = fs.open(&ctx(), f.inode, flags, 0).unwrap().handle.unwrap();
+    assert_eq!(read_at(&fs, f.inode, fh, 8, 0), b"readable");
+    // O_APPEND was left to the guest: a write lands at the offset asked.
+    write_at(&fs, f.inode, fh, b"R", 0);
+    assert_eq!(std::fs::read(tmp.path().join("f")).unwrap(), b"Readable");
+
+    // Without writeback, O_APPEND stays and a write-only handle cannot read.
+    let fs = new_fs(tmp.path());
+    let f = lookup(&fs, "f");
+    let fh = fs.open(&ctx(), f.inode, flags, 0).unwrap().handle.unwrap();
+    let mut w = VecWriter::new(8);
+    assert_eq!(
+        errno(fs.read(&ctx(), f.inode, fh, &mut w, 8, 0)),
+        libc::EBADF
+    );
+    write_at(&fs, f.inode, fh, b"!", 0);
+    assert_eq!(std::fs::read(tmp.path().join("f")).unwrap(), b"Readable!");
+}
+
+#[test]
+fn open_with_trunc_truncates() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"content").unwrap();
+    let fs = new_fs(tmp.path());
+    let f = lookup(&fs, "f");
+    fs.open(&ctx(), f.inode, (libc::O_WRONLY | libc::O_TRUNC) as u32, 0)
+        .unwrap();
+    assert_eq!(std::fs::metadata(tmp.path().join("f")).unwrap().len(), 0);
+}
+
+#[test]
+fn init_intersects_with_capable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    let all = fs.init(u64::MAX).unwrap();
+    assert_ne!(all & init::DO_READDIRPLUS, 0);
+    assert_ne!(all & init::AUTO_INVAL_DATA, 0);
+    assert_eq!(all & init::WRITEBACK_CACHE, 0);
+    assert_eq!(all & init::EXPORT_SUPPORT, 0);
+    assert_eq!(all & init::CACHE_SYMLINKS, 0);
+    assert_eq!(fs.init(init::ASYNC_READ).unwrap(), init::ASYNC_READ);
+    assert_eq!(fs.init(0).unwrap(), 0);
+
+    let fs = fs_with(tmp.path(), |c| {
+        c.cache = CacheMode::Always;
+        c.writeback = true;
+        c.readdirplus = false;
+    });
+    let all = fs.init(u64::MAX).unwrap();
+    assert_ne!(all & init::CACHE_SYMLINKS, 0);
+    assert_ne!(all & init::WRITEBACK_CACHE, 0);
+    assert_eq!(all & (init::DO_READDIRPLUS | init::READDIRPLUS_AUTO), 0);
+    assert_eq!(all & init::AUTO_INVAL_DATA, 0);
+}
+
+#[test]
+fn readdir_offsets_are_stable_and_complete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut expected: BTreeSet<Vec<u8>> = [b".".to_vec(), b"..".to_vec()].into();
+    for i in 0..100 {
+        let name = format!("file{i:03}");
+        std::fs::write(tmp.path().join(&name), b"").unwrap();
+        expected.insert(name.into_bytes());
+    }
+    let fs = new_fs(tmp.path());
+    let fh = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
+    let mut seen = Vec::new();
+    let mut offset = 0;
+    loop {
+        let chunk = readdir(&fs, ROOT_ID, fh, offset, 7);
+        if chunk.is_empty() {
+            break;
+        }
+        for (name, off, _) in chunk {
+            assert_eq!(off, seen.len() as u64 + 1, "offsets are index + 1");
+            seen.push(name);
+            offset = off;
+        }
+    }
+    assert_eq!(seen.len(), expected.len(), "no duplicates");
+    assert_eq!(seen.iter().cloned().collect::<BTreeSet<_>>(), expected);
+    // Resuming at a past offset gives the same entries again.
+    let again = readdir(&fs, ROOT_ID, fh, 50, 3);
+    let names: Vec<_> = again.into_iter().map(|(n, _, _)| n).collect();
+    assert_eq!(names, seen[50..53].to_vec());
+    // Past the end: nothing.
+    assert!(readdir(&fs, ROOT_ID, fh, 10_000, 10).is_empty());
+    assert!(readdir(&fs, ROOT_ID, fh, u64::MAX, 10).is_empty());
+    fs.fsyncdir(&ctx(), ROOT_ID, false, fh).unwrap();
+    fs.releasedir(&ctx(), ROOT_ID, 0, fh).unwrap();
+}
+
+#[test]
+fn readdir_at_offset_zero_rereads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    let fh = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
+    assert_eq!(readdir(&fs, ROOT_ID, fh, 0, 100).len(), 2);
+    std::fs::write(tmp.path().join("new"), b"").unwrap();
+    // The snapshot holds until a rewind.
+    assert!(readdir(&fs, ROOT_ID, fh, 2, 100).is_empty());
+    let all = readdir(&fs, ROOT_ID, fh, 0, 100);
+    assert!(all.iter().any(|(n, _, _)| n == b"new"));
+}
+
+#[test]
+fn readdir_reports_dtype_for_every_kind() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("reg"), b"").unwrap();
+    std::fs::create_dir(tmp.path().join("dir")).unwrap();
+    std::os::unix::fs::symlink("reg", tmp.path().join("lnk")).unwrap();
+    let _sock = std::os::unix::net::UnixListener::bind(tmp.path().join("sock")).unwrap();
+    let fs = new_fs(tmp.path());
+    fs.mknod(&ctx(), ROOT_ID, c"fifo", libc::S_IFIFO | 0o644, 0, 0)
+        .unwrap();
+    let fh = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
+    let entries = readdir(&fs, ROOT_ID, fh, 0, 100);
+    let type_of = |name: &[u8]| {
+        entries
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, _, t)| *t as u8)
+    };
+    assert_eq!(type_of(b"reg"), Some(libc::DT_REG));
+    assert_eq!(type_of(b"dir"), Some(libc::DT_DIR));
+    assert_eq!(type_of(b"lnk"), Some(libc::DT_LNK));
+    assert_eq!(type_of(b"fifo"), Some(libc::DT_FIFO));
+    assert_eq!(type_of(b"sock"), Some(libc::DT_SOCK));
+    assert_eq!(type_of(b"."), Some(libc::DT_DIR));
+    assert!(entries
+        .iter()
+        .all(|(_, _, t)| *t != u32::from(libc::DT_UNKNOWN)));
+}
+
+#[test]
+fn readdirplus_refused_entry_drops_its_lookup() {
+    let tmp = tempfile::tempdir().unwrap();
+    for i in 0..10 {
+        std::fs::write(tmp.path().join(format!("f{i}")), b"").unwrap();
+    }
+    let fs = new_fs(tmp.path());
+    let fh = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
+    let mut accepted = Vec::new();
+    let mut refused = None;
+    fs.readdirplus(&ctx(), ROOT_ID, fh, 4096, 0, &mut |d, e| {
+        if accepted.len() == 6 {
+            refused = Some((d.offset, e.inode));
+            return Ok(0);
+        }
+        accepted.push((d.name.to_vec(), d.offset, e.inode, e.attr.st_mode));
+        Ok(1)
+    })
+    .unwrap();
+    let (refused_off, refused_id) = refused.expect("an entry was refused");
+    for (name, _, id, mode) in &accepted {
+        if name == b"." || name == b".." {
+            assert_eq!(*id, 0);
+            assert_eq!(mode & libc::S_IFMT, libc::S_IFDIR);
+        } else {
+            assert_eq!(refcount(&fs, *id), Some(1), "one reference per entry");
+            assert_eq!(mode & libc::S_IFMT, libc::S_IFREG);
+        }
+    }
+    if refused_id != 0 {
+        assert_eq!(
+            refcount(&fs, refused_id),
+            None,
+            "refused entry's reference dropped"
+        );
+    }
+    // The next call resumes with the refused entry and hands out the rest.
+    let mut rest = Vec::new();
+    fs.readdirplus(&ctx(), ROOT_ID, fh, 4096, refused_off - 1, &mut |d, e| {
+        rest.push((d.name.to_vec(), e.inode));
+        Ok(1)
+    })
+    .unwrap();
+    assert_eq!(accepted.len() + rest.len(), 12);
+    for (name, id) in &rest {
+        if name != b"." && name != b".." {
+            assert_eq!(lookup(&fs, std::str::from_utf8(name).unwrap()).inode, *id);
+        }
+    }
+}
+
+#[test]
+fn readdirplus_skips_entries_removed_since_the_snapshot() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("gone"), b"").unwrap();
+    std::fs::write(tmp.path().join("kept"), b"").unwrap();
+    let fs = new_fs(tmp.path());
+    let fh = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
+    // Take the snapshot, then remove a file behind it.
+    assert_eq!(readdir(&fs, ROOT_ID, fh, 0, 100).len(), 4);
+    std::fs::remove_file(tmp.path().join("gone")).unwrap();
+    let mut names = Vec::new();
+    fs.readdirplus(&ctx(), ROOT_ID, fh, 4096, 1, &mut |d, _| {
+        names.push(d.name.to_vec());
+        Ok(1)
+    })
+    .unwrap();
+    assert!(names.contains(&b"kept".to_vec()));
+    assert!(!names.contains(&b"gone".to_vec()));
+}
+
+#[test]
+fn access_checks_mode_bits_for_the_caller() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("f");
+    std::fs::write(&path, b"").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let fs = new_fs(tmp.path());
+    let f = lookup(&fs, "f");
+    let (uid, gid) = (f.attr.st_uid, f.attr.st_gid);
+    let owner = Context { uid, gid, pid: 1 };
+    let stranger = Context {
+        uid: uid + 1000,
+        gid: gid + 1000,
+        pid: 1,
+    };
+    let group = Context {
+        uid: uid + 1000,
+        gid,
+        pid: 1,
+    };
+    let (r, w, x) = (libc::R_OK as u32, libc::W_OK as u32, libc::X_OK as u32);
+    fs.access(&stranger, f.inode, libc::F_OK as u32).unwrap();
+    fs.access(&owner, f.inode, r | w).unwrap();
+    fs.access(&group, f.inode, r).unwrap();
+    assert_eq!(errno(fs.access(&group, f.inode, w)), libc::EACCES);
+    assert_eq!(errno(fs.access(&stranger, f.inode, r)), libc::EACCES);
+    let root = ctx();
+    fs.access(&root, f.inode, r | w).unwrap();
+    assert_eq!(errno(fs.access(&root, f.inode, x)), libc::EACCES);
+    fs.access(&root, ROOT_ID, x).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o601)).unwrap();
+    fs.access(&root, f.inode, x).unwrap();
+}
+
+#[test]
+fn statfs_syncfs_and_readlink_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"").unwrap();
+    std::os::unix::fs::symlink("some/target", tmp.path().join("l")).unwrap();
+    let fs = new_fs(tmp.path());
+    let st = fs.statfs(&ctx(), ROOT_ID).unwrap();
+    assert!(st.f_bsize > 0);
+    fs.syncfs(&ctx(), ROOT_ID).unwrap();
+    let f = lookup(&fs, "f");
+    fs.syncfs(&ctx(), f.inode).unwrap();
+    let l = lookup(&fs, "l");
+    fs.syncfs(&ctx(), l.inode).unwrap();
+    fs.statfs(&ctx(), l.inode).unwrap();
+    assert_eq!(fs.readlink(&ctx(), l.inode).unwrap(), b"some/target");
+    assert_eq!(errno(fs.readlink(&ctx(), f.inode)), libc::EINVAL);
+}
+
+#[test]
+fn destroy_drops_everything_but_root() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"").unwrap();
+    let fs = new_fs(tmp.path());
+    let f = lookup(&fs, "f");
+    let fh = fs.open(&ctx(), f.inode, 0, 0).unwrap().handle.unwrap();
+    fs.destroy();
+    assert_eq!(errno(fs.getattr(&ctx(), f.inode, None)), libc::EBADF);
+    assert_eq!(errno(fs.release(&ctx(), f.inode, 0, fh)), libc::EBADF);
+    assert_eq!(fs.inodes.len(), 1);
+    assert_eq!(fs.handles.len(), 0);
+    assert!(fs.getattr(&ctx(), ROOT_ID, None).is_ok());
+}
+
+#[test]
+fn new_fails_on_a_missing_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("missing");
+    let err = PassthroughFs::new(Config::new(&missing, CacheMode::Auto))
+        .err()
+        .unwrap();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+    std::fs::write(tmp.path().join("file"), b"").unwrap();
+    let err = PassthroughFs::new(Config::new(tmp.path().join("file"), CacheMode::Auto))
+        .err()
+        .unwrap();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTDIR));
+}
+
+#[test]
+fn concurrent_lookups_and_forgets_balance() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"").unwrap();
+    let fs = new_fs(tmp.path());
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                for _ in 0..500 {
+                    let e = fs.lookup(&ctx(), ROOT_ID, c"f").unwrap();
+                    assert!(fs.getattr(&ctx(), e.inode, None).is_ok());
+                    fs.forget(&ctx(), e.inode, 1);
+                }
+            });
+        }
+    });
+    assert_eq!(fs.inodes.len(), 1);
+}

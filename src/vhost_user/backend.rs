@@ -1,0 +1,279 @@
+//! The vhost-user-fs device: a `VhostUserBackend` that serves FUSE requests from its queues.
+//!
+//! Queue 0 is the high-priority queue (FORGET), queues 1.. are request queues. Each queue gets
+//! its own worker thread from `vhost-user-backend`; a worker pops a chain, hands it to the
+//! shared [`Server`] as a reader/writer pair, and returns it to the guest with the reply length.
+//! With `--thread-pool-size N` each queue's chains are handed to a pool of N threads instead, so
+//! slow requests on one queue do not hold up the ones behind them.
+
+use std::io;
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread;
+
+use log::{error, warn};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::{DescriptorChain, QueueT};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+use super::descriptor::{split_chain, GuestMem};
+use crate::filesystem::FileSystem;
+use crate::fuse::server::Server;
+
+/// Largest virtqueue the device accepts.
+pub const MAX_QUEUE_SIZE: usize = 32768;
+/// Most request queues the device offers (QEMU's `num-request-queues`).
+pub const MAX_REQUEST_QUEUES: usize = 16;
+/// Size of the virtio-fs tag field in the device configuration space.
+const TAG_LEN: usize = 36;
+
+/// A chain queued for a pool thread, with the memory it was resolved against.
+struct Job {
+    mem: GuestMem,
+    head: u16,
+    chain: DescriptorChain<GuestMem>,
+    vring: VringRwLock,
+    event_idx: bool,
+}
+
+/// The vhost-user-fs device backend.
+pub struct FsBackend<F: FileSystem + 'static> {
+    server: Arc<Server<F>>,
+    mem: RwLock<GuestMemoryAtomic<GuestMemoryMmap<()>>>,
+    event_idx: std::sync::atomic::AtomicBool,
+    tag: Option<String>,
+    num_queues: usize,
+    pool: Option<Mutex<std::sync::mpsc::Sender<Job>>>,
+}
+
+impl<F: FileSystem + 'static> FsBackend<F> {
+    /// A device serving `fs` with up to `MAX_REQUEST_QUEUES` request queues. `tag` is exposed in
+    /// the configuration space when given. `pool_size` > 0 starts that many request threads.
+    pub fn new(fs: F, tag: Option<String>, pool_size: usize) -> io::Result<Self> {
+        if let Some(t) = &tag {
+            if t.is_empty() || t.len() > TAG_LEN {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("tag must be 1 to {TAG_LEN} bytes"),
+                ));
+            }
+        }
+        let server = Arc::new(Server::new(fs));
+        let pool = if pool_size > 0 {
+            Some(Mutex::new(start_pool(server.clone(), pool_size)?))
+        } else {
+            None
+        };
+        Ok(FsBackend {
+            server,
+            mem: RwLock::new(GuestMemoryAtomic::new(GuestMemoryMmap::new())),
+            event_idx: std::sync::atomic::AtomicBool::new(false),
+            tag,
+            num_queues: 1 + MAX_REQUEST_QUEUES,
+            pool,
+        })
+    }
+
+    /// The FUSE server shared by every queue.
+    pub fn server(&self) -> &Arc<Server<F>> {
+        &self.server
+    }
+
+    fn memory(&self) -> GuestMem {
+        self.mem.read().unwrap_or_else(|p| p.into_inner()).memory()
+    }
+
+    /// Serves every available chain of `vring`.
+    fn process_queue(&self, vring: &VringRwLock) -> io::Result<()> {
+        let mem = self.memory();
+        let event_idx = self.event_idx.load(std::sync::atomic::Ordering::Relaxed);
+        loop {
+            let chain = vring
+                .get_mut()
+                .get_queue_mut()
+                .pop_descriptor_chain(mem.clone());
+            let Some(chain) = chain else { break };
+            let head = chain.head_index();
+            if let Some(pool) = &self.pool {
+                let job = Job {
+                    mem: mem.clone(),
+                    head,
+                    chain,
+                    vring: vring.clone(),
+                    event_idx,
+                };
+                let sent = pool.lock().unwrap_or_else(|p| p.into_inner()).send(job);
+                if sent.is_err() {
+                    return Err(io::Error::other("request thread pool is gone"));
+                }
+                continue;
+            }
+            let len = serve_chain(&self.server, &mem, chain);
+            complete(vring, head, len, event_idx)?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs one chain through the server; returns the reply length (0 when refused).
+fn serve_chain<F: FileSystem>(
+    server: &Server<F>,
+    mem: &GuestMem,
+    chain: DescriptorChain<GuestMem>,
+) -> u32 {
+    let head = chain.head_index();
+    match split_chain(mem, chain) {
+        Ok((r, w)) => match server.handle_message(r, w) {
+            Ok(n) => n as u32,
+            Err(e) => {
+                warn!("request in chain {head} refused: {e}");
+                0
+            }
+        },
+        Err(e) => {
+            warn!("descriptor chain {head} refused: {e}");
+            0
+        }
+    }
+}
+
+/// Returns a chain to the guest and notifies it when it asked to be.
+fn complete(vring: &VringRwLock, head: u16, len: u32, event_idx: bool) -> io::Result<()> {
+    vring
+        .add_used(head, len)
+        .map_err(|e| io::Error::other(format!("add_used: {e}")))?;
+    let notify = !event_idx
+        || vring
+            .needs_notification()
+            .map_err(|e| io::Error::other(format!("needs_notification: {e}")))?;
+    if notify {
+        vring.signal_used_queue()?;
+    }
+    Ok(())
+}
+
+fn start_pool<F: FileSystem + 'static>(
+    server: Arc<Server<F>>,
+    size: usize,
+) -> io::Result<std::sync::mpsc::Sender<Job>> {
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    let rx = Arc::new(Mutex::new(rx));
+    for i in 0..size {
+        let rx = rx.clone();
+        let server = server.clone();
+        thread::Builder::new()
+            .name(format!("virtiofsd-pool-{i}"))
+            .spawn(move || loop {
+                let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                };
+                let len = serve_chain(&server, &job.mem, job.chain);
+                if let Err(e) = complete(&job.vring, job.head, len, job.event_idx) {
+                    error!("failed to return chain {}: {e}", job.head);
+                }
+            })?;
+    }
+    Ok(tx)
+}
+
+impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
+    type Bitmap = ();
+    type Vring = VringRwLock;
+
+    fn num_queues(&self) -> usize {
+        self.num_queues
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+            | (1 << VIRTIO_RING_F_EVENT_IDX)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        let mut f = VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        if self.tag.is_some() {
+            f |= VhostUserProtocolFeatures::CONFIG;
+        }
+        f
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx
+            .store(enabled, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        // struct virtio_fs_config { u8 tag[36]; le32 num_request_queues; }
+        let mut config = [0u8; TAG_LEN + 4];
+        if let Some(tag) = &self.tag {
+            config[..tag.len()].copy_from_slice(tag.as_bytes());
+        }
+        let nrq = (self.num_queues - 1) as u32;
+        config[TAG_LEN..].copy_from_slice(&nrq.to_le_bytes());
+        let start = (offset as usize).min(config.len());
+        let end = start.saturating_add(size as usize).min(config.len());
+        config[start..end].to_vec()
+    }
+
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap<()>>) -> io::Result<()> {
+        *self.mem.write().unwrap_or_else(|p| p.into_inner()) = mem;
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        // One worker thread per queue.
+        (0..self.num_queues).map(|i| 1u64 << i).collect()
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[VringRwLock],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            return Err(io::Error::other(format!("unexpected event set {evset:?}")));
+        }
+        let vring = vrings
+            .get(usize::from(device_event))
+            .ok_or_else(|| io::Error::other(format!("unknown queue event {device_event}")))?;
+        if self.event_idx.load(std::sync::atomic::Ordering::Relaxed) {
+            // Keep draining until the guest has added nothing new since the last pass.
+            loop {
+                vring
+                    .disable_notification()
+                    .map_err(|e| io::Error::other(format!("disable_notification: {e}")))?;
+                self.process_queue(vring)?;
+                let more = vring
+                    .enable_notification()
+                    .map_err(|e| io::Error::other(format!("enable_notification: {e}")))?;
+                if !more {
+                    break;
+                }
+            }
+        } else {
+            self.process_queue(vring)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,323 @@
+//! Adapts a virtio descriptor chain into the FUSE server's [`Reader`] and [`Writer`].
+//!
+//! A chain is split into its device-readable part (the request) and its device-writable part
+//! (the reply buffer), each a list of slices of guest memory. File data moves between guest
+//! memory and host files with `preadv`/`pwritev` straight on those slices: no bounce buffer.
+//!
+//! Every address and length comes from the guest: slices are resolved through `vm-memory`, which
+//! refuses ranges outside guest RAM, total lengths are summed with overflow checks, and a chain
+//! that puts a readable descriptor after a writable one is refused.
+
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use virtio_queue::DescriptorChain;
+use vm_memory::{
+    GuestAddress, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryMmap, VolatileSlice,
+};
+
+use crate::fuse::io::{Reader, Writer, ZeroCopyReader, ZeroCopyWriter};
+
+/// Guest memory as the queues see it.
+pub type GuestMem = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
+
+/// Most iovecs handed to one `preadv`/`pwritev` call.
+const MAX_IOVECS: usize = 64;
+
+/// Why a descriptor chain was refused.
+#[derive(Debug)]
+pub enum ChainError {
+    /// A device-readable descriptor follows a device-writable one.
+    ReadableAfterWritable,
+    /// A descriptor points outside guest memory.
+    BadAddress { addr: u64, len: u32 },
+    /// The chain's buffers add up to more than 4 GiB.
+    TooLong,
+}
+
+impl fmt::Display for ChainError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChainError::ReadableAfterWritable => {
+                write!(f, "device-readable descriptor after a device-writable one")
+            }
+            ChainError::BadAddress { addr, len } => {
+                write!(f, "descriptor {addr:#x}+{len:#x} is outside guest memory")
+            }
+            ChainError::TooLong => write!(f, "descriptor chain longer than 4 GiB"),
+        }
+    }
+}
+
+impl std::error::Error for ChainError {}
+
+/// Splits `chain` into the request reader and the reply writer.
+pub fn split_chain<'a, M>(
+    mem: &'a GuestMemoryMmap<()>,
+    chain: DescriptorChain<M>,
+) -> Result<(ChainReader<'a>, ChainWriter<'a>), ChainError>
+where
+    M: std::ops::Deref,
+    M::Target: vm_memory::GuestMemory,
+{
+    let mut readable = Vec::new();
+    let mut writable = Vec::new();
+    let mut total: u64 = 0;
+    for desc in chain {
+        total = total
+            .checked_add(u64::from(desc.len()))
+            .filter(|t| *t <= u64::from(u32::MAX))
+            .ok_or(ChainError::TooLong)?;
+        if desc.len() == 0 {
+            continue;
+        }
+        let bad = || ChainError::BadAddress {
+            addr: desc.addr().0,
+            len: desc.len(),
+        };
+        let target = if desc.is_write_only() {
+            &mut writable
+        } else {
+            if !writable.is_empty() {
+                return Err(ChainError::ReadableAfterWritable);
+            }
+            &mut readable
+        };
+        for slice in mem.get_slices(GuestAddress(desc.addr().0), desc.len() as usize) {
+            target.push(slice.map_err(|_| bad())?);
+        }
+    }
+    Ok((ChainReader::new(readable), ChainWriter::new(writable)))
+}
+
+/// A list of guest memory slices consumed from the front.
+struct Segments<'a> {
+    slices: Vec<VolatileSlice<'a>>,
+    /// Index of the first slice not yet fully consumed.
+    next: usize,
+    remaining: usize,
+    consumed: usize,
+}
+
+impl<'a> Segments<'a> {
+    fn new(slices: Vec<VolatileSlice<'a>>) -> Self {
+        let remaining = slices.iter().map(|s| s.len()).sum();
+        Segments {
+            slices,
+            next: 0,
+            remaining,
+            consumed: 0,
+        }
+    }
+
+    /// Marks `n` bytes (at most `remaining`) as consumed.
+    fn advance(&mut self, mut n: usize) {
+        n = n.min(self.remaining);
+        self.remaining -= n;
+        self.consumed += n;
+        while n > 0 {
+            let s = &mut self.slices[self.next];
+            if n < s.len() {
+                // `n` is within the slice, so the offset is in bounds.
+                if let Ok(rest) = s.offset(n) {
+                    *s = rest;
+                }
+                return;
+            }
+            n -= s.len();
+            self.next += 1;
+        }
+    }
+
+    /// Fills `iov` with up to `count` bytes of the unconsumed slices; returns the iovec count.
+    fn iovecs(&self, count: usize, iov: &mut [libc::iovec; MAX_IOVECS]) -> usize {
+        let mut left = count;
+        let mut n = 0;
+        for s in &self.slices[self.next..] {
+            if left == 0 || n == MAX_IOVECS {
+                break;
+            }
+            let len = s.len().min(left);
+            iov[n] = libc::iovec {
+                iov_base: s.ptr_guard_mut().as_ptr().cast(),
+                iov_len: len,
+            };
+            left -= len;
+            n += 1;
+        }
+        n
+    }
+
+    /// Runs `io` (a vectored syscall) over up to `count` bytes until done, short, or failed.
+    fn vectored<F>(&mut self, count: usize, mut offset: u64, mut io: F) -> io::Result<usize>
+    where
+        F: FnMut(&[libc::iovec], libc::off64_t) -> isize,
+    {
+        let mut left = count.min(self.remaining);
+        let mut done = 0usize;
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; MAX_IOVECS];
+        while left > 0 {
+            let n = self.iovecs(left, &mut iov);
+            let asked: usize = iov[..n].iter().map(|v| v.iov_len).sum();
+            let off = libc::off64_t::try_from(offset)
+                .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+            let ret = io(&iov[..n], off);
+            if ret < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if done > 0 {
+                    break;
+                }
+                return Err(e);
+            }
+            let got = ret as usize;
+            self.advance(got);
+            done += got;
+            left -= got;
+            offset += got as u64;
+            if got < asked || got == 0 {
+                break;
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// The device-readable part of a chain: the FUSE request.
+pub struct ChainReader<'a> {
+    segs: Segments<'a>,
+}
+
+impl<'a> ChainReader<'a> {
+    fn new(slices: Vec<VolatileSlice<'a>>) -> Self {
+        ChainReader {
+            segs: Segments::new(slices),
+        }
+    }
+}
+
+impl ZeroCopyReader for ChainReader<'_> {
+    fn write_to_file_at(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        count: usize,
+        offset: u64,
+    ) -> io::Result<usize> {
+        let raw = fd.as_raw_fd();
+        self.segs.vectored(count, offset, |iov, off| {
+            // SAFETY: every iovec points into a live guest memory mapping of at least
+            // `iov_len` bytes (resolved by vm-memory); the kernel only reads from them.
+            unsafe { libc::pwritev64(raw, iov.as_ptr(), iov.len() as i32, off) }
+        })
+    }
+
+    fn remaining(&self) -> usize {
+        self.segs.remaining
+    }
+}
+
+impl Reader for ChainReader<'_> {
+    fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        if buf.len() > self.segs.remaining {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let mut copied = 0;
+        for s in &self.segs.slices[self.segs.next..] {
+            if copied == buf.len() {
+                break;
+            }
+            copied += s.copy_to(&mut buf[copied..]);
+        }
+        self.segs.advance(copied);
+        Ok(())
+    }
+}
+
+/// The device-writable part of a chain: where the FUSE reply goes.
+pub struct ChainWriter<'a> {
+    segs: Segments<'a>,
+}
+
+impl<'a> ChainWriter<'a> {
+    fn new(slices: Vec<VolatileSlice<'a>>) -> Self {
+        ChainWriter {
+            segs: Segments::new(slices),
+        }
+    }
+}
+
+impl ZeroCopyWriter for ChainWriter<'_> {
+    fn read_from_file_at(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        count: usize,
+        offset: u64,
+    ) -> io::Result<usize> {
+        let raw = fd.as_raw_fd();
+        self.segs.vectored(count, offset, |iov, off| {
+            // SAFETY: every iovec points into a live, writable guest memory mapping of at least
+            // `iov_len` bytes (resolved by vm-memory); the kernel writes only within them.
+            unsafe { libc::preadv64(raw, iov.as_ptr(), iov.len() as i32, off) }
+        })
+    }
+
+    fn remaining(&self) -> usize {
+        self.segs.remaining
+    }
+}
+
+impl Writer for ChainWriter<'_> {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        if buf.len() > self.segs.remaining {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let mut copied = 0;
+        for s in &self.segs.slices[self.segs.next..] {
+            if copied == buf.len() {
+                break;
+            }
+            let n = s.len().min(buf.len() - copied);
+            s.copy_from(&buf[copied..copied + n]);
+            copied += n;
+        }
+        self.segs.advance(copied);
+        Ok(())
+    }
+
+    fn bytes_written(&self) -> usize {
+        self.segs.consumed
+    }
+
+    fn split_at(&mut self, offset: usize) -> io::Result<Self> {
+        if offset > self.segs.remaining {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        let mut rem = offset;
+        let mut at = self.segs.next;
+        while at < self.segs.slices.len() && rem >= self.segs.slices[at].len() {
+            rem -= self.segs.slices[at].len();
+            at += 1;
+        }
+        let mut tail: Vec<VolatileSlice<'_>> = Vec::new();
+        if at < self.segs.slices.len() {
+            let s = self.segs.slices[at];
+            let bad = |_| io::Error::from(io::ErrorKind::InvalidInput);
+            tail.push(s.offset(rem).map_err(bad)?);
+            tail.extend_from_slice(&self.segs.slices[at + 1..]);
+            self.segs.slices.truncate(at + 1);
+            if rem == 0 {
+                self.segs.slices.pop();
+            } else {
+                self.segs.slices[at] = s.subslice(0, rem).map_err(bad)?;
+            }
+        }
+        self.segs.remaining = offset;
+        Ok(ChainWriter::new(tail))
+    }
+}

@@ -1,0 +1,7 @@
+//! The vhost-user transport: the virtio-fs device backend and the adapter from descriptor chains
+//! to the FUSE server's byte streams.
+
+pub mod backend;
+pub mod descriptor;
+
+pub use backend::FsBackend;
