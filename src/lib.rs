@@ -12,6 +12,7 @@
 pub mod cli;
 pub mod daemon;
 pub mod filesystem;
+pub mod frontend;
 pub mod fuse;
 pub mod passthrough;
 pub mod vhost_user;
