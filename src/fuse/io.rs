@@ -12,8 +12,9 @@ use std::rc::Rc;
 
 /// Where a filesystem writes the data of a READ (object-safe part of [`Writer`]).
 pub trait ZeroCopyWriter {
-    /// Reads at most `count` bytes from `fd` at `offset` into the stream; returns how many.
-    /// A return of 0 means end of file (or no room left).
+    /// Reads up to `count` bytes from `fd` at `offset` into the stream, retrying short reads
+    /// until `count` bytes, end of file, or no room left; returns how many. An error after some
+    /// bytes were read is reported as a short read.
     fn read_from_file_at(
         &mut self,
         fd: BorrowedFd<'_>,
@@ -26,8 +27,9 @@ pub trait ZeroCopyWriter {
 
 /// Where a filesystem takes the data of a WRITE from (object-safe part of [`Reader`]).
 pub trait ZeroCopyReader {
-    /// Writes at most `count` bytes of the stream to `fd` at `offset` (or at the file's end when
-    /// it was opened with `O_APPEND`); returns how many.
+    /// Writes up to `count` bytes of the stream to `fd` at `offset` (or at the file's end when
+    /// it was opened with `O_APPEND`), retrying short writes until done or the file refuses
+    /// more; returns how many. An error after some bytes were written is a short write.
     fn write_to_file_at(
         &mut self,
         fd: BorrowedFd<'_>,
@@ -73,17 +75,34 @@ impl ZeroCopyReader for SliceReader<'_> {
         count: usize,
         offset: u64,
     ) -> io::Result<usize> {
+        let mut done = 0;
         let n = count.min(self.buf.len());
-        let off = libc::off64_t::try_from(offset)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: the pointer and length describe the live slice `self.buf[..n]`.
-        let ret = unsafe { libc::pwrite64(fd.as_raw_fd(), self.buf.as_ptr().cast(), n, off) };
-        if ret < 0 {
-            return Err(io::Error::last_os_error());
+        while done < n {
+            let off = offset
+                .checked_add(done as u64)
+                .and_then(|o| libc::off64_t::try_from(o).ok())
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+            let part = &self.buf[done..n];
+            // SAFETY: the pointer and length describe the live slice `part`.
+            let ret =
+                unsafe { libc::pwrite64(fd.as_raw_fd(), part.as_ptr().cast(), part.len(), off) };
+            if ret < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if done > 0 {
+                    break;
+                }
+                return Err(e);
+            }
+            if ret == 0 {
+                break;
+            }
+            done += ret as usize;
         }
-        let written = ret as usize;
-        self.buf = &self.buf[written..];
-        Ok(written)
+        self.buf = &self.buf[done..];
+        Ok(done)
     }
 
     fn remaining(&self) -> usize {
@@ -153,15 +172,32 @@ impl ZeroCopyWriter for VecWriter {
         offset: u64,
     ) -> io::Result<usize> {
         let n = count.min(self.remaining());
-        let off = libc::off64_t::try_from(offset)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         let mut tmp = vec![0u8; n];
-        // SAFETY: the pointer and length describe `n` initialised, writable bytes of `tmp`.
-        let ret = unsafe { libc::pread64(fd.as_raw_fd(), tmp.as_mut_ptr().cast(), n, off) };
-        if ret < 0 {
-            return Err(io::Error::last_os_error());
+        let mut got = 0;
+        while got < n {
+            let off = offset
+                .checked_add(got as u64)
+                .and_then(|o| libc::off64_t::try_from(o).ok())
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+            let part = &mut tmp[got..];
+            // SAFETY: the pointer and length describe the live, writable slice `part`.
+            let ret =
+                unsafe { libc::pread64(fd.as_raw_fd(), part.as_mut_ptr().cast(), part.len(), off) };
+            if ret < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if got > 0 {
+                    break;
+                }
+                return Err(e);
+            }
+            if ret == 0 {
+                break;
+            }
+            got += ret as usize;
         }
-        let got = ret as usize;
         self.write_all(&tmp[..got])?;
         Ok(got)
     }

@@ -628,21 +628,8 @@ impl FileSystem for PassthroughFs {
     ) -> io::Result<usize> {
         sys::to_off(offset)?;
         let h = self.handles.get(handle, inode)?;
-        let size = size as usize;
-        let mut done = 0usize;
-        while done < size {
-            let at = offset
-                .checked_add(done as u64)
-                .ok_or_else(|| error(libc::EINVAL))?;
-            match w.read_from_file_at(h.fd(), size - done, at) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) if done > 0 => break,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(done)
+        // The writer keeps reading until `size` bytes, end of file, or a full reply buffer.
+        w.read_from_file_at(h.fd(), size as usize, offset)
     }
 
     fn write(
@@ -661,21 +648,8 @@ impl FileSystem for PassthroughFs {
         if kill_priv {
             Self::kill_suidgid_fd(h.fd())?;
         }
-        let size = size as usize;
-        let mut done = 0usize;
-        while done < size {
-            let at = offset
-                .checked_add(done as u64)
-                .ok_or_else(|| error(libc::EINVAL))?;
-            match r.write_to_file_at(h.fd(), size - done, at) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) if done > 0 => break,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(done)
+        // The reader keeps writing until `size` bytes are written or the file refuses more.
+        r.write_to_file_at(h.fd(), size as usize, offset)
     }
 
     fn flush(&self, _ctx: &Context, inode: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
