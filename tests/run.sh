@@ -12,4 +12,11 @@ echo "== cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
 
 echo "== unit and in-process integration tests"
-cargo test --locked --all-targets 2>&1 | tee target/test-output.txt
+mkdir -p target && cargo test --locked --all-targets 2>&1 | tee target/test-output.txt
+
+echo "== guest tests (QEMU + Linux 6.12 and 6.1 guests)"
+if [ "$(id -u)" -ne 0 ]; then
+    echo "guest tests need root (they install QEMU and run the daemon as root)" >&2
+    exit 1
+fi
+tests/guest-run.sh --kernel all

@@ -1,0 +1,544 @@
+#!/usr/bin/env bash
+# Guest-level tests: boots a Linux guest under QEMU with a vhost-user-fs-pci device served by
+# target/release/virtiofsd, runs test scripts inside the guest, checks the share on the host
+# afterwards, and prints one "ok N name" / "not ok N name" line per test and a last line
+# "N passed, N failed". Exits non-zero when any test failed.
+#
+# Usage: tests/guest/run.sh [options]
+#   --kernel 6.12|6.1|all   guest kernel(s) (default 6.12; 6.1 is an older FUSE client that
+#                           loads fuse/virtiofs as modules and uses one request queue)
+#   --suite LIST            which boots, comma-separated (default "all"):
+#                             main        the main suite, daemon --xattr --cache auto
+#                             readonly    the read-only suite, daemon --readonly --xattr
+#                             cache-never the main suite, daemon --xattr --cache never
+#                                         --thread-pool-size 4
+#                             writeback   the main suite, daemon --xattr --cache always --writeback
+#                             all = main,readonly; full = all four
+#   --timeout SECONDS       kill a guest that has not powered off after this long (default 300)
+#   --accel auto|tcg|kvm    auto (default) uses KVM only if a short probe boot proves it works
+#   --daemon PATH           test this binary instead of building target/release/virtiofsd
+#   --no-build              do not run cargo build (use the existing target/release/virtiofsd)
+#   --keep                  keep the work dir (shares, sockets, initramfs) for inspection
+#   -v, --verbose           also print the diagnostics of passing tests
+# Logs of every boot (console, daemon, QEMU) are kept in target/guest-tests/.
+# Needs root (the daemon must be able to chown and mknod), and tests/guest/install.sh's packages
+# and kernels; it runs install.sh itself when something is missing.
+set -uo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
+OUT="$ROOT/target/guest-tests"
+
+KERNELS="6.12"
+SUITES="main readonly"
+TIMEOUT=300
+ACCEL=auto
+DAEMON=""
+BUILD=1
+KEEP=0
+VERBOSE=0
+
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --kernel) KERNELS="$2"; shift 2 ;;
+        --kernel=*) KERNELS="${1#*=}"; shift ;;
+        --suite) SUITES="$2"; shift 2 ;;
+        --suite=*) SUITES="${1#*=}"; shift ;;
+        --timeout) TIMEOUT="$2"; shift 2 ;;
+        --timeout=*) TIMEOUT="${1#*=}"; shift ;;
+        --accel) ACCEL="$2"; shift 2 ;;
+        --accel=*) ACCEL="${1#*=}"; shift ;;
+        --daemon) DAEMON="$2"; BUILD=0; shift 2 ;;
+        --daemon=*) DAEMON="${1#*=}"; BUILD=0; shift ;;
+        --no-build) BUILD=0; shift ;;
+        --keep) KEEP=1; shift ;;
+        -v|--verbose) VERBOSE=1; shift ;;
+        -h|--help) usage 0 ;;
+        *) echo "run.sh: unknown option $1" >&2; usage 2 ;;
+    esac
+done
+[ "$KERNELS" = all ] && KERNELS="6.12 6.1"
+SUITES="${SUITES//,/ }"
+SUITES="${SUITES//full/main readonly cache-never writeback}"
+SUITES="${SUITES//all/main readonly}"
+for k in $KERNELS; do
+    case "$k" in 6.12|6.1) ;; *) echo "run.sh: --kernel must be 6.12, 6.1 or all" >&2; exit 2 ;; esac
+done
+for s in $SUITES; do
+    case "$s" in
+        main|readonly|cache-never|writeback) ;;
+        *) echo "run.sh: --suite takes main, readonly, cache-never, writeback, all or full" >&2; exit 2 ;;
+    esac
+done
+if [ "$(id -u)" -ne 0 ]; then
+    echo "run.sh: must run as root (the daemon has to chown and mknod for the guest)" >&2
+    exit 2
+fi
+
+START=$(date +%s)
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-guest.XXXXXX")"
+mkdir -p "$OUT"
+PIDS=()   # processes this script started and has not reaped yet
+
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do
+        kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
+    done
+    if [ "$KEEP" = 1 ]; then
+        echo "# work dir kept: $WORK"
+    else
+        rm -rf "$WORK"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+forget_pid() {
+    local p new=()
+    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || new+=("$p"); done
+    PIDS=("${new[@]}")
+}
+
+# --- results -----------------------------------------------------------------------------------
+N=0; PASSED=0; FAILED=0; SKIPPED=0
+
+# result ok|fail|skip NAME [DIAG_TEXT]
+result() {
+    local st="$1" name="$2" diag="${3:-}"
+    N=$((N + 1))
+    case "$st" in
+        ok) PASSED=$((PASSED + 1)); echo "ok $N $name" ;;
+        skip) SKIPPED=$((SKIPPED + 1)); echo "ok $N $name # SKIP $diag"; diag="" ;;
+        *) FAILED=$((FAILED + 1)); echo "not ok $N $name" ;;
+    esac
+    if [ -n "$diag" ] && { [ "$st" = fail ] || [ "$VERBOSE" = 1 ]; }; then
+        printf '%s\n' "$diag" | sed 's/^/# /'
+    fi
+}
+
+# check NAME GOT WANT [WHAT]: a host-side comparison reported as a test
+check() {
+    if [ "$2" = "$3" ]; then
+        result ok "$1" "${4:-value}: '$2'"
+    else
+        result fail "$1" "${4:-value}: got '$2', expected '$3'"
+    fi
+}
+
+finish() {
+    local secs=$(( $(date +%s) - START ))
+    echo "# guest tests took ${secs}s; logs in $OUT"
+    if [ "$SKIPPED" -gt 0 ]; then
+        echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
+    else
+        echo "$PASSED passed, $FAILED failed"
+    fi
+    [ "$FAILED" -eq 0 ]
+    exit $?
+}
+
+# --- prerequisites -----------------------------------------------------------------------------
+need_install=0
+command -v qemu-system-x86_64 >/dev/null || need_install=1
+command -v cpio >/dev/null || need_install=1
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep 'install ok installed' >/dev/null || need_install=1
+for k in $KERNELS; do [ -f "$CACHE/kernel-$k/.complete" ] || need_install=1; done
+if [ "$need_install" = 1 ]; then
+    echo "# running tests/guest/install.sh"
+    if ! GUEST_KERNELS="$KERNELS" VIRTIOFSD_GUEST_CACHE="$CACHE" "$HERE/install.sh" >"$OUT/install.log" 2>&1; then
+        result fail "install guest test prerequisites" "$(tail -n 20 "$OUT/install.log")"
+        finish
+    fi
+fi
+
+if [ "$BUILD" = 1 ]; then
+    echo "# cargo build --release"
+    if ! (cd "$ROOT" && cargo build --release) >"$OUT/build.log" 2>&1; then
+        result fail "cargo build --release" "$(grep -E '^(error|warning: unused)' -A5 "$OUT/build.log" | head -n 40)"
+        finish
+    fi
+fi
+DAEMON="${DAEMON:-$ROOT/target/release/virtiofsd}"
+if [ ! -x "$DAEMON" ]; then
+    result fail "daemon binary exists" "$DAEMON is missing"
+    finish
+fi
+
+# Static helpers for the guest.
+mkdir -p "$WORK/helpers"
+for src in "$HERE"/helpers/*.c; do
+    name="$(basename "$src" .c)"
+    if ! gcc -static -O2 -Wall -o "$WORK/helpers/$name" "$src" 2>"$WORK/helpers/$name.err"; then
+        result fail "compile helper $name" "$(cat "$WORK/helpers/$name.err")"
+        finish
+    fi
+done
+
+# build_initramfs KERNEL OUTFILE: busybox, /init, the suites, the helpers, and the kernel's
+# fuse/virtiofs modules when they are not built in. An uncompressed newc cpio.
+build_initramfs() {
+    local k="$1" out="$2" st="$WORK/initramfs-$1"
+    rm -rf "$st"
+    mkdir -p "$st"/{bin,dev,proc,sys,tmp,mnt,root,tests,helpers,modules}
+    cp /bin/busybox "$st/bin/busybox"
+    ln -s busybox "$st/bin/sh"
+    cp "$HERE/guest/init" "$st/init"
+    chmod 755 "$st/init"
+    cp "$HERE"/guest/*.sh "$st/tests/"
+    cp "$WORK"/helpers/* "$st/helpers/"
+    rm -f "$st"/helpers/*.err
+    if [ -f "$CACHE/kernel-$k/modules/load-order" ]; then
+        cp "$CACHE/kernel-$k/modules/"* "$st/modules/"
+    fi
+    (cd "$st" && find . -print0 | cpio --null -o -H newc --quiet) > "$out"
+}
+
+# --- accelerator -------------------------------------------------------------------------------
+first_kernel="${KERNELS%% *}"
+build_initramfs "$first_kernel" "$WORK/initramfs-$first_kernel.cpio"
+ACCEL_ARGS=(-accel tcg -cpu max)
+if [ "$ACCEL" = kvm ] || { [ "$ACCEL" = auto ] && [ -r /dev/kvm ] && [ -w /dev/kvm ]; }; then
+    # A probe boot: KVM counts as working if the guest reaches userspace within 15 s. (Under
+    # nested virtualisation QEMU may abort or hang; stderr is muted so that bash's "Aborted"
+    # job notice does not clutter the report.)
+    exec 4>&2 2>/dev/null
+    qemu-system-x86_64 -accel kvm -cpu host -m 256M -machine q35 -nodefaults -display none \
+        -no-reboot -monitor none -serial "file:$WORK/probe.log" \
+        -kernel "$CACHE/kernel-$first_kernel/vmlinuz" -initrd "$WORK/initramfs-$first_kernel.cpio" \
+        -append "console=ttyS0 quiet panic=-1 guest_suite=probe" >"$WORK/probe.qemu.log" 2>&1 &
+    probe=$!
+    PIDS+=("$probe")
+    for _ in $(seq 1 75); do
+        grep -q '#PROBE-OK' "$WORK/probe.log" 2>/dev/null && break
+        kill -0 "$probe" 2>/dev/null || break
+        sleep 0.2
+    done
+    if grep -q '#PROBE-OK' "$WORK/probe.log" 2>/dev/null; then
+        ACCEL_ARGS=(-accel kvm -cpu host)
+    elif [ "$ACCEL" = kvm ]; then
+        echo "# --accel kvm: the probe boot did not reach userspace; using TCG anyway"
+    fi
+    kill -KILL "$probe" 2>/dev/null
+    wait "$probe"
+    forget_pid "$probe"
+    exec 2>&4 4>&-
+fi
+echo "# accelerator: ${ACCEL_ARGS[*]}"
+
+# --- the share ---------------------------------------------------------------------------------
+# prepare_share DIR: the fixtures the guest suites expect under /mnt/fixtures.
+prepare_share() {
+    local s="$1"
+    mkdir -p "$s/fixtures/emptydir"
+    printf 'hello from the host\n' > "$s/fixtures/hello.txt"
+    python3 - "$s/fixtures" <<'PY'
+import hashlib, os, socket, sys
+f = sys.argv[1]
+os.setxattr(os.path.join(f, "hello.txt"), "user.from-host", b"host-value")
+# Two 16 MiB files for the parallel readers, with their sha256 beside them.
+for name, seed in (("read-a.bin", b"a"), ("read-b.bin", b"b")):
+    block = hashlib.sha256(seed).digest() * 2048          # 64 KiB pattern
+    h = hashlib.sha256()
+    with open(os.path.join(f, name), "wb") as out:
+        for i in range(256):
+            chunk = i.to_bytes(4, "little") + block[4:]
+            out.write(chunk)
+            h.update(chunk)
+    with open(os.path.join(f, name + ".sha256"), "w") as out:
+        out.write(h.hexdigest() + "\n")
+# A directory with 10,000 regular files and one of every other kind.
+d = os.path.join(f, "bigdir")
+os.mkdir(d)
+lines = []
+for i in range(10000):
+    n = "f%05d" % i
+    os.close(os.open(os.path.join(d, n), os.O_CREAT | os.O_WRONLY, 0o644))
+    lines.append("reg " + n)
+os.mkdir(os.path.join(d, "d")); lines.append("dir d")
+os.symlink("f00000", os.path.join(d, "l")); lines.append("lnk l")
+os.mkfifo(os.path.join(d, "p")); lines.append("fifo p")
+sk = socket.socket(socket.AF_UNIX); sk.bind(os.path.join(d, "s")); sk.close(); lines.append("sock s")
+os.mknod(os.path.join(d, "c"), 0o644 | 0o020000, os.makedev(1, 3)); lines.append("chr c")
+os.mknod(os.path.join(d, "b"), 0o644 | 0o060000, os.makedev(7, 200)); lines.append("blk b")
+text = "".join(l + "\n" for l in sorted(lines))
+with open(os.path.join(f, "bigdir.expected.md5"), "w") as out:
+    out.write(hashlib.md5(text.encode()).hexdigest() + "\n")
+PY
+}
+
+# fingerprint DIR: everything about a tree that a read-only mount must not change (not atime).
+fingerprint() {
+    (cd "$1" && find . -printf '%p %y %s %m %U:%G %l %T@\n' | LC_ALL=C sort)
+    python3 - "$1" <<'PY'
+import os, sys
+for dp, dns, fns in os.walk(sys.argv[1]):
+    for n in sorted(dns + fns):
+        p = os.path.join(dp, n)
+        try:
+            print(p, sorted((a, os.getxattr(p, a, follow_symlinks=False)) for a in os.listxattr(p, follow_symlinks=False)))
+        except OSError:
+            pass
+PY
+}
+
+# snapshot PID FILE: per-thread name and I/O counters of the daemon
+snapshot() {
+    local t
+    for t in /proc/"$1"/task/*; do
+        [ -r "$t/io" ] || continue
+        printf '%s %s %s %s\n' "${t##*/}" "$(cat "$t/comm" 2>/dev/null)" \
+            "$(awk '/^rchar:/{r=$2} /^wchar:/{w=$2} END{print r, w}' "$t/io" 2>/dev/null)" \
+            "$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{print $12 + $13}')"
+    done > "$2"
+}
+
+# guest_results CONSOLE PREFIX: reports each guest test line as a test
+guest_results() {
+    local console="$1" prefix="$2" line name st diag="" cur_st="" cur_name=""
+    flush() {
+        if [ -n "$cur_name" ]; then result "$cur_st" "$prefix$cur_name" "${diag%$'\n'}"; fi
+        cur_name=""; diag=""
+    }
+    while IFS= read -r line; do
+        line="${line%$'\r'}"
+        if [[ "$line" =~ ^ok\ [0-9]+\ (.*)$ ]]; then
+            flush; cur_st=ok; cur_name="${BASH_REMATCH[1]}"
+        elif [[ "$line" =~ ^not\ ok\ [0-9]+\ (.*)$ ]]; then
+            flush; cur_st=fail; cur_name="${BASH_REMATCH[1]}"
+        elif [[ "$line" =~ ^#\ (.*)$ ]] && [ -n "$cur_name" ]; then
+            diag+="${BASH_REMATCH[1]}"$'\n'
+        fi
+    done < <(tr -d '\r' < "$console")
+    flush
+}
+
+data_of() { sed -n "s/^#DATA $2 //p" "$1" | tr -d '\r' | tail -n 1; }
+
+# boot KERNEL NAME SUITE DAEMON_FLAGS...: one guest boot running the guest suite SUITE against
+# a fresh daemon and share
+boot() {
+    local k="$1" bname="$2" suite="$3"; shift 3
+    local flags=("$@")
+    BOOT_FLAGS="${flags[*]}"
+    local dir="$WORK/$k-$bname" logs="$OUT/$k-$bname" prefix="[$k] $bname: "
+    rm -rf "$logs"; mkdir -p "$dir" "$logs"
+    local share="$dir/share" sock="$dir/vfs.sock"
+    mkdir -p "$share"
+    prepare_share "$share"
+    [ "$suite" = readonly ] && fingerprint "$share" > "$dir/before.txt"
+
+    echo "# boot: kernel $k, $bname (guest suite $suite), daemon flags: ${flags[*]}"
+    "$DAEMON" --socket-path "$sock" --shared-dir "$share" "${flags[@]}" --log-level debug \
+        >"$logs/daemon.log" 2>&1 &
+    local dpid=$!
+    PIDS+=("$dpid")
+    for _ in $(seq 1 100); do
+        [ -S "$sock" ] && break
+        kill -0 "$dpid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if [ ! -S "$sock" ]; then
+        result fail "${prefix}daemon listens on its socket" "$(tail -n 20 "$logs/daemon.log")"
+        kill -KILL "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null; forget_pid "$dpid"
+        return
+    fi
+
+    local t0=$SECONDS
+    qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m 1G -smp 2 -machine q35 -nodefaults -display none \
+        -no-reboot -monitor none -serial "file:$logs/console.log" \
+        -kernel "$CACHE/kernel-$k/vmlinuz" -initrd "$WORK/initramfs-$k.cpio" \
+        -append "console=ttyS0 quiet panic=-1 guest_suite=$suite" \
+        -object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
+        -chardev "socket,id=vfs,path=$sock" \
+        -device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues=2 \
+        >"$logs/qemu.log" 2>&1 </dev/null &
+    local qpid=$!
+    PIDS+=("$qpid")
+
+    # Wait for the guest to power off; take a snapshot of the daemon's threads at each #MARK.
+    local timed_out=0 marks_seen=0 m
+    while kill -0 "$qpid" 2>/dev/null; do
+        if [ $((SECONDS - t0)) -ge "$TIMEOUT" ]; then timed_out=1; break; fi
+        sleep 0.2
+        if [ -f "$logs/console.log" ]; then
+            mapfile -t marks < <(sed -n 's/^#MARK \([A-Za-z0-9_-]*\).*/\1/p' "$logs/console.log")
+            while [ "$marks_seen" -lt "${#marks[@]}" ]; do
+                m="${marks[$marks_seen]}"
+                snapshot "$dpid" "$logs/threads-$m.txt"
+                marks_seen=$((marks_seen + 1))
+            done
+        fi
+    done
+    if [ "$timed_out" = 1 ]; then
+        kill -TERM "$qpid" 2>/dev/null; sleep 2; kill -KILL "$qpid" 2>/dev/null
+    fi
+    wait "$qpid"; local qrc=$?
+    forget_pid "$qpid"
+    local secs=$((SECONDS - t0))
+    echo "# boot took ${secs}s (QEMU exit status $qrc)"
+
+    # The daemon must notice the disconnect and exit 0 by itself.
+    for _ in $(seq 1 100); do
+        kill -0 "$dpid" 2>/dev/null || break
+        sleep 0.1
+    done
+    local drc
+    if kill -0 "$dpid" 2>/dev/null; then
+        kill -TERM "$dpid" 2>/dev/null; sleep 1; kill -KILL "$dpid" 2>/dev/null
+        wait "$dpid" 2>/dev/null
+        drc="still running 10 s after QEMU exited (killed)"
+    else
+        wait "$dpid"; drc=$?
+    fi
+    forget_pid "$dpid"
+
+    local console="$logs/console.log"
+    touch "$console"
+    guest_results "$console" "$prefix"
+    if [ "$timed_out" = 1 ]; then
+        result fail "${prefix}guest finished within ${TIMEOUT}s" \
+            "guest killed after ${TIMEOUT}s; last test started: $(grep '^#RUN' "$console" | tail -n 1)
+console tail:
+$(tr -d '\r' < "$console" | tail -n 25)
+daemon log tail:
+$(tail -n 15 "$logs/daemon.log")"
+    elif ! grep -q '^#DONE' "$console"; then
+        result fail "${prefix}guest ran to the end and powered off" \
+            "QEMU exit status $qrc; console tail:
+$(tr -d '\r' < "$console" | tail -n 25)
+qemu log:
+$(tail -n 10 "$logs/qemu.log")"
+    else
+        check "${prefix}guest powered off (QEMU exit status)" "$qrc" 0 "QEMU exit status"
+    fi
+    if [ "$drc" = 0 ]; then
+        result ok "${prefix}daemon exits 0 after the guest unmounts and disconnects"
+    else
+        result fail "${prefix}daemon exits 0 after the guest unmounts and disconnects" \
+            "daemon exit: $drc; log tail:
+$(tail -n 15 "$logs/daemon.log")"
+    fi
+    [ -e "$sock" ] && echo "# note: the daemon left its socket file $sock behind"
+    if [ "$suite" = main ] && grep -q '^#DONE' "$console"; then
+        # The guest's umount sends FUSE_DESTROY (opcode 38) before the device goes away.
+        if grep -q 'opcode=38 ' "$logs/daemon.log"; then
+            result ok "${prefix}daemon received FUSE_DESTROY on unmount"
+        else
+            result fail "${prefix}daemon received FUSE_DESTROY on unmount" \
+                "no 'request ... opcode=38' line in the debug log; log tail:
+$(tail -n 10 "$logs/daemon.log")"
+        fi
+    fi
+
+    host_checks_"$suite" "$k" "$dir" "$logs" "$prefix"
+    local errs
+    errs="$(grep -cE '\b(ERROR|WARN)\b' "$logs/daemon.log" || true)"
+    [ "$errs" != 0 ] && echo "# daemon logged $errs WARN/ERROR lines (see $logs/daemon.log)"
+    return 0
+}
+
+host_stat() { stat -c "$1" "$2" 2>&1; }
+host_xattr() {
+    python3 -c 'import os,sys
+try: print(os.getxattr(sys.argv[1], sys.argv[2]).decode())
+except OSError as e: print("error:", e.strerror)' "$1" "$2"
+}
+
+host_checks_main() {
+    local k="$1" dir="$2" logs="$3" prefix="${4}host: "
+    local w="$dir/share/work" c="$logs/console.log"
+    if ! grep -q '^#DONE' "$c"; then
+        result fail "${prefix}checks of the share" "skipped: the guest did not finish"
+        return
+    fi
+    local want got
+    want="$(data_of "$c" big_sha256)"
+    got="$(sha256sum "$w/big.bin" 2>&1 | cut -d' ' -f1)"
+    if [ -n "$want" ] && [ "$got" = "$want" ]; then
+        result ok "${prefix}64 MiB file sha256 matches the guest's"
+    else
+        result fail "${prefix}64 MiB file sha256 matches the guest's" "guest: '$want', host: '$got'"
+    fi
+    for f in a b; do
+        want="$(data_of "$c" par_${f}_sha256)"
+        got="$(sha256sum "$w/par-$f.bin" 2>&1 | cut -d' ' -f1)"
+        if [ -n "$want" ] && [ "$got" = "$want" ]; then
+            result ok "${prefix}parallel writer $f file sha256 matches the guest's"
+        else
+            result fail "${prefix}parallel writer $f file sha256 matches the guest's" "guest: '$want', host: '$got'"
+        fi
+    done
+    check "${prefix}appended file content" "$(cat "$w/host-append.txt" 2>&1 | tr '\n' ,)" "line1,line2,line3," content
+    check "${prefix}chown'd file is owned by 1234:5678" "$(host_stat %u:%g "$w/owned.txt")" 1234:5678 owner
+    check "${prefix}file a guest user created is owned by 1000:1000" "$(host_stat %u:%g "$w/userdir/user-file")" 1000:1000 owner
+    check "${prefix}dir a guest user created is owned by 1000:1000" "$(host_stat %u:%g "$w/userdir/user-dir")" 1000:1000 owner
+    check "${prefix}file the guest created as root is owned by 0:0" "$(host_stat %u:%g "$w/created.txt")" 0:0 owner
+    check "${prefix}chmod'd mode" "$(host_stat %a "$w/mode.txt")" 600 mode
+    check "${prefix}mtime set by touch -d" "$(host_stat %Y "$w/times.txt")" 981173106 mtime
+    check "${prefix}atime set by touch -a -d" "$(host_stat %X "$w/times.txt")" 946684798 atime
+    check "${prefix}mknod char device 240:300" "$(host_stat '%F %t:%T' "$w/chr-big")" "character special file f0:12c" "type major:minor"
+    check "${prefix}mkfifo made a fifo" "$(host_stat %F "$w/host-fifo")" fifo type
+    check "${prefix}symlink target" "$(readlink "$w/host-symlink" 2>&1)" sl-target target
+    check "${prefix}hard link pair shares an inode with 2 links" \
+        "$(host_stat %h "$w/hl-kept-a") $( [ "$(host_stat %i "$w/hl-kept-a")" = "$(host_stat %i "$w/hl-kept-b")" ] && echo same || echo different)" \
+        "2 same" "links, inode"
+    check "${prefix}xattr the guest set" "$(host_xattr "$w/xa.txt" user.kept)" kept-value value
+    check "${prefix}xattr the guest removed is gone" "$(host_xattr "$w/xa.txt" user.greeting)" "error: No data available" value
+    check "${prefix}file unlinked while open is gone" "$(find "$w" -maxdepth 1 -name 'unlinked*' | wc -l)" 0 "entries named unlinked*"
+    check "${prefix}rm -rf'd tree is gone" "$( [ -e "$w/tree" ] && echo present || echo gone)" gone tree
+    got="$(data_of "$c" statfs)"
+    check "${prefix}statfs block size, blocks, inodes match the host's" "$got" "$(stat -f -c '%S %b %c' "$dir/share")" "bsize blocks files"
+
+    # Two request queues: the daemon runs one thread per virtqueue ("vring_worker", in queue
+    # order: hiprio, request 0, request 1, ...). During the parallel workload each request queue
+    # that served requests shows read/write syscall bytes on its thread.
+    local name="${prefix}both request queues served the parallel workload"
+    local gk
+    gk="$(sed -n 's/^#GUEST kernel=\([0-9]*\.[0-9]*\).*/\1/p' "$c" | tr -d '\r' | head -n 1)"
+    if [ ! -f "$logs/threads-parallel-start.txt" ] || [ ! -f "$logs/threads-parallel-end.txt" ]; then
+        result fail "$name" "no thread snapshots were taken at the parallel-start/parallel-end marks"
+    else
+        local report busy
+        report="$(join <(sort "$logs/threads-parallel-start.txt") <(sort "$logs/threads-parallel-end.txt") |
+            awk '$2 == "vring_worker" { printf "thread %s: %.1f MiB read+written, %d cpu ticks\n", $1, (($7 - $3) + ($8 - $4)) / 1048576, $9 - $5 }' |
+            sort -n -k2 | awk '$3 + 0 > 0' | paste -sd ';' - | sed 's/;/; /g')"
+        [ -n "$report" ] || report="no vring_worker thread moved any bytes"
+        busy="$(printf '%s\n' "$report" | tr ';' '\n' | awk '$3 + 0 >= 1 { n++ } END { print n + 0 }')"
+        if [[ " $BOOT_FLAGS " = *" --thread-pool-size "* ]]; then
+            result skip "$name" "with --thread-pool-size the pool threads, not the queue threads, do the I/O"
+        elif [ "$(printf '%s\n' "$gk" | awk -F. '{ print ($1 * 100 + $2 >= 611) }')" != 1 ]; then
+            result skip "$name" "guest kernel $gk predates multi-queue virtiofs (6.11); per-thread I/O: $report"
+        elif [ "$busy" -ge 2 ]; then
+            result ok "$name" "$report"
+        else
+            result fail "$name" "only $busy vring_worker thread(s) moved >= 1 MiB during the parallel phase: $report"
+        fi
+    fi
+}
+
+host_checks_readonly() {
+    local k="$1" dir="$2" logs="$3" prefix="${4}host: "
+    fingerprint "$dir/share" > "$dir/after.txt"
+    if diff -u "$dir/before.txt" "$dir/after.txt" > "$logs/share-diff.txt"; then
+        result ok "${prefix}share unchanged by the read-only boot"
+    else
+        result fail "${prefix}share unchanged by the read-only boot" "$(head -n 20 "$logs/share-diff.txt")"
+    fi
+}
+
+# --- the boots ---------------------------------------------------------------------------------
+for k in $KERNELS; do
+    [ -f "$WORK/initramfs-$k.cpio" ] || build_initramfs "$k" "$WORK/initramfs-$k.cpio"
+    for s in $SUITES; do
+        case "$s" in
+            main) boot "$k" main main --xattr --cache auto ;;
+            readonly) boot "$k" readonly readonly --readonly --xattr ;;
+            cache-never) boot "$k" cache-never main --xattr --cache never --thread-pool-size 4 ;;
+            writeback) boot "$k" writeback main --xattr --cache always --writeback ;;
+        esac
+    done
+done
+finish
