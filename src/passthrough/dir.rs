@@ -38,7 +38,6 @@ pub struct DirSnapshot {
     buf: Vec<u8>,
     /// Start of each record in `buf`.
     index: Vec<u32>,
-    filled: bool,
 }
 
 impl DirSnapshot {
@@ -46,8 +45,27 @@ impl DirSnapshot {
         DirSnapshot::default()
     }
 
-    pub fn is_filled(&self) -> bool {
-        self.filled
+    /// Reads the whole directory `dir` (a descriptor opened for reading) from its start.
+    pub fn read(dir: BorrowedFd<'_>) -> io::Result<Self> {
+        let mut snap = DirSnapshot::new();
+        snap.fill(dir)?;
+        Ok(snap)
+    }
+
+    /// Heap bytes this snapshot holds.
+    pub fn memory_size(&self) -> usize {
+        self.buf.capacity() + self.index.capacity() * std::mem::size_of::<u32>()
+    }
+
+    /// A snapshot of regular files with these names (for tests of code that stores snapshots).
+    #[cfg(test)]
+    pub fn from_names(names: impl IntoIterator<Item = Vec<u8>>) -> Self {
+        let mut snap = DirSnapshot::new();
+        for (i, n) in names.into_iter().enumerate() {
+            snap.push(i as u64 + 1, libc::DT_REG, &n)
+                .expect("valid name");
+        }
+        snap
     }
 
     pub fn len(&self) -> usize {
@@ -58,7 +76,6 @@ impl DirSnapshot {
     pub fn fill(&mut self, dir: BorrowedFd<'_>) -> io::Result<()> {
         self.buf.clear();
         self.index.clear();
-        self.filled = false;
         sys::lseek(dir, 0, libc::SEEK_SET)?;
         let mut raw = [0u8; 16 * 1024];
         loop {
@@ -70,7 +87,6 @@ impl DirSnapshot {
         }
         self.buf.shrink_to_fit();
         self.index.shrink_to_fit();
-        self.filled = true;
         Ok(())
     }
 
@@ -170,10 +186,7 @@ mod tests {
         std::fs::write(tmp.path().join("file"), b"").unwrap();
         std::fs::create_dir(tmp.path().join("sub")).unwrap();
         let dir = open_dir(tmp.path());
-        let mut s = DirSnapshot::new();
-        assert!(!s.is_filled());
-        s.fill(dir.as_fd()).unwrap();
-        assert!(s.is_filled());
+        let s = DirSnapshot::read(dir.as_fd()).unwrap();
         let mut got: Vec<(Vec<u8>, u8)> = (0..s.len())
             .map(|i| {
                 let e = s.get(i).unwrap();

@@ -20,8 +20,9 @@ use super::sys;
 pub struct HandleData {
     pub inode: u64,
     pub file: OwnedFd,
-    /// The directory listing, for handles made by OPENDIR.
-    pub dir: Option<Mutex<DirSnapshot>>,
+    /// The directory listing, for handles made by OPENDIR: empty until the first READDIR,
+    /// replaced on each READDIR at offset 0.
+    pub dir: Option<Mutex<Option<Arc<DirSnapshot>>>>,
 }
 
 impl HandleData {
@@ -37,7 +38,7 @@ impl HandleData {
         HandleData {
             inode,
             file,
-            dir: Some(Mutex::new(DirSnapshot::new())),
+            dir: Some(Mutex::new(None)),
         }
     }
 

@@ -10,7 +10,9 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use super::dircache::Stamp;
 
 use crate::fuse::abi::ROOT_ID;
 
@@ -41,6 +43,9 @@ pub struct InodeData {
     pub fd: OwnedFd,
     /// `S_IFMT` bits of the file's mode.
     pub kind: u32,
+    /// For directories: the stamp of the last listing served from offset 0, if that stamp was
+    /// settled (see `dircache`); lets OPENDIR tell the guest its cached listing is still good.
+    pub listing: Mutex<Option<Stamp>>,
     refcount: AtomicU64,
 }
 
@@ -93,6 +98,7 @@ impl InodeStore {
             key,
             fd,
             kind: st.st_mode & libc::S_IFMT,
+            listing: Mutex::new(None),
             refcount: AtomicU64::new(1),
         });
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
@@ -137,6 +143,7 @@ impl InodeStore {
             key,
             fd,
             kind,
+            listing: Mutex::new(None),
             refcount: AtomicU64::new(1),
         });
         maps.by_key.insert(key, id);

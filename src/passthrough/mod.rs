@@ -20,6 +20,7 @@
 pub mod config;
 mod credentials;
 mod dir;
+mod dircache;
 mod handle;
 mod inode;
 mod sys;
@@ -40,6 +41,8 @@ use crate::filesystem::{
 };
 use crate::fuse::abi::{fopen, init, ROOT_ID};
 use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
+use dir::DirSnapshot;
+use dircache::{DirCache, Stamp};
 use handle::{HandleData, HandleStore};
 use inode::{InodeData, InodeKey, InodeStore};
 use sys::{error, ProcName};
@@ -54,6 +57,8 @@ pub struct PassthroughFs {
     cfg: Config,
     inodes: InodeStore,
     handles: HandleStore,
+    /// Settled directory snapshots shared between handles.
+    dircache: DirCache,
     /// `/proc/self/fd`, to reopen inodes through their magic links.
     proc_self_fd: OwnedFd,
     /// Whether the daemon runs as root (and so creates files as the caller).
@@ -143,6 +148,7 @@ impl PassthroughFs {
         Ok(PassthroughFs {
             inodes: InodeStore::new(root, &st, mnt_id),
             handles: HandleStore::default(),
+            dircache: DirCache::new(dircache::DEFAULT_CAP),
             proc_self_fd,
             as_root: credentials::running_as_root(),
             cfg,
@@ -247,10 +253,62 @@ impl PassthroughFs {
         }
     }
 
-    fn dir_open_flags(&self) -> u32 {
+    /// OPENDIR flags: `always` lets the guest keep listings; `auto` lets it cache them and keep
+    /// the cached one only when the directory is unchanged since the guest last read it.
+    fn dir_open_flags(&self, data: &InodeData, dir: BorrowedFd<'_>) -> u32 {
         match self.cfg.cache {
             CacheMode::Always => fopen::CACHE_DIR | fopen::KEEP_CACHE,
-            _ => 0,
+            CacheMode::Auto => {
+                let served = *data.listing.lock().unwrap_or_else(PoisonError::into_inner);
+                let unchanged = served
+                    .is_some_and(|stamp| sys::stat_fd(dir).is_ok_and(|st| Stamp::of(&st) == stamp));
+                if unchanged {
+                    fopen::CACHE_DIR | fopen::KEEP_CACHE
+                } else {
+                    fopen::CACHE_DIR
+                }
+            }
+            CacheMode::Never | CacheMode::Metadata => 0,
+        }
+    }
+
+    /// The listing of the directory `data` (open for reading as `dir`), from the cache when the
+    /// directory is unchanged since a settled snapshot was taken, read afresh otherwise.
+    fn dir_snapshot(&self, data: &InodeData, dir: BorrowedFd<'_>) -> io::Result<Arc<DirSnapshot>> {
+        let stamp = Stamp::of(&sys::stat_fd(dir)?);
+        let (snap, settled) = match self.dircache.get(&data.key, &stamp) {
+            Some(snap) => (snap, true),
+            None => {
+                let settled = stamp.settled(dircache::now());
+                let snap = Arc::new(DirSnapshot::read(dir)?);
+                if settled {
+                    self.dircache.insert(data.key, stamp, snap.clone());
+                }
+                (snap, settled)
+            }
+        };
+        *data.listing.lock().unwrap_or_else(PoisonError::into_inner) = settled.then_some(stamp);
+        Ok(snap)
+    }
+
+    /// The snapshot a READDIR at `offset` on handle `h` is served from.
+    fn handle_snapshot(
+        &self,
+        data: &InodeData,
+        h: &HandleData,
+        offset: u64,
+    ) -> io::Result<Arc<DirSnapshot>> {
+        let Some(dir) = &h.dir else {
+            return Err(error(libc::ENOTDIR));
+        };
+        let mut cur = dir.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*cur {
+            Some(snap) if offset != 0 => Ok(snap.clone()),
+            _ => {
+                let snap = self.dir_snapshot(data, h.fd())?;
+                *cur = Some(snap.clone());
+                Ok(snap)
+            }
         }
     }
 
@@ -331,6 +389,7 @@ impl FileSystem for PassthroughFs {
     }
 
     fn destroy(&self) {
+        self.dircache.clear();
         self.handles.clear();
         self.inodes.clear();
     }
@@ -675,10 +734,11 @@ impl FileSystem for PassthroughFs {
             return Err(error(libc::ENOTDIR));
         }
         let file = self.reopen(&data, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let open_flags = self.dir_open_flags(&data, file.as_fd());
         let handle = self.handles.insert(HandleData::dir(inode, file));
         Ok(Opened {
             handle: Some(handle),
-            open_flags: self.dir_open_flags(),
+            open_flags,
         })
     }
 
@@ -692,13 +752,8 @@ impl FileSystem for PassthroughFs {
         add_entry: &mut dyn FnMut(DirEntry<'_>) -> io::Result<usize>,
     ) -> io::Result<()> {
         let h = self.dir_handle(inode, handle)?;
-        let Some(dir) = &h.dir else {
-            return Err(error(libc::ENOTDIR));
-        };
-        let mut snap = dir.lock().unwrap_or_else(PoisonError::into_inner);
-        if offset == 0 || !snap.is_filled() {
-            snap.fill(h.fd())?;
-        }
+        let data = self.inode(inode)?;
+        let snap = self.handle_snapshot(&data, &h, offset)?;
         let Ok(start) = usize::try_from(offset) else {
             return Ok(());
         };
@@ -728,13 +783,7 @@ impl FileSystem for PassthroughFs {
     ) -> io::Result<()> {
         let h = self.dir_handle(inode, handle)?;
         let parent = self.inode(inode)?;
-        let Some(dir) = &h.dir else {
-            return Err(error(libc::ENOTDIR));
-        };
-        let mut snap = dir.lock().unwrap_or_else(PoisonError::into_inner);
-        if offset == 0 || !snap.is_filled() {
-            snap.fill(h.fd())?;
-        }
+        let snap = self.handle_snapshot(&parent, &h, offset)?;
         let Ok(start) = usize::try_from(offset) else {
             return Ok(());
         };

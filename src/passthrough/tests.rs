@@ -857,7 +857,7 @@ fn open_flags_follow_cache_mode() {
     for (mode, file, dir) in [
         (CacheMode::Never, fopen::DIRECT_IO, 0),
         (CacheMode::Metadata, fopen::DIRECT_IO, 0),
-        (CacheMode::Auto, 0, 0),
+        (CacheMode::Auto, 0, fopen::CACHE_DIR),
         (
             CacheMode::Always,
             fopen::KEEP_CACHE,
@@ -1182,4 +1182,182 @@ fn concurrent_lookups_and_forgets_balance() {
         }
     });
     assert_eq!(fs.inodes.len(), 1);
+}
+
+/// Makes `dir`'s change time old enough for its snapshots to be shared.
+fn let_settle() {
+    std::thread::sleep(dircache::SETTLE + Duration::from_millis(100));
+}
+
+fn names_of(list: &[(Vec<u8>, u64, u32)]) -> BTreeSet<Vec<u8>> {
+    list.iter().map(|(n, _, _)| n.clone()).collect()
+}
+
+#[test]
+fn snapshots_of_a_settled_directory_are_shared_between_handles() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a"), b"").unwrap();
+    let fs = new_fs(tmp.path());
+    let_settle();
+    let h1 = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
+    let first = readdir(&fs, ROOT_ID, h1, 0, usize::MAX);
+    let h2 = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
+    let second = readdir(&fs, ROOT_ID, h2, 0, usize::MAX);
+    assert_eq!(first, second);
+    let handle_snap = |h: u64| {
+        let hd = fs.handles.get(h, ROOT_ID).unwrap();
+        let guard = hd.dir.as_ref().unwrap().lock().unwrap();
+        guard.clone().unwrap()
+    };
+    assert!(Arc::ptr_eq(&handle_snap(h1), &handle_snap(h2)));
+}
+
+#[test]
+fn listing_after_a_change_sees_it_even_when_a_snapshot_was_shared() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a"), b"").unwrap();
+    let fs = new_fs(tmp.path());
+    let_settle();
+    let h1 = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
+    readdir(&fs, ROOT_ID, h1, 0, usize::MAX);
+    std::fs::write(tmp.path().join("b"), b"").unwrap();
+    std::fs::remove_file(tmp.path().join("a")).unwrap();
+    let h2 = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
+    let names = names_of(&readdir(&fs, ROOT_ID, h2, 0, usize::MAX));
+    assert!(names.contains(b"b".as_slice()) && !names.contains(b"a".as_slice()));
+}
+
+#[test]
+fn offsets_of_an_open_listing_stay_stable_while_the_directory_changes() {
+    let tmp = tempfile::tempdir().unwrap();
+    for i in 0..20 {
+        std::fs::write(tmp.path().join(format!("f{i:02}")), b"").unwrap();
+    }
+    let fs = new_fs(tmp.path());
+    let h = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
+    let head = readdir(&fs, ROOT_ID, h, 0, 10);
+    for i in 0..20 {
+        std::fs::remove_file(tmp.path().join(format!("f{i:02}"))).unwrap();
+    }
+    let tail = readdir(&fs, ROOT_ID, h, head.last().unwrap().1, usize::MAX);
+    assert_eq!(head.len() + tail.len(), 22);
+    let mut all = names_of(&head);
+    all.extend(names_of(&tail));
+    assert_eq!(all.len(), 22, "no duplicates, nothing lost");
+}
+
+#[test]
+fn auto_opendir_keeps_the_guest_listing_only_while_unchanged() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a"), b"").unwrap();
+    let fs = fs_with(tmp.path(), |c| c.cache = CacheMode::Auto);
+    let_settle();
+    let h = fs.opendir(&ctx(), ROOT_ID, 0).unwrap();
+    assert_eq!(h.open_flags, fopen::CACHE_DIR, "nothing served yet");
+    readdir(&fs, ROOT_ID, h.handle.unwrap(), 0, usize::MAX);
+    let again = fs.opendir(&ctx(), ROOT_ID, 0).unwrap();
+    assert_eq!(again.open_flags, fopen::CACHE_DIR | fopen::KEEP_CACHE);
+    std::fs::write(tmp.path().join("b"), b"").unwrap();
+    let changed = fs.opendir(&ctx(), ROOT_ID, 0).unwrap();
+    assert_eq!(
+        changed.open_flags,
+        fopen::CACHE_DIR,
+        "changed: guest must re-read"
+    );
+}
+
+/// Mounts a fresh ext4 image made without the `filetype` feature (so `getdents64` reports
+/// `DT_UNKNOWN` for every entry) at a temporary directory; `None` when that cannot be done
+/// here (not root, no `mkfs.ext4`, no loop devices).
+struct NoFiletypeMount {
+    dir: tempfile::TempDir,
+}
+
+impl NoFiletypeMount {
+    fn new() -> Option<Self> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        let dir = tempfile::tempdir().ok()?;
+        let img = dir.path().join("img");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).ok()?;
+        std::fs::File::create(&img).ok()?.set_len(16 << 20).ok()?;
+        let ok = |c: &mut std::process::Command| c.status().map(|s| s.success()).unwrap_or(false);
+        if !ok(std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-O", "^filetype"])
+            .arg(&img))
+        {
+            return None;
+        }
+        if !ok(std::process::Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&mnt))
+        {
+            return None;
+        }
+        Some(NoFiletypeMount { dir })
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("mnt")
+    }
+}
+
+impl Drop for NoFiletypeMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.path())
+            .status();
+    }
+}
+
+/// The `d_type` of every entry of `dir` as the host's `getdents64` reports it.
+fn raw_dtypes(dir: &Path) -> Vec<u8> {
+    let f = std::fs::File::open(dir).unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = sys::getdents64(f.as_fd(), &mut buf).unwrap();
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 19 <= n {
+        let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
+        out.push(buf[at + 18]);
+        at += reclen;
+    }
+    out
+}
+
+#[test]
+fn dtype_is_real_on_a_filesystem_that_reports_dt_unknown() {
+    let Some(m) = NoFiletypeMount::new() else {
+        eprintln!("skipped: needs root, mkfs.ext4 and a loop device");
+        return;
+    };
+    let root = m.path();
+    std::fs::write(root.join("file"), b"x").unwrap();
+    std::fs::create_dir(root.join("dir")).unwrap();
+    std::os::unix::fs::symlink("file", root.join("link")).unwrap();
+    let fifo = CString::new(root.join("fifo").as_os_str().as_bytes()).unwrap();
+    // SAFETY: `fifo` is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let _sock = std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
+    // The host filesystem really does not know the types.
+    let raw = raw_dtypes(&root);
+    assert!(raw.iter().all(|t| *t == libc::DT_UNKNOWN), "{raw:?}");
+
+    let fs = new_fs(&root);
+    let h = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
+    let got: std::collections::BTreeMap<Vec<u8>, u32> = readdir(&fs, ROOT_ID, h, 0, usize::MAX)
+        .into_iter()
+        .map(|(n, _, t)| (n, t))
+        .collect();
+    let t = |n: &str| got[n.as_bytes()] as u8;
+    assert_eq!(t("file"), libc::DT_REG);
+    assert_eq!(t("dir"), libc::DT_DIR);
+    assert_eq!(t("link"), libc::DT_LNK);
+    assert_eq!(t("fifo"), libc::DT_FIFO);
+    assert_eq!(t("sock"), libc::DT_SOCK);
+    assert_eq!(t("lost+found"), libc::DT_DIR);
 }
