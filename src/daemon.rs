@@ -124,6 +124,9 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
     // Modes from the guest are applied as given; the guest kernel already applied its umask.
     // SAFETY: umask has no memory-safety preconditions.
     unsafe { libc::umask(0) };
+    // Requests are checked against the caller's groups, never the daemon's own.
+    passthrough::drop_supplementary_groups()
+        .map_err(|e| DaemonError::Device(format!("cannot drop supplementary groups: {e}")))?;
 
     let socket_path = match &cfg.socket {
         SocketSpec::Path(p) => Some(p.clone()),

@@ -26,6 +26,9 @@ pub struct Context {
     pub uid: u32,
     pub gid: u32,
     pub pid: u32,
+    /// A supplementary group of the caller that the guest kernel sent with a creating request
+    /// (`FUSE_CREATE_SUPP_GROUP`): the parent directory's group, when the caller is a member.
+    pub supp_group: Option<u32>,
 }
 
 /// The answer to a successful lookup (or creation): a node id and its attributes.

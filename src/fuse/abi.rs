@@ -517,6 +517,18 @@ pub struct Dirent {
     pub typ: u32,
 }
 
+/// Header of one request extension (after the arguments, `total_extlen * 8` bytes in all).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ExtHeader {
+    /// Size of the extension including this header, a multiple of 8.
+    pub size: u32,
+    pub typ: u32,
+}
+
+/// Extension type: the caller's supplementary groups (`u32` count, then the groups).
+pub const EXT_GROUPS: u32 = 32;
+
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
 pub struct FallocateIn {
@@ -560,8 +572,11 @@ pub struct SyncfsIn {
     pub padding: u64,
 }
 
+pod!(u32);
+
 pod!(
     InHeader,
+    ExtHeader,
     OutHeader,
     Attr,
     EntryOut,

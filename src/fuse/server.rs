@@ -188,6 +188,45 @@ fn set_time(set: bool, now: bool, secs: u64, nsecs: u32) -> SetTime {
     }
 }
 
+const ENTRY_REPLY_SIZE: usize = OUT_HEADER_SIZE + size_of::<abi::EntryOut>();
+const CREATE_REPLY_SIZE: usize = ENTRY_REPLY_SIZE + size_of::<abi::OpenOut>();
+const OPEN_REPLY_SIZE: usize = OUT_HEADER_SIZE + size_of::<abi::OpenOut>();
+
+/// Refuses a request whose reply cannot fit before the filesystem acts on it, so that nothing
+/// is created and no reference is taken for a reply the client never receives.
+fn need_room<W: Writer>(w: &W, size: usize) -> io::Result<()> {
+    if w.remaining() < size {
+        warn!(
+            "reply buffer of {} bytes is too small for a {size} byte reply",
+            w.remaining()
+        );
+        return Err(errno(libc::ERANGE));
+    }
+    Ok(())
+}
+
+/// The first supplementary group in the request extensions `ext` (`FUSE_EXT_GROUPS`), if
+/// any. Malformed extensions are refused with `EINVAL`.
+fn supp_group(mut ext: &[u8]) -> io::Result<Option<u32>> {
+    let mut group = None;
+    while !ext.is_empty() {
+        let hdr = abi::ExtHeader::from_prefix(ext).ok_or_else(einval)?;
+        let size = hdr.size as usize;
+        if size < size_of::<abi::ExtHeader>() || size % 8 != 0 || size > ext.len() {
+            return Err(einval());
+        }
+        let body = &ext[size_of::<abi::ExtHeader>()..size];
+        if hdr.typ == abi::EXT_GROUPS {
+            let count = u32::from_prefix(body).ok_or_else(einval)?;
+            if count > 0 {
+                group = Some(u32::from_prefix(&body[4..]).ok_or_else(einval)?);
+            }
+        }
+        ext = &ext[size..];
+    }
+    Ok(group)
+}
+
 /// What a handler produced: a reply to send, or nothing (FORGET, BATCH_FORGET).
 enum Outcome {
     Reply(usize),
@@ -229,10 +268,11 @@ impl<F: FileSystem> Server<F> {
         r.read_exact(&mut hb)
             .map_err(|_| ServerError::ShortHeader)?;
         let h = abi::InHeader::from_prefix(&hb).ok_or(ServerError::ShortHeader)?;
-        let ctx = Context {
+        let mut ctx = Context {
             uid: h.uid,
             gid: h.gid,
             pid: h.pid,
+            supp_group: None,
         };
         debug!(
             "request unique={} opcode={} nodeid={} len={}",
@@ -276,10 +316,10 @@ impl<F: FileSystem> Server<F> {
                 let mut buf = cell.borrow_mut();
                 buf.resize(body_len, 0);
                 r.read_exact(&mut buf[..])?;
-                // Request extensions (security context, supplementary groups) follow the
-                // arguments; none are negotiated, so they are only cut off.
+                // Request extensions follow the arguments.
                 let ext = usize::from(h.total_extlen) * 8;
                 let args_len = body_len.checked_sub(ext).ok_or_else(einval)?;
+                ctx.supp_group = supp_group(&buf[args_len..])?;
                 let args = Args {
                     bytes: &buf[..args_len],
                 };
@@ -311,6 +351,7 @@ impl<F: FileSystem> Server<F> {
                 self.ok(w, h, &[])
             }
             opcode::LOOKUP => {
+                need_room(w, ENTRY_REPLY_SIZE)?;
                 let name = a.name()?;
                 let e = fs.lookup(ctx, node, name)?;
                 self.ok(w, h, &[entry_out(&e).as_bytes()])
@@ -376,18 +417,21 @@ impl<F: FileSystem> Server<F> {
                 self.ok(w, h, &[&target])
             }
             opcode::SYMLINK => {
+                need_room(w, ENTRY_REPLY_SIZE)?;
                 let name = a.name()?;
                 let target = a.cstr(PATH_MAX)?;
                 let e = fs.symlink(ctx, target, node, name)?;
                 self.ok(w, h, &[entry_out(&e).as_bytes()])
             }
             opcode::MKNOD => {
+                need_room(w, ENTRY_REPLY_SIZE)?;
                 let m: abi::MknodIn = a.take()?;
                 let name = a.name()?;
                 let e = fs.mknod(ctx, node, name, m.mode, m.rdev, m.umask)?;
                 self.ok(w, h, &[entry_out(&e).as_bytes()])
             }
             opcode::MKDIR => {
+                need_room(w, ENTRY_REPLY_SIZE)?;
                 let m: abi::MkdirIn = a.take()?;
                 let name = a.name()?;
                 let e = fs.mkdir(ctx, node, name, m.mode, m.umask)?;
@@ -416,17 +460,20 @@ impl<F: FileSystem> Server<F> {
                 self.ok(w, h, &[])
             }
             opcode::LINK => {
+                need_room(w, ENTRY_REPLY_SIZE)?;
                 let l: abi::LinkIn = a.take()?;
                 let name = a.name()?;
                 let e = fs.link(ctx, l.oldnodeid, node, name)?;
                 self.ok(w, h, &[entry_out(&e).as_bytes()])
             }
             opcode::OPEN => {
+                need_room(w, OPEN_REPLY_SIZE)?;
                 let o: abi::OpenIn = a.take()?;
                 let opened = fs.open(ctx, node, o.flags, o.open_flags)?;
                 self.ok(w, h, &[open_out(&opened).as_bytes()])
             }
             opcode::CREATE => {
+                need_room(w, CREATE_REPLY_SIZE)?;
                 let c: abi::CreateIn = a.take()?;
                 let name = a.name()?;
                 let (e, opened) =
@@ -438,6 +485,7 @@ impl<F: FileSystem> Server<F> {
                 )
             }
             opcode::TMPFILE => {
+                need_room(w, CREATE_REPLY_SIZE)?;
                 let c: abi::CreateIn = a.take()?;
                 let (e, opened) = fs.tmpfile(ctx, node, c.mode, c.flags, c.umask)?;
                 self.ok(
@@ -520,6 +568,7 @@ impl<F: FileSystem> Server<F> {
                 self.ok(w, h, &[])
             }
             opcode::OPENDIR => {
+                need_room(w, OPEN_REPLY_SIZE)?;
                 let o: abi::OpenIn = a.take()?;
                 let opened = fs.opendir(ctx, node, o.flags)?;
                 self.ok(w, h, &[open_out(&opened).as_bytes()])
@@ -854,6 +903,7 @@ mod tests {
         forgotten: AtomicU64,
         entries: Vec<String>,
         file: Mutex<Option<std::fs::File>>,
+        last_ctx: Mutex<Option<Context>>,
     }
 
     fn stat_with_ino(ino: u64) -> libc::stat64 {
@@ -881,6 +931,18 @@ mod tests {
                 attr_timeout: Duration::from_secs(1),
                 entry_timeout: Duration::from_millis(1500),
             })
+        }
+
+        fn mkdir(
+            &self,
+            ctx: &Context,
+            _parent: u64,
+            _name: &CStr,
+            _mode: u32,
+            _umask: u32,
+        ) -> io::Result<Entry> {
+            *self.last_ctx.lock().unwrap() = Some(*ctx);
+            Err(errno(libc::EEXIST))
         }
 
         fn forget(&self, _ctx: &Context, _inode: u64, count: u64) {
@@ -1228,6 +1290,64 @@ mod tests {
             4096,
         );
         assert_eq!(out_header(&reply).error, -libc::EINVAL);
+    }
+
+    fn mkdir_with_extension(ext: &[u8]) -> Vec<u8> {
+        let m = abi::MkdirIn {
+            mode: 0o755,
+            umask: 0,
+        };
+        let mut req = request(
+            opcode::MKDIR,
+            1,
+            12,
+            &[m.as_bytes(), b"d\0\0\0\0\0\0\0", ext],
+        );
+        req[36..38].copy_from_slice(&((ext.len() / 8) as u16).to_le_bytes());
+        req
+    }
+
+    #[test]
+    fn supplementary_group_extension_reaches_the_filesystem() {
+        let srv = initialized();
+        let hdr = abi::ExtHeader {
+            size: 16,
+            typ: abi::EXT_GROUPS,
+        };
+        let mut ext = hdr.as_bytes().to_vec();
+        ext.extend_from_slice(&1u32.to_le_bytes());
+        ext.extend_from_slice(&4242u32.to_le_bytes());
+        let (_, reply) = send(&srv, &mkdir_with_extension(&ext), 4096);
+        assert_eq!(out_header(&reply).error, -libc::EEXIST);
+        let ctx = srv.filesystem().last_ctx.lock().unwrap().unwrap();
+        assert_eq!(ctx.supp_group, Some(4242));
+    }
+
+    #[test]
+    fn malformed_extension_gets_einval() {
+        let srv = initialized();
+        let hdr = abi::ExtHeader {
+            size: 24,
+            typ: abi::EXT_GROUPS,
+        };
+        let mut ext = hdr.as_bytes().to_vec();
+        ext.extend_from_slice(&[0u8; 8]);
+        let (_, reply) = send(&srv, &mkdir_with_extension(&ext), 4096);
+        assert_eq!(out_header(&reply).error, -libc::EINVAL);
+        assert!(srv.filesystem().last_ctx.lock().unwrap().is_none());
+    }
+
+    #[test]
+    fn lookup_reply_that_cannot_fit_never_reaches_the_filesystem() {
+        let srv = initialized();
+        let m = abi::MkdirIn::default();
+        let (_, reply) = send(
+            &srv,
+            &request(opcode::MKDIR, 1, 3, &[m.as_bytes(), b"d\0"]),
+            100,
+        );
+        assert_eq!(out_header(&reply).error, -libc::ERANGE);
+        assert!(srv.filesystem().last_ctx.lock().unwrap().is_none());
     }
 
     #[test]

@@ -1,5 +1,10 @@
 //! Creating files as the guest caller: a guard that switches this thread's filesystem uid and
-//! gid (`setfsuid(2)` / `setfsgid(2)`) for the duration of one creating syscall.
+//! gid (`setfsuid(2)` / `setfsgid(2)`), and the supplementary group the guest kernel sent with
+//! the request (`FUSE_CREATE_SUPP_GROUP`), for the duration of one creating syscall.
+//!
+//! The daemon drops its own supplementary groups at start, so the host checks a creation
+//! against the caller's uid, gid and that one group only. The group is set with the raw
+//! `setgroups` system call, which (unlike the C library's wrapper) changes this thread only.
 //!
 //! Only a daemon running as root switches: then new files are owned by the caller, and the
 //! kernel checks the caller's permissions on the parent directory. An unprivileged daemon
@@ -8,11 +13,15 @@
 
 use std::io;
 
+use crate::filesystem::Context;
+
 /// Restores this thread's fsuid/fsgid on drop.
 #[must_use = "the credentials are restored as soon as the guard is dropped"]
 pub struct CredsGuard {
     old_uid: libc::uid_t,
     old_gid: libc::gid_t,
+    /// Whether a supplementary group was set (and must be cleared again).
+    group_set: bool,
 }
 
 /// Whether the daemon runs with effective uid 0 (and so should create files as the caller).
@@ -23,10 +32,18 @@ pub fn running_as_root() -> bool {
 
 /// Switches to `uid`/`gid` when `as_root` (see [`running_as_root`]); `None` when no switch is
 /// needed (not root, or the caller is root already).
-pub fn switch_to(as_root: bool, uid: u32, gid: u32) -> io::Result<Option<CredsGuard>> {
+pub fn switch_to(as_root: bool, ctx: &Context) -> io::Result<Option<CredsGuard>> {
+    let (uid, gid) = (ctx.uid, ctx.gid);
     if !as_root || (uid == 0 && gid == 0) {
         return Ok(None);
     }
+    let group_set = match ctx.supp_group {
+        Some(g) => {
+            set_thread_groups(&[g])?;
+            true
+        }
+        None => false,
+    };
     // The group first: once the fsuid is not 0 the thread may lose the right to change it.
     let old_gid = set_fsgid(gid)?;
     let old_uid = match set_fsuid(uid) {
@@ -34,10 +51,40 @@ pub fn switch_to(as_root: bool, uid: u32, gid: u32) -> io::Result<Option<CredsGu
         Err(e) => {
             // SAFETY: restoring the previous fsgid of this thread; nothing to check.
             unsafe { libc::setfsgid(old_gid) };
+            if group_set {
+                let _ = set_thread_groups(&[]);
+            }
             return Err(e);
         }
     };
-    Ok(Some(CredsGuard { old_uid, old_gid }))
+    Ok(Some(CredsGuard {
+        old_uid,
+        old_gid,
+        group_set,
+    }))
+}
+
+/// Sets this thread's supplementary groups (only this thread's: the raw system call).
+fn set_thread_groups(groups: &[libc::gid_t]) -> io::Result<()> {
+    // SAFETY: the pointer and count describe the live slice `groups`; the kernel only reads it.
+    let ret = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Drops every supplementary group of the process (at start, before threads exist), so that
+/// no request is checked against the daemon's own groups.
+pub fn drop_supplementary_groups() -> io::Result<()> {
+    if !running_as_root() {
+        return Ok(());
+    }
+    // SAFETY: a count of 0 with a null list clears the groups; nothing is read.
+    if unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Sets the fsuid and checks it took effect (`setfsuid` reports no errors, only the old id).
@@ -71,6 +118,9 @@ impl Drop for CredsGuard {
             libc::setfsuid(self.old_uid);
             libc::setfsgid(self.old_gid);
         }
+        if self.group_set {
+            let _ = set_thread_groups(&[]);
+        }
     }
 }
 
@@ -90,7 +140,12 @@ mod tests {
 
     #[test]
     fn no_switch_when_not_root() {
-        assert!(switch_to(false, 1000, 1000).unwrap().is_none());
+        let ctx = Context {
+            uid: 1000,
+            gid: 1000,
+            ..Context::default()
+        };
+        assert!(switch_to(false, &ctx).unwrap().is_none());
     }
 
     #[test]
@@ -100,7 +155,12 @@ mod tests {
         }
         let before = current();
         {
-            let _g = switch_to(true, 1000, 1001).unwrap().expect("switched");
+            let ctx = Context {
+                uid: 1000,
+                gid: 1001,
+                ..Context::default()
+            };
+            let _g = switch_to(true, &ctx).unwrap().expect("switched");
             assert_eq!(current(), (1000, 1001));
         }
         assert_eq!(current(), before);

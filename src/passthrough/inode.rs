@@ -151,6 +151,12 @@ impl InodeStore {
         id
     }
 
+    /// Adds one reference on the inode identified by `key`, if it is known.
+    pub fn ref_known(&self, key: &InodeKey) -> Option<u64> {
+        let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
+        Self::ref_existing(&maps, key)
+    }
+
     fn ref_existing(maps: &Maps, key: &InodeKey) -> Option<u64> {
         let id = *maps.by_key.get(key)?;
         let data = maps.by_id.get(&id)?;

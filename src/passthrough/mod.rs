@@ -35,6 +35,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 pub use config::{CacheMode, Config};
+pub use credentials::drop_supplementary_groups;
 
 use crate::filesystem::{
     Context, DirEntry, Entry, FileSystem, Opened, SetAttr, SetTime, XattrReply,
@@ -201,6 +202,24 @@ impl PassthroughFs {
         self.register(fd)
     }
 
+    /// Looks up `..` of a directory other than the root. The parent of a directory the guest
+    /// holds is one the guest looked up on its way down; a parent the table does not know means
+    /// the directory was moved out of the shared directory on the host, and is refused.
+    fn lookup_parent(&self, dir: &InodeData, dotdot: &CStr) -> io::Result<Entry> {
+        let fd = sys::openat(dir.fd(), dotdot, open_path_flags(), 0)?;
+        let (st, mnt_id) = sys::stat_fd_mnt(fd.as_fd())?;
+        match self.inodes.ref_known(&InodeKey::new(&st, mnt_id)) {
+            Some(id) => Ok(self.entry(id, st)),
+            None => {
+                log::warn!(
+                    "lookup of '..' of node {} leaves the shared directory; refused",
+                    dir.id
+                );
+                Err(error(libc::EACCES))
+            }
+        }
+    }
+
     /// Opens `inode` for I/O through `/proc/self/fd/N` (resolving to the inode itself).
     fn reopen(&self, inode: &InodeData, flags: i32) -> io::Result<OwnedFd> {
         self.reopen_fd(inode.fd(), flags)
@@ -324,7 +343,7 @@ impl PassthroughFs {
         check_new_name(name)?;
         let p = self.inode(parent)?;
         {
-            let _creds = credentials::switch_to(self.as_root, ctx.uid, ctx.gid)?;
+            let _creds = credentials::switch_to(self.as_root, ctx)?;
             make(p.fd())?;
         }
         self.do_lookup(&p, name)
@@ -385,6 +404,10 @@ impl FileSystem for PassthroughFs {
         if self.cfg.writeback {
             want |= init::WRITEBACK_CACHE;
         }
+        if self.as_root {
+            // Creations are checked against the caller's groups: ask for the one that matters.
+            want |= init::CREATE_SUPP_GROUP;
+        }
         Ok(want & capable)
     }
 
@@ -411,6 +434,9 @@ impl FileSystem for PassthroughFs {
                 return Err(error(libc::EBADF));
             }
             return Ok(self.entry(p.id, st));
+        }
+        if name.to_bytes() == b".." {
+            return self.lookup_parent(&p, name);
         }
         self.do_lookup(&p, name)
     }
@@ -628,7 +654,7 @@ impl FileSystem for PassthroughFs {
         let mut tries = 0;
         loop {
             let created = {
-                let _creds = credentials::switch_to(self.as_root, ctx.uid, ctx.gid)?;
+                let _creds = credentials::switch_to(self.as_root, ctx)?;
                 sys::openat(p.fd(), name, oflags | libc::O_EXCL, mode)
             };
             match created {
@@ -670,7 +696,7 @@ impl FileSystem for PassthroughFs {
         let oflags = (self.host_open_flags(flags) & !libc::O_DIRECT) | libc::O_TMPFILE;
         let mode = mode & !umask & 0o7777;
         let file = {
-            let _creds = credentials::switch_to(self.as_root, ctx.uid, ctx.gid)?;
+            let _creds = credentials::switch_to(self.as_root, ctx)?;
             sys::openat(p.fd(), c".", oflags, mode)?
         };
         self.register_open(file, direct)

@@ -15,6 +15,7 @@ fn ctx() -> Context {
         uid: 0,
         gid: 0,
         pid: 1,
+        ..Context::default()
     }
 }
 
@@ -315,6 +316,7 @@ fn create_as_uid_1000_is_owned_by_1000_on_the_host() {
         uid: 1000,
         gid: 1000,
         pid: 1,
+        ..Context::default()
     };
     let (e, _) = fs
         .create(&user, ROOT_ID, c"f", 0o644, libc::O_RDWR as u32, 0, 0)
@@ -1092,16 +1094,23 @@ fn access_checks_mode_bits_for_the_caller() {
     let fs = new_fs(tmp.path());
     let f = lookup(&fs, "f");
     let (uid, gid) = (f.attr.st_uid, f.attr.st_gid);
-    let owner = Context { uid, gid, pid: 1 };
+    let owner = Context {
+        uid,
+        gid,
+        pid: 1,
+        ..Context::default()
+    };
     let stranger = Context {
         uid: uid + 1000,
         gid: gid + 1000,
         pid: 1,
+        ..Context::default()
     };
     let group = Context {
         uid: uid + 1000,
         gid,
         pid: 1,
+        ..Context::default()
     };
     let (r, w, x) = (libc::R_OK as u32, libc::W_OK as u32, libc::X_OK as u32);
     fs.access(&stranger, f.inode, libc::F_OK as u32).unwrap();

@@ -115,7 +115,11 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 continue;
             }
             let len = serve_chain(&self.server, &mem, chain);
-            complete(vring, head, len, event_idx)?;
+            if let Err(e) = complete(vring, head, len, event_idx) {
+                // A head the guest made up (outside the table) cannot be returned; the chain
+                // is dropped and the queue goes on.
+                warn!("chain {head} could not be returned to the guest: {e}");
+            }
         }
         Ok(())
     }

@@ -1,0 +1,447 @@
+//! Shared harness of the in-process integration tests: runs `daemon::serve` in a thread on a
+//! fresh shared directory, connects the test frontend (which plays QEMU and the guest kernel),
+//! and offers small helpers to inspect the host side.
+//!
+//! Layout of one test's files:
+//! - `base/share/`   the shared directory (empty at start);
+//! - `base/outside/` a sibling directory with a sentinel file `secret`, which no request may
+//!   ever reach;
+//! - `sock/vfs.sock` the vhost-user socket, in a directory of its own.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+use virtiofsd::daemon::{self, DaemonConfig, DaemonError, SocketSpec};
+use virtiofsd::frontend::{FrontendConfig, FsFrontend, FuseClient};
+use virtiofsd::fuse::abi::{self, InitOut, ROOT_ID};
+use virtiofsd::passthrough::{CacheMode, Config};
+
+/// Content of `outside/secret`.
+pub const SECRET: &[u8] = b"host secret, never to be served\n";
+
+/// Sets the umask of the test process to 0 (once), as the real daemon does at start, so that
+/// the modes the tests ask for are exactly the modes the host gets.
+pub fn clear_umask() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: umask has no memory-safety preconditions.
+        unsafe { libc::umask(0) };
+    });
+}
+
+/// How to start a daemon for one test.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub cache: CacheMode,
+    pub xattr: bool,
+    pub readonly: bool,
+    pub readdirplus: bool,
+    pub writeback: bool,
+    pub thread_pool_size: usize,
+    pub tag: Option<String>,
+    /// Request queues the frontend sets up.
+    pub queues: usize,
+    /// Send FUSE_INIT (Linux 6.x style) on request queue 0 before handing over.
+    pub init: bool,
+    pub frontend: FrontendConfig,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            cache: CacheMode::Auto,
+            xattr: false,
+            readonly: false,
+            readdirplus: true,
+            writeback: false,
+            thread_pool_size: 0,
+            tag: None,
+            queues: 1,
+            init: true,
+            frontend: FrontendConfig {
+                mem_size: 32 << 20,
+                timeout: Duration::from_secs(10),
+                ..Default::default()
+            },
+        }
+    }
+}
+
+impl Options {
+    pub fn xattr(mut self) -> Self {
+        self.xattr = true;
+        self
+    }
+
+    pub fn readonly(mut self) -> Self {
+        self.readonly = true;
+        self
+    }
+
+    pub fn cache(mut self, cache: CacheMode) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    pub fn pool(mut self, n: usize) -> Self {
+        self.thread_pool_size = n;
+        self
+    }
+
+    pub fn queues(mut self, n: usize) -> Self {
+        self.queues = n;
+        self
+    }
+
+    pub fn no_init(mut self) -> Self {
+        self.init = false;
+        self
+    }
+
+    pub fn writeback(mut self) -> Self {
+        self.writeback = true;
+        self
+    }
+
+    pub fn no_readdirplus(mut self) -> Self {
+        self.readdirplus = false;
+        self
+    }
+
+    pub fn tag(mut self, tag: &str) -> Self {
+        self.tag = Some(tag.to_string());
+        self
+    }
+
+    /// Adjusts the frontend configuration.
+    pub fn frontend(mut self, f: impl FnOnce(&mut FrontendConfig)) -> Self {
+        f(&mut self.frontend);
+        self
+    }
+
+    /// How long the frontend waits for each reply.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.frontend.timeout = t;
+        self
+    }
+}
+
+/// A daemon serving a fresh directory to a connected frontend.
+pub struct Daemon {
+    /// The shared directory (`base/share`).
+    pub share: PathBuf,
+    /// A sibling of the shared directory holding `secret`.
+    pub outside: PathBuf,
+    pub socket: PathBuf,
+    pub fe: FsFrontend,
+    /// Client on request queue 0.
+    pub c: FuseClient,
+    /// The INIT reply, when the harness sent INIT.
+    pub init: Option<InitOut>,
+    thread: Option<JoinHandle<Result<(), DaemonError>>>,
+    _sock_dir: TempDir,
+    _base: TempDir,
+}
+
+impl Daemon {
+    /// A daemon with default options, INIT done.
+    pub fn start() -> Daemon {
+        Daemon::with(Options::default())
+    }
+
+    pub fn with(opts: Options) -> Daemon {
+        clear_umask();
+        let base = tempfile::tempdir().expect("tempdir");
+        let share = base.path().join("share");
+        let outside = base.path().join("outside");
+        fs::create_dir(&share).unwrap();
+        fs::set_permissions(&share, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("secret"), SECRET).unwrap();
+        let sock_dir = tempfile::tempdir().expect("tempdir");
+        let socket = sock_dir.path().join("vfs.sock");
+
+        let mut fs_cfg = Config::new(&share, opts.cache);
+        fs_cfg.xattr = opts.xattr;
+        fs_cfg.readonly = opts.readonly;
+        fs_cfg.readdirplus = opts.readdirplus;
+        fs_cfg.writeback = opts.writeback;
+        let cfg = DaemonConfig {
+            fs: fs_cfg,
+            socket: SocketSpec::Path(socket.clone()),
+            tag: opts.tag.clone(),
+            thread_pool_size: opts.thread_pool_size,
+        };
+        let thread = std::thread::Builder::new()
+            .name("virtiofsd-serve".into())
+            .spawn(move || daemon::serve(cfg))
+            .expect("spawn serve thread");
+
+        let mut fe = FsFrontend::connect_with(&socket, opts.queues, &opts.frontend)
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", socket.display()));
+        let mut c = fe.client(0).expect("client on request queue 0");
+        let init = if opts.init {
+            Some(c.init().expect("FUSE_INIT"))
+        } else {
+            None
+        };
+        Daemon {
+            share,
+            outside,
+            socket,
+            fe,
+            c,
+            init,
+            thread: Some(thread),
+            _sock_dir: sock_dir,
+            _base: base,
+        }
+    }
+
+    /// A client on request queue `n` (n ≥ 1; queue 0 is `self.c`) that knows the INIT reply.
+    pub fn client(&mut self, n: usize) -> FuseClient {
+        let mut c = self.fe.client(n).expect("client");
+        if let Some(i) = self.init {
+            c.set_init_out(i);
+        }
+        c
+    }
+
+    /// `share/rel` on the host.
+    pub fn host(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.share.join(rel)
+    }
+
+    /// Looks `name` up in the root directory and returns its node id (panics on error).
+    pub fn node(&mut self, name: &str) -> u64 {
+        self.c
+            .lookup(ROOT_ID, name)
+            .unwrap_or_else(|e| panic!("lookup {name}: errno {e}"))
+            .nodeid
+    }
+
+    /// Creates the host file `share/rel` with `data` and returns its node id.
+    pub fn file(&mut self, rel: &str, data: &[u8]) -> u64 {
+        fs::write(self.host(rel), data).unwrap();
+        self.node(rel)
+    }
+
+    /// Opens `nodeid` with `flags` and returns the handle (panics on error).
+    pub fn open(&mut self, nodeid: u64, flags: i32) -> u64 {
+        self.c
+            .open(nodeid, flags as u32)
+            .unwrap_or_else(|e| panic!("open node {nodeid}: errno {e}"))
+            .fh
+    }
+
+    /// What the host directory tree (share and outside) looks like now.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::of(self.share.parent().expect("base"))
+    }
+
+    /// Disconnects the frontend and checks that `serve` returned `Ok` (bounded wait) and
+    /// removed the socket.
+    pub fn finish(mut self) {
+        self.fe.disconnect();
+        let t = self.thread.take().expect("serve thread");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !t.is_finished() {
+            assert!(
+                Instant::now() < deadline,
+                "serve() did not return after the frontend disconnected"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("serve() failed: {e}"),
+            Err(_) => panic!("serve() panicked"),
+        }
+        assert!(
+            !self.socket.exists(),
+            "socket {} left behind",
+            self.socket.display()
+        );
+    }
+}
+
+/// Metadata of one host path, enough to notice any change but atime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeState {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u64,
+    pub size: u64,
+    pub rdev: u64,
+    pub mtime: (i64, i64),
+    pub ctime: (i64, i64),
+    /// File contents (regular files) or link target (symlinks).
+    pub data: Vec<u8>,
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Every path under a directory with its [`NodeState`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot(pub BTreeMap<PathBuf, NodeState>);
+
+impl Snapshot {
+    pub fn of(root: &Path) -> Snapshot {
+        let mut map = BTreeMap::new();
+        walk(root, root, &mut map);
+        Snapshot(map)
+    }
+
+    /// Panics with the paths that differ.
+    pub fn assert_same(&self, later: &Snapshot, what: &str) {
+        if self == later {
+            return;
+        }
+        let mut diffs = Vec::new();
+        for (p, s) in &self.0 {
+            match later.0.get(p) {
+                None => diffs.push(format!("removed: {}", p.display())),
+                Some(l) if l != s => {
+                    diffs.push(format!("changed: {}: {s:?} -> {l:?}", p.display()))
+                }
+                _ => {}
+            }
+        }
+        for p in later.0.keys() {
+            if !self.0.contains_key(p) {
+                diffs.push(format!("added: {}", p.display()));
+            }
+        }
+        panic!("host changed by {what}:\n{}", diffs.join("\n"));
+    }
+}
+
+fn walk(root: &Path, p: &Path, map: &mut BTreeMap<PathBuf, NodeState>) {
+    let md = fs::symlink_metadata(p).unwrap();
+    let ft = md.file_type();
+    let data = if ft.is_file() {
+        fs::read(p).unwrap()
+    } else if ft.is_symlink() {
+        fs::read_link(p).unwrap().as_os_str().as_bytes().to_vec()
+    } else {
+        Vec::new()
+    };
+    let xattrs = if ft.is_file() || ft.is_dir() {
+        list_xattrs(p)
+    } else {
+        Vec::new()
+    };
+    let rel = p.strip_prefix(root).unwrap().to_path_buf();
+    map.insert(
+        rel,
+        NodeState {
+            mode: md.mode(),
+            uid: md.uid(),
+            gid: md.gid(),
+            nlink: md.nlink(),
+            size: md.size(),
+            rdev: md.rdev(),
+            mtime: (md.mtime(), md.mtime_nsec()),
+            ctime: (md.ctime(), md.ctime_nsec()),
+            data,
+            xattrs,
+        },
+    );
+    if ft.is_dir() {
+        for e in fs::read_dir(p).unwrap() {
+            walk(root, &e.unwrap().path(), map);
+        }
+    }
+}
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+/// The `user.*` (and any other readable) extended attributes of `p`, without following a
+/// symlink.
+pub fn list_xattrs(p: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let c = cpath(p);
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: `c` is NUL-terminated and `buf` is writable for its length.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n <= 0 {
+        return Vec::new();
+    }
+    buf.truncate(n as usize);
+    let mut out = Vec::new();
+    for name in buf.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        if let Some(v) = host_getxattr(p, name) {
+            out.push((name.to_vec(), v));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The value of the extended attribute `name` of `p` (not following symlinks).
+pub fn host_getxattr(p: &Path, name: &[u8]) -> Option<Vec<u8>> {
+    let c = cpath(p);
+    let n = CString::new(name).unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: both strings are NUL-terminated and `buf` is writable for its length.
+    let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return None;
+    }
+    buf.truncate(r as usize);
+    Some(buf)
+}
+
+/// Sets an extended attribute on the host path `p` (following symlinks).
+pub fn host_setxattr(p: &Path, name: &[u8], value: &[u8]) {
+    let c = cpath(p);
+    let n = CString::new(name).unwrap();
+    // SAFETY: both strings are NUL-terminated and `value` is readable for its length.
+    let r = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "setxattr {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// `makedev` as the kernel encodes it for FUSE (`new_encode_dev`).
+pub fn fuse_dev(major: u32, minor: u32) -> u32 {
+    (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
+}
+
+/// A `fuse_setattr_in` with `valid` and nothing else set.
+pub fn setattr_in(valid: u32) -> abi::SetattrIn {
+    abi::SetattrIn {
+        valid,
+        ..Default::default()
+    }
+}
+
+/// A deterministic byte pattern.
+pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 13) as u8)
+        .collect()
+}
