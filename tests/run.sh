@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test level: formatting and lints, unit tests, in-process integration tests
-# (a test frontend drives the real daemon over a unix socket), and guest tests when present.
+# (a test frontend drives the real daemon over a unix socket), and guest tests under QEMU.
 # Usage: tests/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -8,6 +8,8 @@
 //!   descriptor chains;
 //! - [`fuse_client`]: FUSE requests over a request queue, as the Linux virtio-fs driver sends
 //!   them, with typed helpers for every opcode the daemon serves;
+//! - [`checked`]: the same typed helpers in a fallible form (`try_lookup`, ...) for tools that
+//!   must report a misbehaving daemon instead of panicking;
 //! - this module: [`FsFrontend`], the vhost-user connection and handshake.
 //!
 //! ```no_run
@@ -20,6 +22,7 @@
 //! assert_eq!(client.lookup(ROOT_ID, "missing").unwrap_err(), libc::ENOENT);
 //! ```
 
+pub mod checked;
 pub mod fuse_client;
 pub mod memory;
 pub mod virtqueue;
@@ -37,6 +40,7 @@ use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures}
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::VhostBackend;
 
+pub use checked::FuseResult;
 pub use fuse_client::{
     Completion, Ctx, DirEntry, DirEntryPlus, FuseClient, Reply, SgLayout, Ticket, TicketKind,
     XattrReply,

@@ -1,0 +1,452 @@
+//! `virtiofsd-bench`: compares the throughput and CPU cost of this virtio-fs daemon with the
+//! reference `virtiofsd` on the same workloads, driving both through the in-process test
+//! frontend ([`virtiofsd::frontend`]), which plays QEMU and the guest kernel.
+//!
+//! For each round and each daemon in turn (ours, reference, ours, reference, ...) the daemon is
+//! spawned on a fresh socket, the frontend connects (one request queue) and sends FUSE_INIT,
+//! every selected workload runs (see [`workloads`]) while the daemon's CPU time is read from
+//! `/proc/PID/stat` before and after, then the frontend disconnects and the daemon must exit.
+//! The report gives, per workload, the median over rounds of ops/s and of daemon CPU seconds,
+//! and the ratios ours/reference.
+//!
+//! ```text
+//! virtiofsd-bench --ours target/release/virtiofsd \
+//!     --reference /opt/ref-virtiofsd/bin/virtiofsd \
+//!     --tree /var/tmp/virtiofsd-bench-tree --rounds 3 --markdown
+//! ```
+//!
+//! Both daemons run as the same user with the same `--cache`; the reference gets
+//! `--sandbox=none --seccomp=none` (this daemon has neither yet) unless `--reference-defaults`.
+//! `tests/bench/run.sh` builds and installs everything and runs the full comparison.
+
+#[path = "virtiofsd-bench/daemon.rs"]
+mod daemon;
+#[path = "virtiofsd-bench/report.rs"]
+mod report;
+#[path = "virtiofsd-bench/tree.rs"]
+mod tree;
+#[path = "virtiofsd-bench/workloads.rs"]
+mod workloads;
+
+use std::ffi::OsString;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use virtiofsd::frontend::{FrontendConfig, FsFrontend};
+
+use daemon::{DaemonSpec, Running, Strace};
+use report::{Machine, Results};
+use workloads::{Session, Settings, Workload};
+
+/// Benchmark this virtio-fs daemon against the reference virtiofsd.
+#[derive(Debug, Parser)]
+#[command(name = "virtiofsd-bench", version, about)]
+struct Args {
+    /// Our daemon's executable
+    #[arg(long, value_name = "PATH", default_value = "target/release/virtiofsd")]
+    ours: PathBuf,
+
+    /// The reference virtiofsd's executable (without it only ours is measured)
+    #[arg(long, value_name = "PATH")]
+    reference: Option<PathBuf>,
+
+    /// Directory tree to serve; generated if missing or empty (30,000 small files in 1,000
+    /// directories and a 256 MiB file)
+    #[arg(long, value_name = "DIR")]
+    tree: PathBuf,
+
+    /// Rounds; each runs every workload on each daemon
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    rounds: usize,
+
+    /// Cache policy passed to both daemons: auto, always, never or metadata
+    #[arg(long, value_name = "MODE", default_value = "auto")]
+    cache: String,
+
+    /// Comma-separated workloads, or "all": walk-readdirplus, walk-readdir-lookup, getattr,
+    /// open-read-close, seq-read-1m, create-unlink
+    #[arg(long, value_name = "LIST", default_value = "all")]
+    workloads: String,
+
+    /// Print the result as a markdown table
+    #[arg(long)]
+    markdown: bool,
+
+    /// READs in flight in seq-read-1m
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    seq_depth: usize,
+
+    /// Passes over the 256 MiB file in seq-read-1m
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    seq_passes: u64,
+
+    /// Forget what a walk looked up whenever it holds this many references (at directory
+    /// boundaries) instead of at the end, for daemons that keep a descriptor per node under a
+    /// low RLIMIT_NOFILE. 0: hold everything until the end, as a guest without memory pressure
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    max_held: usize,
+
+    /// Files created and unlinked by create-unlink
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    create_files: usize,
+
+    /// Descriptors per virtqueue
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    queue_size: u16,
+
+    /// Seconds to wait for any single reply before declaring the daemon hung
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    reply_timeout: u64,
+
+    /// Run the reference with its default sandbox and seccomp policy instead of
+    /// --sandbox=none --seccomp=none
+    #[arg(long)]
+    reference_defaults: bool,
+
+    /// Extra flag for our daemon (repeatable), e.g. --ours-arg=--thread-pool-size=2
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    ours_arg: Vec<OsString>,
+
+    /// Extra flag for the reference (repeatable)
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    reference_arg: Vec<OsString>,
+
+    /// RLIMIT_NOFILE the daemons inherit (the reference raises its own to this; a walk holds
+    /// one reference per node, 31,000 in all). 0 leaves the limit as it is
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    nofile: u64,
+
+    /// Attach `strace -c -f` to the daemon during each workload and write the syscall summaries
+    /// here (timings are then meaningless)
+    #[arg(long, value_name = "DIR")]
+    strace_dir: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("virtiofsd-bench: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Raises this process's RLIMIT_NOFILE (inherited by the daemons) to `n`, capped by
+/// `fs.nr_open`; without the privilege to raise the hard limit, raises the soft limit to the
+/// hard one. Returns the limit in force.
+fn raise_nofile(n: u64) -> Result<u64, String> {
+    let nr_open = fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(n);
+    let n = n.min(nr_open);
+    let mut cur = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `cur` is a valid, writable rlimit for the duration of the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut cur) } != 0 {
+        return Err(format!(
+            "getrlimit(RLIMIT_NOFILE): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    for lim in [
+        libc::rlimit {
+            rlim_cur: n,
+            rlim_max: n.max(cur.rlim_max),
+        },
+        libc::rlimit {
+            rlim_cur: n.min(cur.rlim_max),
+            rlim_max: cur.rlim_max,
+        },
+    ] {
+        // SAFETY: `lim` is a valid rlimit for the duration of the call.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } == 0 {
+            return Ok(lim.rlim_cur);
+        }
+    }
+    Err(format!(
+        "--nofile {n}: setrlimit(RLIMIT_NOFILE): {} (pass --nofile 0 to leave the limit alone)",
+        std::io::Error::last_os_error()
+    ))
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let selected = Workload::parse_list(&args.workloads)?;
+    if args.rounds == 0 {
+        return Err("--rounds: must be at least 1".into());
+    }
+    if !matches!(
+        args.cache.as_str(),
+        "auto" | "always" | "never" | "metadata"
+    ) {
+        return Err(format!(
+            "--cache: invalid mode '{}'; expected auto, always, never or metadata",
+            args.cache
+        ));
+    }
+    if args.seq_depth == 0 {
+        return Err("--seq-depth: must be at least 1".into());
+    }
+    let mut specs = vec![DaemonSpec {
+        label: "ours",
+        path: absolute(&args.ours)?,
+        extra_args: args.ours_arg.clone(),
+    }];
+    if let Some(r) = &args.reference {
+        let mut extra: Vec<OsString> = Vec::new();
+        if !args.reference_defaults {
+            extra.push("--sandbox=none".into());
+            extra.push("--seccomp=none".into());
+        }
+        extra.extend(args.reference_arg.iter().cloned());
+        specs.push(DaemonSpec {
+            label: "reference",
+            path: absolute(r)?,
+            extra_args: extra,
+        });
+    }
+    for s in &specs {
+        if !s.path.is_file() {
+            return Err(format!(
+                "--{}: {} is not a file",
+                if s.label == "ours" {
+                    "ours"
+                } else {
+                    "reference"
+                },
+                s.path.display()
+            ));
+        }
+    }
+    let nofile = if args.nofile > 0 {
+        Some(raise_nofile(args.nofile)?)
+    } else {
+        None
+    };
+    if let Some(d) = &args.strace_dir {
+        fs::create_dir_all(d).map_err(|e| format!("--strace-dir {}: {e}", d.display()))?;
+    }
+
+    // The tree, and warm host caches.
+    eprintln!("tree: {}", args.tree.display());
+    if tree::ensure(&args.tree)? {
+        eprintln!("  generated");
+    }
+    let tree_dir = absolute(&args.tree)?;
+    let stale = tree::remove_scratch(&tree_dir)?;
+    if stale > 0 {
+        eprintln!("  removed {stale} scratch directories of an interrupted run");
+    }
+    let stats = tree::warm(&tree_dir)?;
+    eprintln!(
+        "  warmed: {} entries ({} directories, {} files, {} MiB read)",
+        stats.entries,
+        stats.dirs,
+        stats.files,
+        stats.bytes >> 20
+    );
+
+    // The small files, the big file and the marker.
+    let expected_files = tree::SMALL_FILES as u64 + 2;
+    if stats.files != expected_files {
+        return Err(format!(
+            "--tree {}: holds {} files, a benchmark tree has {expected_files}; was it modified?",
+            tree_dir.display(),
+            stats.files
+        ));
+    }
+    let settings = Settings {
+        seq_depth: args.seq_depth.max(1),
+        create_files: args.create_files,
+        seq_passes: args.seq_passes.max(1),
+        max_held: args.max_held,
+        tree: stats,
+    };
+    let run_dir = std::env::temp_dir().join(format!("virtiofsd-bench.{}", std::process::id()));
+    fs::create_dir_all(&run_dir).map_err(|e| format!("create {}: {e}", run_dir.display()))?;
+
+    let machine = Machine::probe();
+    eprintln!("machine: {}", machine.summary());
+    let mut results = Results::new(&selected, &specs);
+    let outcome = (|| {
+        for round in 1..=args.rounds {
+            for spec in &specs {
+                run_daemon(
+                    args,
+                    spec,
+                    round,
+                    &tree_dir,
+                    &run_dir,
+                    &selected,
+                    &settings,
+                    &mut results,
+                )?;
+            }
+        }
+        Ok::<(), String>(())
+    })();
+    match outcome {
+        Ok(()) => {
+            let _ = fs::remove_dir_all(&run_dir);
+        }
+        Err(e) => {
+            return Err(format!(
+                "{e}\n(daemon logs are kept in {})",
+                run_dir.display()
+            ))
+        }
+    }
+
+    let header = report::Header {
+        machine,
+        specs: specs.iter().map(|s| s.command_line(&args.cache)).collect(),
+        tree: tree_dir.display().to_string(),
+        stats,
+        rounds: args.rounds,
+        cache: args.cache.clone(),
+        queue_size: args.queue_size,
+        seq_depth: settings.seq_depth,
+        create_files: settings.create_files,
+        seq_passes: settings.seq_passes,
+        max_held: settings.max_held,
+        nofile,
+        straced: args.strace_dir.is_some(),
+    };
+    if args.markdown {
+        print!("{}", results.markdown(&header));
+    } else {
+        print!("{}", results.text(&header));
+    }
+    Ok(())
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, String> {
+    std::path::absolute(p).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// One daemon's turn in one round: spawn, connect, INIT, workloads, disconnect, exit.
+#[allow(clippy::too_many_arguments)]
+fn run_daemon(
+    args: &Args,
+    spec: &DaemonSpec,
+    round: usize,
+    tree_dir: &Path,
+    run_dir: &Path,
+    selected: &[Workload],
+    settings: &Settings,
+    results: &mut Results,
+) -> Result<(), String> {
+    let socket = run_dir.join(format!("{}-{round}.sock", spec.label));
+    let log = run_dir.join(format!("{}-{round}.log", spec.label));
+    let mut d = Running::spawn(spec, &socket, tree_dir, &args.cache, &log)?;
+    d.wait_for_socket(&socket, Duration::from_secs(10))?;
+    eprintln!(
+        "round {round}/{} {}: pid {}",
+        args.rounds,
+        spec.label,
+        d.pid()
+    );
+
+    // Room for `seq_depth` 1 MiB replies in flight, plus the small requests.
+    let arena =
+        (settings.seq_depth * ((workloads::SEQ_READ as usize) + 4096) + (1 << 20)).max(4 << 20);
+    let config = FrontendConfig {
+        queue_size: args.queue_size,
+        client_arena_size: arena,
+        hiprio_arena_size: 256 << 10,
+        mem_size: arena + (16 << 20),
+        timeout: Duration::from_secs(args.reply_timeout.max(1)),
+        connect_timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let fe = FsFrontend::connect_with(&socket, 1, &config).map_err(|e| {
+        let hint = if args.queue_size > 256 {
+            " (try --queue-size 256)"
+        } else {
+            ""
+        };
+        format!(
+            "{}: vhost-user setup failed: {e}{hint}\n{}",
+            spec.label,
+            d.log_tail()
+        )
+    })?;
+    let mut session = Session::new(fe).map_err(|e| {
+        let alive = d.check_alive().err().unwrap_or_default();
+        format!("{}: {e}\n{alive}", spec.label)
+    })?;
+
+    for &w in selected {
+        let fds_before = d.fd_count();
+        let strace = match &args.strace_dir {
+            Some(dir) => {
+                let out = dir.join(format!("{}-round{round}-{}.txt", spec.label, w.name()));
+                Some(Strace::attach(&d, &out)?)
+            }
+            None => None,
+        };
+        let m = workloads::run(w, &mut session, &d, settings).map_err(|e| {
+            let alive = d.check_alive().err().unwrap_or_default();
+            let hint = if e.contains("errno 24") && args.max_held == 0 {
+                "\n(the daemon ran out of descriptors: it may keep one per node; \
+                 see --nofile and --max-held)"
+            } else {
+                ""
+            };
+            format!(
+                "{} round {round}, {}: {e}{hint}\n{alive}",
+                spec.label,
+                w.name()
+            )
+        })?;
+        if let Some(s) = strace {
+            let out = s.finish()?;
+            eprintln!("  strace summary: {}", out.display());
+        }
+        let fds_after = d.fd_count();
+        eprintln!(
+            "round {round}/{} {:<9} {:<19} {:>7} ops {:>7.3} s {:>8.0} ops/s  daemon CPU {:>5.2} s \
+             (user {:>5.2}, sys {:>5.2})  bench CPU {:>5.2} s",
+            args.rounds,
+            spec.label,
+            w.name(),
+            m.ops,
+            m.wall.as_secs_f64(),
+            m.ops_per_sec(),
+            m.daemon_cpu.total().as_secs_f64(),
+            m.daemon_cpu.user.as_secs_f64(),
+            m.daemon_cpu.system.as_secs_f64(),
+            m.bench_cpu.total().as_secs_f64(),
+        );
+        if let (Some(b), Some(a)) = (fds_before, fds_after) {
+            if a > b + 16 {
+                eprintln!(
+                    "  warning: {} holds {} more descriptors after {} than before \
+                     (references not released?)",
+                    spec.label,
+                    a - b,
+                    w.name()
+                );
+            }
+        }
+        results.add(spec.label, w, m);
+    }
+
+    session.fe.disconnect();
+    drop(session);
+    let status = d.wait_exit(Duration::from_secs(10))?;
+    if !status.success() {
+        eprintln!(
+            "  warning: {} exited with {status} after the frontend disconnected",
+            spec.label
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,352 @@
+//! Fallible typed FUSE helpers: the `try_*` methods of [`FuseClient`].
+//!
+//! The typed helpers of [`FuseClient`] (`lookup`, `read`, ...) panic when the transport or the
+//! daemon's reply is broken, which is what a test wants. A tool that drives a daemon it does not
+//! trust (the benchmark) must instead report such failures, so each helper here returns a
+//! [`FuseResult`]: the outer [`Result`] carries transport and protocol failures (timeouts,
+//! malformed replies) as an [`Error`], the inner one the FUSE answer, a value or a positive
+//! errno. Requests are laid out exactly as by the panicking helpers.
+//!
+//! ```no_run
+//! use virtiofsd::frontend::FsFrontend;
+//! use virtiofsd::fuse::abi::ROOT_ID;
+//!
+//! let mut fs = FsFrontend::connect("/tmp/vfsd.sock", 1).unwrap();
+//! let mut c = fs.client(0).unwrap();
+//! c.try_init().expect("transport").expect("INIT accepted");
+//! match c.try_lookup(ROOT_ID, "missing") {
+//!     Ok(Ok(entry)) => println!("node {}", entry.nodeid),
+//!     Ok(Err(errno)) => println!("errno {errno}"),
+//!     Err(e) => eprintln!("daemon misbehaved: {e}"),
+//! }
+//! ```
+
+use super::fuse_client::{
+    cstr, opcode_name, parse_direntplus, parse_dirents, DirEntry, DirEntryPlus, FuseClient,
+    DEFAULT_INIT_FLAGS, DEFAULT_MAX_READAHEAD, INIT_MINOR,
+};
+use super::{Error, Result};
+use crate::fuse::abi::{self, opcode, Pod};
+
+/// Outcome of a fallible typed request: `Err` for a transport or protocol failure, `Ok(Err(e))`
+/// for a FUSE error reply with positive errno `e`, `Ok(Ok(v))` for success.
+pub type FuseResult<T> = Result<std::result::Result<T, i32>>;
+
+fn exact<T: Pod>(op: u32, body: &[u8]) -> Result<T> {
+    let size = std::mem::size_of::<T>();
+    if body.len() != size {
+        return Err(Error::Protocol(format!(
+            "{}: reply body is {} bytes, expected {size}",
+            opcode_name(op),
+            body.len()
+        )));
+    }
+    T::from_prefix(body).ok_or_else(|| Error::Protocol(format!("{}: short body", opcode_name(op))))
+}
+
+impl FuseClient {
+    /// Sends a request and waits for its reply; returns the body (at most `reply_cap` bytes) or
+    /// the errno.
+    pub fn try_call(
+        &mut self,
+        op: u32,
+        nodeid: u64,
+        args: &[&[u8]],
+        reply_cap: usize,
+    ) -> FuseResult<Vec<u8>> {
+        let reply = self.request(op, nodeid, args, reply_cap)?;
+        match reply.into_result() {
+            Ok(body) if body.len() > reply_cap => Err(Error::Protocol(format!(
+                "{}: {}-byte reply body exceeds the {reply_cap} bytes asked for",
+                opcode_name(op),
+                body.len()
+            ))),
+            r => Ok(r),
+        }
+    }
+
+    /// Like [`FuseClient::try_call`], for replies that must be exactly one `T`.
+    pub fn try_call_obj<T: Pod>(&mut self, op: u32, nodeid: u64, args: &[&[u8]]) -> FuseResult<T> {
+        match self.try_call(op, nodeid, args, std::mem::size_of::<T>())? {
+            Ok(body) => exact::<T>(op, &body).map(Ok),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    /// Like [`FuseClient::try_call`], for replies without a body.
+    pub fn try_call_empty(&mut self, op: u32, nodeid: u64, args: &[&[u8]]) -> FuseResult<()> {
+        match self.try_call(op, nodeid, args, 0)? {
+            Ok(body) if !body.is_empty() => Err(Error::Protocol(format!(
+                "{}: unexpected {}-byte reply body",
+                opcode_name(op),
+                body.len()
+            ))),
+            Ok(_) => Ok(Ok(())),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    /// Sends a request that gets no reply (FORGET, BATCH_FORGET) and waits until the device
+    /// returned the chain.
+    pub fn try_call_no_reply(&mut self, op: u32, nodeid: u64, args: &[&[u8]]) -> Result<()> {
+        let t = self.submit(op, nodeid, args, 0)?;
+        self.wait(t).map(|_| ())
+    }
+
+    /// FUSE_INIT as a Linux 6.x kernel sends it (see [`FuseClient::init`]).
+    pub fn try_init(&mut self) -> FuseResult<abi::InitOut> {
+        self.try_init_with(INIT_MINOR, DEFAULT_INIT_FLAGS, DEFAULT_MAX_READAHEAD, true)
+    }
+
+    /// FUSE_INIT with any minor and flags (see [`FuseClient::init_with`]).
+    pub fn try_init_with(
+        &mut self,
+        minor: u32,
+        flags: u64,
+        max_readahead: u32,
+        ext: bool,
+    ) -> FuseResult<abi::InitOut> {
+        let inc = abi::InitInCompat {
+            major: abi::KERNEL_VERSION,
+            minor,
+            max_readahead,
+            flags: flags as u32,
+        };
+        let inext = abi::InitInExt {
+            flags2: (flags >> 32) as u32,
+            unused: [0; 11],
+        };
+        let mut args: Vec<&[u8]> = vec![inc.as_bytes()];
+        if ext {
+            args.push(inext.as_bytes());
+        }
+        let size = std::mem::size_of::<abi::InitOut>();
+        let body = match self.try_call(opcode::INIT, 0, &args, size)? {
+            Ok(b) => b,
+            Err(e) => return Ok(Err(e)),
+        };
+        if body.len() != size && body.len() != 24 {
+            return Err(Error::Protocol(format!(
+                "INIT: reply body is {} bytes, expected 24 or {size}",
+                body.len()
+            )));
+        }
+        let mut full = vec![0u8; size];
+        full[..body.len()].copy_from_slice(&body);
+        let out = exact::<abi::InitOut>(opcode::INIT, &full)?;
+        self.set_init_out(out);
+        Ok(Ok(out))
+    }
+
+    /// FUSE_LOOKUP of `name` in `parent`.
+    pub fn try_lookup(&mut self, parent: u64, name: impl AsRef<[u8]>) -> FuseResult<abi::EntryOut> {
+        let n = cstr(name.as_ref());
+        self.try_call_obj(opcode::LOOKUP, parent, &[&n])
+    }
+
+    /// FUSE_FORGET of `nlookup` references (no reply; waits until the chain came back).
+    pub fn try_forget(&mut self, nodeid: u64, nlookup: u64) -> Result<()> {
+        let arg = abi::ForgetIn { nlookup };
+        self.try_call_no_reply(opcode::FORGET, nodeid, &[arg.as_bytes()])
+    }
+
+    /// FUSE_BATCH_FORGET of `(nodeid, nlookup)` pairs (no reply).
+    pub fn try_batch_forget(&mut self, forgets: &[(u64, u64)]) -> Result<()> {
+        let head = abi::BatchForgetIn {
+            count: forgets.len() as u32,
+            dummy: 0,
+        };
+        let mut bytes = Vec::with_capacity(16 * forgets.len());
+        for &(nodeid, nlookup) in forgets {
+            bytes.extend_from_slice(abi::ForgetOne { nodeid, nlookup }.as_bytes());
+        }
+        self.try_call_no_reply(opcode::BATCH_FORGET, 0, &[head.as_bytes(), &bytes])
+    }
+
+    /// FUSE_GETATTR (with `fh` if given).
+    pub fn try_getattr(&mut self, nodeid: u64, fh: Option<u64>) -> FuseResult<abi::AttrOut> {
+        let arg = abi::GetattrIn {
+            getattr_flags: if fh.is_some() { abi::GETATTR_FH } else { 0 },
+            dummy: 0,
+            fh: fh.unwrap_or(0),
+        };
+        self.try_call_obj(opcode::GETATTR, nodeid, &[arg.as_bytes()])
+    }
+
+    /// FUSE_OPEN with `O_*` flags.
+    pub fn try_open(&mut self, nodeid: u64, flags: u32) -> FuseResult<abi::OpenOut> {
+        let arg = abi::OpenIn {
+            flags,
+            open_flags: 0,
+        };
+        self.try_call_obj(opcode::OPEN, nodeid, &[arg.as_bytes()])
+    }
+
+    /// FUSE_CREATE; returns the new entry and the open file.
+    pub fn try_create(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+        flags: u32,
+        mode: u32,
+        umask: u32,
+    ) -> FuseResult<(abi::EntryOut, abi::OpenOut)> {
+        let arg = abi::CreateIn {
+            flags,
+            mode,
+            umask,
+            open_flags: 0,
+        };
+        let n = cstr(name.as_ref());
+        let es = std::mem::size_of::<abi::EntryOut>();
+        let os = std::mem::size_of::<abi::OpenOut>();
+        let body = match self.try_call(opcode::CREATE, parent, &[arg.as_bytes(), &n], es + os)? {
+            Ok(b) => b,
+            Err(e) => return Ok(Err(e)),
+        };
+        if body.len() != es + os {
+            return Err(Error::Protocol(format!(
+                "CREATE: reply body is {} bytes, expected {}",
+                body.len(),
+                es + os
+            )));
+        }
+        Ok(Ok((
+            exact::<abi::EntryOut>(opcode::CREATE, &body[..es])?,
+            exact::<abi::OpenOut>(opcode::CREATE, &body[es..])?,
+        )))
+    }
+
+    /// FUSE_READ of up to `size` bytes at `offset`.
+    pub fn try_read(
+        &mut self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> FuseResult<Vec<u8>> {
+        let arg = abi::ReadIn {
+            fh,
+            offset,
+            size,
+            ..Default::default()
+        };
+        self.try_call(opcode::READ, nodeid, &[arg.as_bytes()], size as usize)
+    }
+
+    /// FUSE_FLUSH.
+    pub fn try_flush(&mut self, nodeid: u64, fh: u64, lock_owner: u64) -> FuseResult<()> {
+        let arg = abi::FlushIn {
+            fh,
+            unused: 0,
+            padding: 0,
+            lock_owner,
+        };
+        self.try_call_empty(opcode::FLUSH, nodeid, &[arg.as_bytes()])
+    }
+
+    /// FUSE_RELEASE (`flags` are the open flags).
+    pub fn try_release(&mut self, nodeid: u64, fh: u64, flags: u32) -> FuseResult<()> {
+        let arg = abi::ReleaseIn {
+            fh,
+            flags,
+            release_flags: 0,
+            lock_owner: 0,
+        };
+        self.try_call_empty(opcode::RELEASE, nodeid, &[arg.as_bytes()])
+    }
+
+    /// FUSE_OPENDIR.
+    pub fn try_opendir(&mut self, nodeid: u64, flags: u32) -> FuseResult<abi::OpenOut> {
+        let arg = abi::OpenIn {
+            flags,
+            open_flags: 0,
+        };
+        self.try_call_obj(opcode::OPENDIR, nodeid, &[arg.as_bytes()])
+    }
+
+    fn try_readdir_raw(
+        &mut self,
+        op: u32,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> FuseResult<Vec<u8>> {
+        let arg = abi::ReadIn {
+            fh,
+            offset,
+            size,
+            ..Default::default()
+        };
+        self.try_call(op, nodeid, &[arg.as_bytes()], size as usize)
+    }
+
+    /// FUSE_READDIR from `offset` with `size` bytes of room; parsed entries.
+    pub fn try_readdir(
+        &mut self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> FuseResult<Vec<DirEntry>> {
+        match self.try_readdir_raw(opcode::READDIR, nodeid, fh, offset, size)? {
+            Ok(body) => parse_dirents(&body)
+                .map(Ok)
+                .map_err(|e| Error::Protocol(format!("READDIR: malformed reply: {e}"))),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    /// FUSE_READDIRPLUS from `offset` with `size` bytes of room; parsed entries.
+    pub fn try_readdirplus(
+        &mut self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> FuseResult<Vec<DirEntryPlus>> {
+        match self.try_readdir_raw(opcode::READDIRPLUS, nodeid, fh, offset, size)? {
+            Ok(body) => parse_direntplus(&body)
+                .map(Ok)
+                .map_err(|e| Error::Protocol(format!("READDIRPLUS: malformed reply: {e}"))),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    /// FUSE_RELEASEDIR.
+    pub fn try_releasedir(&mut self, nodeid: u64, fh: u64, flags: u32) -> FuseResult<()> {
+        let arg = abi::ReleaseIn {
+            fh,
+            flags,
+            release_flags: 0,
+            lock_owner: 0,
+        };
+        self.try_call_empty(opcode::RELEASEDIR, nodeid, &[arg.as_bytes()])
+    }
+
+    /// FUSE_MKDIR (`mode` without `S_IFDIR`, as the kernel sends it).
+    pub fn try_mkdir(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+        mode: u32,
+        umask: u32,
+    ) -> FuseResult<abi::EntryOut> {
+        let arg = abi::MkdirIn { mode, umask };
+        let n = cstr(name.as_ref());
+        self.try_call_obj(opcode::MKDIR, parent, &[arg.as_bytes(), &n])
+    }
+
+    /// FUSE_UNLINK.
+    pub fn try_unlink(&mut self, parent: u64, name: impl AsRef<[u8]>) -> FuseResult<()> {
+        let n = cstr(name.as_ref());
+        self.try_call_empty(opcode::UNLINK, parent, &[&n])
+    }
+
+    /// FUSE_RMDIR.
+    pub fn try_rmdir(&mut self, parent: u64, name: impl AsRef<[u8]>) -> FuseResult<()> {
+        let n = cstr(name.as_ref());
+        self.try_call_empty(opcode::RMDIR, parent, &[&n])
+    }
+}

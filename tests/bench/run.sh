@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Benchmarks this daemon against the reference virtiofsd (Rust virtiofsd 1.14) with
+# virtiofsd-bench and prints a markdown table. A benchmark, not a test: tests/run.sh and CI do
+# not run it.
+#
+# Usage: tests/bench/run.sh [more virtiofsd-bench flags, e.g. --rounds 5 --cache never]
+# Environment (defaults in brackets):
+#   REF_ROOT  where the reference is installed            [/opt/ref-virtiofsd]
+#   TREE      the generated benchmark tree (≈ 400 MiB)     [/var/tmp/virtiofsd-bench-tree]
+#   ROUNDS    rounds                                       [3]
+# Installing the reference needs root (apt-get) and crates.io; the daemons run as the caller.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+REF_VERSION=1.14.0
+REF_ROOT=${REF_ROOT:-/opt/ref-virtiofsd}
+TREE=${TREE:-/var/tmp/virtiofsd-bench-tree}
+ROUNDS=${ROUNDS:-3}
+
+echo "== building virtiofsd and virtiofsd-bench (release)" >&2
+cargo build --release --locked --bins >&2
+
+if ! "$REF_ROOT/bin/virtiofsd" --version 2>/dev/null | grep -qF "$REF_VERSION"; then
+    echo "== installing the reference virtiofsd $REF_VERSION into $REF_ROOT" >&2
+    if ! dpkg -s libseccomp-dev libcap-ng-dev >/dev/null 2>&1; then
+        apt-get update >&2
+        apt-get install -y libseccomp-dev libcap-ng-dev >&2
+    fi
+    CARGO_TARGET_DIR=/tmp/ref-target cargo install virtiofsd --version "$REF_VERSION" \
+        --root "$REF_ROOT" >&2
+fi
+
+extra=()
+# A walk makes the daemon hold a reference to each of the tree's 31,000 nodes. Our daemon keeps
+# a descriptor per node; where RLIMIT_NOFILE cannot be raised far enough (no CAP_SYS_RESOURCE),
+# walks forget in chunks of 10,000 references, as a guest under memory pressure would.
+if ! (ulimit -n 100000) 2>/dev/null; then
+    echo "note: RLIMIT_NOFILE cannot be raised above $(ulimit -Hn) here: walks use --max-held 10000" >&2
+    extra+=(--max-held 10000)
+fi
+
+mkdir -p target/bench
+echo "== virtiofsd-bench (tree $TREE, $ROUNDS rounds)" >&2
+target/release/virtiofsd-bench \
+    --ours target/release/virtiofsd \
+    --reference "$REF_ROOT/bin/virtiofsd" \
+    --tree "$TREE" \
+    --rounds "$ROUNDS" \
+    --markdown \
+    "${extra[@]}" "$@" | tee target/bench/result.md
+echo "(table saved in target/bench/result.md)" >&2
