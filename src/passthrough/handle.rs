@@ -63,13 +63,14 @@ impl Default for HandleStore {
 }
 
 impl HandleStore {
-    pub fn insert(&self, data: HandleData) -> u64 {
+    pub fn insert(&self, data: HandleData) -> (u64, Arc<HandleData>) {
         let h = self.next.fetch_add(1, Ordering::Relaxed);
+        let data = Arc::new(data);
         self.map
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(h, Arc::new(data));
-        h
+            .insert(h, data.clone());
+        (h, data)
     }
 
     /// The handle `h` of `inode`; `EBADF` when unknown or opened for another inode.
@@ -119,8 +120,8 @@ mod tests {
     #[test]
     fn handles_are_distinct_and_bound_to_their_inode() {
         let store = HandleStore::default();
-        let a = store.insert(HandleData::file(5, devnull()));
-        let b = store.insert(HandleData::dir(6, devnull()));
+        let (a, _) = store.insert(HandleData::file(5, devnull()));
+        let (b, _) = store.insert(HandleData::dir(6, devnull()));
         assert_ne!(a, b);
         assert_eq!(store.get(a, 5).unwrap().inode, 5);
         assert!(store.get(b, 6).unwrap().dir.is_some());

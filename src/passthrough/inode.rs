@@ -8,11 +8,13 @@
 //! whose count reaches zero.
 
 use std::collections::HashMap;
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 
 use super::dircache::Stamp;
+use super::handle::HandleData;
 
 use crate::fuse::abi::ROOT_ID;
 
@@ -34,13 +36,39 @@ impl InodeKey {
     }
 }
 
+/// Where an inode was found by name: its parent directory and its name there. An inode found
+/// this way gets no descriptor until an operation needs one (see [`InodeData`]).
+#[derive(Debug)]
+pub struct Origin {
+    pub parent: Arc<InodeData>,
+    pub name: CString,
+}
+
+/// How a new inode is reached.
+pub enum Source {
+    /// An `O_PATH | O_NOFOLLOW` descriptor of the file.
+    Fd(OwnedFd),
+    /// A name in a parent directory; the descriptor is opened on first need.
+    Found(Origin),
+}
+
 /// One host file the guest holds references on.
+///
+/// Most inodes come from a lookup or a directory listing and are never used for more than a
+/// `stat` (a `find`, an `ls -l`): they keep only their parent and name, and the passthrough
+/// filesystem opens an `O_PATH` descriptor the first time an operation needs one, checking
+/// that the name still leads to the same file (else `ESTALE`). That keeps a tree walk to one
+/// `statx` per entry and the daemon's descriptors bounded by what the guest really uses.
 #[derive(Debug)]
 pub struct InodeData {
     pub id: u64,
     pub key: InodeKey,
-    /// `O_PATH | O_NOFOLLOW` descriptor of the file.
-    pub fd: OwnedFd,
+    /// `O_PATH | O_NOFOLLOW` descriptor of the file, once opened.
+    fd: OnceLock<OwnedFd>,
+    /// Parent and name, for inodes found by name (updated when found again by another name).
+    origin: Mutex<Option<Origin>>,
+    /// The handle this inode was last opened with, to stat it after its name is gone.
+    pub last_open: Mutex<Weak<HandleData>>,
     /// `S_IFMT` bits of the file's mode.
     pub kind: u32,
     /// For directories: the stamp of the last listing served from offset 0, if that stamp was
@@ -50,8 +78,65 @@ pub struct InodeData {
 }
 
 impl InodeData {
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    fn new(id: u64, key: InodeKey, kind: u32, source: Source) -> Self {
+        let (fd, origin) = match source {
+            Source::Fd(fd) => (OnceLock::from(fd), None),
+            Source::Found(origin) => (OnceLock::new(), Some(origin)),
+        };
+        InodeData {
+            id,
+            key,
+            fd,
+            origin: Mutex::new(origin),
+            last_open: Mutex::new(Weak::new()),
+            kind,
+            listing: Mutex::new(None),
+            refcount: AtomicU64::new(1),
+        }
+    }
+
+    /// Where the inode was last found by name.
+    pub fn origin(&self) -> Option<(Arc<InodeData>, CString)> {
+        let o = self.origin.lock().unwrap_or_else(PoisonError::into_inner);
+        o.as_ref().map(|o| (o.parent.clone(), o.name.clone()))
+    }
+
+    /// Records that the inode was found as `name` in `parent` (an inode without a descriptor
+    /// then reopens through that name).
+    pub fn found_at(&self, parent: &Arc<InodeData>, name: &CStr) {
+        if self.fd.get().is_some() {
+            return;
+        }
+        let mut o = self.origin.lock().unwrap_or_else(PoisonError::into_inner);
+        let same = o
+            .as_ref()
+            .is_some_and(|o| Arc::ptr_eq(&o.parent, parent) && o.name.as_c_str() == name);
+        if !same {
+            *o = Some(Origin {
+                parent: parent.clone(),
+                name: name.to_owned(),
+            });
+        }
+    }
+
+    /// The `O_PATH` descriptor, if it was opened.
+    pub fn opened_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.get().map(|fd| fd.as_fd())
+    }
+
+    /// Keeps `fd` as this inode's descriptor (unless another thread set one first) and returns
+    /// the descriptor kept.
+    pub fn keep_fd(&self, fd: OwnedFd) -> BorrowedFd<'_> {
+        let _ = self.fd.set(fd);
+        // The parent is no longer needed to reach this inode.
+        self.origin
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match self.fd.get() {
+            Some(fd) => fd.as_fd(),
+            None => unreachable!("OnceLock::set above leaves a value"),
+        }
     }
 
     pub fn is_dir(&self) -> bool {
@@ -93,14 +178,12 @@ impl InodeStore {
 
     fn insert_root(&self, fd: OwnedFd, st: &libc::stat64, mnt_id: u64) {
         let key = InodeKey::new(st, mnt_id);
-        let data = Arc::new(InodeData {
-            id: ROOT_ID,
+        let data = Arc::new(InodeData::new(
+            ROOT_ID,
             key,
-            fd,
-            kind: st.st_mode & libc::S_IFMT,
-            listing: Mutex::new(None),
-            refcount: AtomicU64::new(1),
-        });
+            st.st_mode & libc::S_IFMT,
+            Source::Fd(fd),
+        ));
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
         maps.by_key.insert(key, ROOT_ID);
         maps.by_id.insert(ROOT_ID, data);
@@ -124,9 +207,9 @@ impl InodeStore {
         }
     }
 
-    /// Returns the node id of the file `fd` refers to (identified by `key`) with one more
-    /// reference, adding it with a count of 1 when new. `fd` is kept only for a new inode.
-    pub fn get_or_insert(&self, key: InodeKey, kind: u32, fd: OwnedFd) -> u64 {
+    /// Returns the node id of the file identified by `key` with one more reference, adding it
+    /// with a count of 1 when new. `source` is kept only for a new inode.
+    pub fn get_or_insert(&self, key: InodeKey, kind: u32, source: Source) -> u64 {
         {
             let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
             if let Some(id) = Self::ref_existing(&maps, &key) {
@@ -138,23 +221,24 @@ impl InodeStore {
             return id;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let data = Arc::new(InodeData {
-            id,
-            key,
-            fd,
-            kind,
-            listing: Mutex::new(None),
-            refcount: AtomicU64::new(1),
-        });
+        let data = Arc::new(InodeData::new(id, key, kind, source));
         maps.by_key.insert(key, id);
         maps.by_id.insert(id, data);
         id
     }
 
-    /// Adds one reference on the inode identified by `key`, if it is known.
-    pub fn ref_known(&self, key: &InodeKey) -> Option<u64> {
+    /// The inode identified by `key`, if known (no reference is taken).
+    pub fn find(&self, key: &InodeKey) -> Option<Arc<InodeData>> {
         let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
-        Self::ref_existing(&maps, key)
+        let id = maps.by_key.get(key)?;
+        maps.by_id.get(id).cloned()
+    }
+
+    /// Adds one reference on the inode identified by `key`, if it is known, and returns it.
+    pub fn ref_known(&self, key: &InodeKey) -> Option<Arc<InodeData>> {
+        let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
+        let id = Self::ref_existing(&maps, key)?;
+        maps.by_id.get(&id).cloned()
     }
 
     fn ref_existing(maps: &Maps, key: &InodeKey) -> Option<u64> {
@@ -265,14 +349,14 @@ mod tests {
         let (fd1, key, kind) = open_path(root.as_fd(), c"f");
         let (fd2, key2, _) = open_path(root.as_fd(), c"f");
         assert_eq!(key, key2);
-        let a = store.get_or_insert(key, kind, fd1);
+        let a = store.get_or_insert(key, kind, Source::Fd(fd1));
         let raw2 = fd2.as_raw_fd();
-        let b = store.get_or_insert(key, kind, fd2);
+        let b = store.get_or_insert(key, kind, Source::Fd(fd2));
         assert_eq!(a, b);
         assert_ne!(a, ROOT_ID);
         assert_eq!(store.get(a).unwrap().refcount(), 2);
         // The second descriptor was not kept.
-        assert_ne!(store.get(a).unwrap().fd.as_raw_fd(), raw2);
+        assert_ne!(store.get(a).unwrap().opened_fd().unwrap().as_raw_fd(), raw2);
         store.forget(a, 1);
         assert_eq!(store.get(a).unwrap().refcount(), 1);
         store.forget(a, 1);
@@ -295,7 +379,7 @@ mod tests {
         std::fs::write(tmp.path().join("f"), b"x").unwrap();
         let (store, root) = store_on(tmp.path());
         let (fd, key, kind) = open_path(root.as_fd(), c"f");
-        let id = store.get_or_insert(key, kind, fd);
+        let id = store.get_or_insert(key, kind, Source::Fd(fd));
         store.clear();
         assert!(store.get(id).is_none());
         assert!(store.get(ROOT_ID).is_some());

@@ -45,7 +45,7 @@ use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
 use dir::DirSnapshot;
 use dircache::{DirCache, Stamp};
 use handle::{HandleData, HandleStore};
-use inode::{InodeData, InodeKey, InodeStore};
+use inode::{InodeData, InodeKey, InodeStore, Origin, Source};
 use sys::{error, ProcName};
 
 /// Longest name of a directory entry.
@@ -187,29 +187,122 @@ impl PassthroughFs {
         }
     }
 
-    /// Registers the file `fd` (`O_PATH`) refers to and returns its entry, with one reference.
-    fn register(&self, fd: OwnedFd) -> io::Result<Entry> {
-        let (st, mnt_id) = sys::stat_fd_mnt(fd.as_fd())?;
-        let id =
-            self.inodes
-                .get_or_insert(InodeKey::new(&st, mnt_id), st.st_mode & libc::S_IFMT, fd);
-        Ok(self.entry(id, st))
+    /// Registers the file described by `st` (new, or one more reference on a known inode) and
+    /// returns its entry. `source` is kept only for a new inode.
+    fn register(&self, st: libc::stat64, mnt_id: u64, source: Source) -> Entry {
+        let id = self.inodes.get_or_insert(
+            InodeKey::new(&st, mnt_id),
+            st.st_mode & libc::S_IFMT,
+            source,
+        );
+        self.entry(id, st)
     }
 
-    /// Looks `name` up in `parent` without following a symlink and takes one reference.
-    fn do_lookup(&self, parent: &InodeData, name: &CStr) -> io::Result<Entry> {
-        let fd = sys::openat(parent.fd(), name, open_path_flags(), 0)?;
-        self.register(fd)
+    /// Looks `name` up in `parent` without following a symlink and takes one reference. One
+    /// `statx`; a new inode gets no descriptor until an operation needs one.
+    fn do_lookup(&self, parent: &Arc<InodeData>, name: &CStr) -> io::Result<Entry> {
+        let (st, mnt_id) = sys::stat_at_mnt(self.path_fd(parent)?, name)?;
+        let key = InodeKey::new(&st, mnt_id);
+        if let Some(known) = self.inodes.ref_known(&key) {
+            known.found_at(parent, name);
+            return Ok(self.entry(known.id, st));
+        }
+        let origin = Origin {
+            parent: parent.clone(),
+            name: name.to_owned(),
+        };
+        Ok(self.register(st, mnt_id, Source::Found(origin)))
+    }
+
+    /// Whether `fd` refers to the inode `data`.
+    fn is_inode(fd: BorrowedFd<'_>, data: &InodeData) -> io::Result<bool> {
+        let (st, mnt_id) = sys::stat_fd_mnt(fd)?;
+        Ok(InodeKey::new(&st, mnt_id) == data.key)
+    }
+
+    /// The `O_PATH` descriptor of `data`, opened through its parent and name on first need and
+    /// kept from then on. When the name no longer leads to the same file, the handle the inode
+    /// was last opened with is used; failing that, the inode is stale (`ESTALE`).
+    fn path_fd<'a>(&self, data: &'a InodeData) -> io::Result<BorrowedFd<'a>> {
+        if let Some(fd) = data.opened_fd() {
+            return Ok(fd);
+        }
+        let by_name = match data.origin() {
+            Some((parent, name)) => {
+                match sys::openat(self.path_fd(&parent)?, &name, open_path_flags(), 0) {
+                    Ok(fd) if Self::is_inode(fd.as_fd(), data)? => Some(fd),
+                    _ => None,
+                }
+            }
+            None => None,
+        };
+        let fd = match by_name {
+            Some(fd) => fd,
+            None => {
+                let open = data
+                    .last_open
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .upgrade();
+                let h = open.ok_or_else(|| error(libc::ESTALE))?;
+                let name = ProcName::new(h.fd().as_raw_fd());
+                sys::openat(self.proc_self_fd.as_fd(), name.name(), libc::O_PATH, 0)?
+            }
+        };
+        Ok(data.keep_fd(fd))
+    }
+
+    /// Attributes of `data`: one `statx` through its parent and name when it has no descriptor.
+    fn stat_node(&self, data: &InodeData) -> io::Result<libc::stat64> {
+        if let Some(fd) = data.opened_fd() {
+            return sys::stat_fd(fd);
+        }
+        if let Some((parent, name)) = data.origin() {
+            if let Ok((st, mnt_id)) = sys::stat_at_mnt(self.path_fd(&parent)?, &name) {
+                if InodeKey::new(&st, mnt_id) == data.key {
+                    return Ok(st);
+                }
+            }
+        }
+        sys::stat_fd(self.path_fd(data)?)
+    }
+
+    /// Opens `data` for I/O with `flags`: through its parent and name when it has no descriptor
+    /// (checking that the name still leads to it), through `/proc/self/fd/N` otherwise.
+    fn open_node(&self, data: &InodeData, flags: i32) -> io::Result<OwnedFd> {
+        // O_TRUNC acts at open: never on a file the name might now lead to instead.
+        if data.opened_fd().is_none() && flags & libc::O_TRUNC == 0 {
+            if let Some((parent, name)) = data.origin() {
+                // O_NONBLOCK: should the name now lead to a FIFO, the open must not hang (it is
+                // refused below); it changes nothing for regular files and directories.
+                let f = (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY))
+                    | libc::O_NOFOLLOW
+                    | libc::O_NONBLOCK
+                    | libc::O_CLOEXEC;
+                let pfd = self.path_fd(&parent)?;
+                let opened = match sys::openat(pfd, &name, f, 0) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) && f & libc::O_DIRECT != 0 => {
+                        sys::openat(pfd, &name, f & !libc::O_DIRECT, 0)
+                    }
+                    r => r,
+                };
+                if let Ok(file) = opened {
+                    if Self::is_inode(file.as_fd(), data)? {
+                        return Ok(file);
+                    }
+                }
+            }
+        }
+        self.reopen_fd(self.path_fd(data)?, flags)
     }
 
     /// Looks up `..` of a directory other than the root. The parent of a directory the guest
     /// holds is one the guest looked up on its way down; a parent the table does not know means
     /// the directory was moved out of the shared directory on the host, and is refused.
     fn lookup_parent(&self, dir: &InodeData, dotdot: &CStr) -> io::Result<Entry> {
-        let fd = sys::openat(dir.fd(), dotdot, open_path_flags(), 0)?;
-        let (st, mnt_id) = sys::stat_fd_mnt(fd.as_fd())?;
+        let (st, mnt_id) = sys::stat_at_mnt(self.path_fd(dir)?, dotdot)?;
         match self.inodes.ref_known(&InodeKey::new(&st, mnt_id)) {
-            Some(id) => Ok(self.entry(id, st)),
+            Some(known) => Ok(self.entry(known.id, st)),
             None => {
                 log::warn!(
                     "lookup of '..' of node {} leaves the shared directory; refused",
@@ -218,11 +311,6 @@ impl PassthroughFs {
                 Err(error(libc::EACCES))
             }
         }
-    }
-
-    /// Opens `inode` for I/O through `/proc/self/fd/N` (resolving to the inode itself).
-    fn reopen(&self, inode: &InodeData, flags: i32) -> io::Result<OwnedFd> {
-        self.reopen_fd(inode.fd(), flags)
     }
 
     /// Opens the file `fd` refers to through `/proc/self/fd/N`; `O_DIRECT` is dropped when the
@@ -344,26 +432,54 @@ impl PassthroughFs {
         let p = self.inode(parent)?;
         {
             let _creds = credentials::switch_to(self.as_root, ctx)?;
-            make(p.fd())?;
+            make(self.path_fd(&p)?)?;
         }
         self.do_lookup(&p, name)
     }
 
     /// Registers a file just opened (by CREATE or TMPFILE) as an inode and a handle.
-    fn register_open(&self, file: OwnedFd, direct: bool) -> io::Result<(Entry, Opened)> {
+    fn register_open(
+        &self,
+        file: OwnedFd,
+        found: Option<Origin>,
+        direct: bool,
+    ) -> io::Result<(Entry, Opened)> {
         if direct {
             // The host may not support direct I/O; the guest is told DIRECT_IO regardless.
             let _ = sys::set_direct(file.as_fd());
         }
-        let name = ProcName::new(file.as_raw_fd());
-        let path_fd = sys::openat(self.proc_self_fd.as_fd(), name.name(), libc::O_PATH, 0)?;
-        let entry = self.register(path_fd)?;
-        let handle = self.handles.insert(HandleData::file(entry.inode, file));
+        let (st, mnt_id) = sys::stat_fd_mnt(file.as_fd())?;
+        let source = match found {
+            Some(origin) => Source::Found(origin),
+            None => {
+                let name = ProcName::new(file.as_raw_fd());
+                Source::Fd(sys::openat(
+                    self.proc_self_fd.as_fd(),
+                    name.name(),
+                    libc::O_PATH,
+                    0,
+                )?)
+            }
+        };
+        let entry = self.register(st, mnt_id, source);
+        let handle = self.open_handle(entry.inode, HandleData::file(entry.inode, file));
         let opened = Opened {
             handle: Some(handle),
             open_flags: self.file_open_flags(),
         };
         Ok((entry, opened))
+    }
+
+    /// Registers an open handle of `inode`, remembered by the inode for when its name is gone.
+    fn open_handle(&self, inode: u64, data: HandleData) -> u64 {
+        let (id, h) = self.handles.insert(data);
+        if let Some(node) = self.inodes.get(inode) {
+            *node
+                .last_open
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&h);
+        }
+        id
     }
 
     /// Clears set-user-id / set-group-id on the open file `fd` as an unprivileged write would.
@@ -429,7 +545,7 @@ impl FileSystem for PassthroughFs {
             if !p.is_dir() {
                 return Err(error(libc::ENOTDIR));
             }
-            let st = sys::stat_fd(p.fd())?;
+            let st = self.stat_node(&p)?;
             if !self.inodes.add_ref(p.id) {
                 return Err(error(libc::EBADF));
             }
@@ -454,7 +570,7 @@ impl FileSystem for PassthroughFs {
         let data = self.inode(inode)?;
         let st = match handle.and_then(|h| self.handles.get(h, inode).ok()) {
             Some(h) => sys::stat_fd(h.fd())?,
-            None => sys::stat_fd(data.fd())?,
+            None => self.stat_node(&data)?,
         };
         Ok((st, self.cfg.attr_timeout))
     }
@@ -469,7 +585,7 @@ impl FileSystem for PassthroughFs {
         self.check_writable()?;
         let data = self.inode(inode)?;
         let h = handle.and_then(|h| self.handles.get(h, inode).ok());
-        let proc = ProcName::new(data.fd.as_raw_fd());
+        let proc = ProcName::new(self.path_fd(&data)?.as_raw_fd());
 
         if let Some(mode) = attr.mode {
             match &h {
@@ -481,7 +597,7 @@ impl FileSystem for PassthroughFs {
         if attr.uid.is_some() || attr.gid.is_some() {
             let uid = attr.uid.unwrap_or(u32::MAX);
             let gid = attr.gid.unwrap_or(u32::MAX);
-            sys::fchown_fd(data.fd(), uid, gid)?;
+            sys::fchown_fd(self.path_fd(&data)?, uid, gid)?;
         }
         if let Some(size) = attr.size {
             match &h {
@@ -492,7 +608,7 @@ impl FileSystem for PassthroughFs {
                         libc::S_IFDIR => return Err(error(libc::EISDIR)),
                         _ => return Err(error(libc::EINVAL)),
                     }
-                    let f = self.reopen(&data, libc::O_WRONLY | libc::O_NONBLOCK)?;
+                    let f = self.open_node(&data, libc::O_WRONLY | libc::O_NONBLOCK)?;
                     sys::ftruncate(f.as_fd(), size)?;
                 }
             }
@@ -505,12 +621,12 @@ impl FileSystem for PassthroughFs {
             }
         }
         if attr.kill_suidgid && attr.mode.is_none() && data.kind == libc::S_IFREG {
-            let st = sys::stat_fd(data.fd())?;
+            let st = sys::stat_fd(self.path_fd(&data)?)?;
             if let Some(m) = killed_suidgid(st.st_mode) {
                 sys::fchmodat(self.proc_self_fd.as_fd(), proc.name(), m)?;
             }
         }
-        Ok((sys::stat_fd(data.fd())?, self.cfg.attr_timeout))
+        Ok((sys::stat_fd(self.path_fd(&data)?)?, self.cfg.attr_timeout))
     }
 
     fn readlink(&self, _ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
@@ -518,7 +634,7 @@ impl FileSystem for PassthroughFs {
         if !data.is_symlink() {
             return Err(error(libc::EINVAL));
         }
-        sys::readlink_fd(data.fd())
+        sys::readlink_fd(self.path_fd(&data)?)
     }
 
     fn symlink(&self, ctx: &Context, target: &CStr, parent: u64, name: &CStr) -> io::Result<Entry> {
@@ -556,14 +672,14 @@ impl FileSystem for PassthroughFs {
         self.check_writable()?;
         check_new_name(name)?;
         let p = self.inode(parent)?;
-        sys::unlinkat(p.fd(), name, 0)
+        sys::unlinkat(self.path_fd(&p)?, name, 0)
     }
 
     fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         self.check_writable()?;
         check_new_name(name)?;
         let p = self.inode(parent)?;
-        sys::unlinkat(p.fd(), name, libc::AT_REMOVEDIR)
+        sys::unlinkat(self.path_fd(&p)?, name, libc::AT_REMOVEDIR)
     }
 
     fn rename(
@@ -583,7 +699,26 @@ impl FileSystem for PassthroughFs {
         check_new_name(newname)?;
         let old = self.inode(olddir)?;
         let new = self.inode(newdir)?;
-        sys::renameat2(old.fd(), oldname, new.fd(), newname, flags)
+        let (old_fd, new_fd) = (self.path_fd(&old)?, self.path_fd(&new)?);
+        // Inodes the guest holds that are reached by name follow the rename.
+        let known = |dir: BorrowedFd<'_>, name: &CStr| {
+            let (st, mnt_id) = sys::stat_at_mnt(dir, name).ok()?;
+            self.inodes.find(&InodeKey::new(&st, mnt_id))
+        };
+        let moved = known(old_fd, oldname);
+        let swapped = if flags & libc::RENAME_EXCHANGE != 0 {
+            known(new_fd, newname)
+        } else {
+            None
+        };
+        sys::renameat2(old_fd, oldname, new_fd, newname, flags)?;
+        if let Some(m) = moved {
+            m.found_at(&new, newname);
+        }
+        if let Some(s) = swapped {
+            s.found_at(&old, oldname);
+        }
+        Ok(())
     }
 
     fn link(
@@ -602,11 +737,11 @@ impl FileSystem for PassthroughFs {
         }
         // Following the magic link reaches the inode itself (a symlink is linked, not its
         // target) and needs no privilege, unlike `AT_EMPTY_PATH`.
-        let proc = ProcName::new(src.fd.as_raw_fd());
+        let proc = ProcName::new(self.path_fd(&src)?.as_raw_fd());
         sys::linkat(
             self.proc_self_fd.as_fd(),
             proc.name(),
-            np.fd(),
+            self.path_fd(&np)?,
             newname,
             libc::AT_SYMLINK_FOLLOW,
         )?;
@@ -620,11 +755,11 @@ impl FileSystem for PassthroughFs {
         }
         let data = self.inode(inode)?;
         check_openable(data.kind)?;
-        let file = self.reopen(&data, self.host_open_flags(flags))?;
+        let file = self.open_node(&data, self.host_open_flags(flags))?;
         if fuse_flags & crate::fuse::abi::OPEN_KILL_SUIDGID != 0 && flags & libc::O_TRUNC != 0 {
             Self::kill_suidgid_fd(file.as_fd())?;
         }
-        let handle = self.handles.insert(HandleData::file(inode, file));
+        let handle = self.open_handle(inode, HandleData::file(inode, file));
         Ok(Opened {
             handle: Some(handle),
             open_flags: self.file_open_flags(),
@@ -655,16 +790,22 @@ impl FileSystem for PassthroughFs {
         loop {
             let created = {
                 let _creds = credentials::switch_to(self.as_root, ctx)?;
-                sys::openat(p.fd(), name, oflags | libc::O_EXCL, mode)
+                sys::openat(self.path_fd(&p)?, name, oflags | libc::O_EXCL, mode)
             };
             match created {
-                Ok(file) => return self.register_open(file, direct),
+                Ok(file) => {
+                    let origin = Origin {
+                        parent: p.clone(),
+                        name: name.to_owned(),
+                    };
+                    return self.register_open(file, Some(origin), direct);
+                }
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {}
                 Err(e) => return Err(e),
             }
             // The name exists: open it as OPEN would, so that an existing device node, FIFO or
             // socket is never opened on the host.
-            match sys::openat(p.fd(), name, open_path_flags(), 0) {
+            match sys::openat(self.path_fd(&p)?, name, open_path_flags(), 0) {
                 Ok(path_fd) => {
                     let st = sys::stat_fd(path_fd.as_fd())?;
                     match st.st_mode & libc::S_IFMT {
@@ -672,7 +813,11 @@ impl FileSystem for PassthroughFs {
                         kind => check_openable(kind)?,
                     }
                     let file = self.reopen_fd(path_fd.as_fd(), self.host_open_flags(flags))?;
-                    return self.register_open(file, false);
+                    let origin = Origin {
+                        parent: p.clone(),
+                        name: name.to_owned(),
+                    };
+                    return self.register_open(file, Some(origin), false);
                 }
                 // Removed in between: try creating again.
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) && tries < 3 => tries += 1,
@@ -697,9 +842,9 @@ impl FileSystem for PassthroughFs {
         let mode = mode & !umask & 0o7777;
         let file = {
             let _creds = credentials::switch_to(self.as_root, ctx)?;
-            sys::openat(p.fd(), c".", oflags, mode)?
+            sys::openat(self.path_fd(&p)?, c".", oflags, mode)?
         };
-        self.register_open(file, direct)
+        self.register_open(file, None, direct)
     }
 
     fn read(
@@ -759,9 +904,9 @@ impl FileSystem for PassthroughFs {
         if !data.is_dir() {
             return Err(error(libc::ENOTDIR));
         }
-        let file = self.reopen(&data, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let file = self.open_node(&data, libc::O_RDONLY | libc::O_DIRECTORY)?;
         let open_flags = self.dir_open_flags(&data, file.as_fd());
-        let handle = self.handles.insert(HandleData::dir(inode, file));
+        let handle = self.open_handle(inode, HandleData::dir(inode, file));
         Ok(Opened {
             handle: Some(handle),
             open_flags,
@@ -874,12 +1019,12 @@ impl FileSystem for PassthroughFs {
 
     fn statfs(&self, _ctx: &Context, inode: u64) -> io::Result<libc::statvfs64> {
         let data = self.inode(inode)?;
-        sys::fstatvfs(data.fd())
+        sys::fstatvfs(self.path_fd(&data)?)
     }
 
     fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
         let data = self.inode(inode)?;
-        let st = sys::stat_fd(data.fd())?;
+        let st = self.stat_node(&data)?;
         let mask = mask as i32 & (libc::R_OK | libc::W_OK | libc::X_OK);
         if mask == libc::F_OK {
             return Ok(());
@@ -925,7 +1070,7 @@ impl FileSystem for PassthroughFs {
         self.xattr_enabled()?;
         self.check_writable()?;
         let data = self.inode(inode)?;
-        let proc = ProcName::new(data.fd.as_raw_fd());
+        let proc = ProcName::new(self.path_fd(&data)?.as_raw_fd());
         sys::setxattr(proc.path(), name, value, flags as i32)
     }
 
@@ -938,7 +1083,7 @@ impl FileSystem for PassthroughFs {
     ) -> io::Result<XattrReply> {
         self.xattr_enabled()?;
         let data = self.inode(inode)?;
-        let proc = ProcName::new(data.fd.as_raw_fd());
+        let proc = ProcName::new(self.path_fd(&data)?.as_raw_fd());
         if size == 0 {
             let n = sys::getxattr(proc.path(), name, &mut [])?;
             return Ok(XattrReply::Size(n as u32));
@@ -952,7 +1097,7 @@ impl FileSystem for PassthroughFs {
     fn listxattr(&self, _ctx: &Context, inode: u64, size: u32) -> io::Result<XattrReply> {
         self.xattr_enabled()?;
         let data = self.inode(inode)?;
-        let proc = ProcName::new(data.fd.as_raw_fd());
+        let proc = ProcName::new(self.path_fd(&data)?.as_raw_fd());
         if size == 0 {
             let n = sys::listxattr(proc.path(), &mut [])?;
             return Ok(XattrReply::Size(n as u32));
@@ -967,7 +1112,7 @@ impl FileSystem for PassthroughFs {
         self.xattr_enabled()?;
         self.check_writable()?;
         let data = self.inode(inode)?;
-        let proc = ProcName::new(data.fd.as_raw_fd());
+        let proc = ProcName::new(self.path_fd(&data)?.as_raw_fd());
         sys::removexattr(proc.path(), name)
     }
 
@@ -1029,15 +1174,19 @@ impl FileSystem for PassthroughFs {
         let data = self.inode(inode)?;
         // syncfs(2) needs a real descriptor; regular files and directories are safe to open.
         let opened = match data.kind {
-            libc::S_IFDIR => self.reopen(&data, libc::O_RDONLY | libc::O_DIRECTORY).ok(),
-            libc::S_IFREG => self.reopen(&data, libc::O_RDONLY | libc::O_NONBLOCK).ok(),
+            libc::S_IFDIR => self
+                .open_node(&data, libc::O_RDONLY | libc::O_DIRECTORY)
+                .ok(),
+            libc::S_IFREG => self
+                .open_node(&data, libc::O_RDONLY | libc::O_NONBLOCK)
+                .ok(),
             _ => None,
         };
         let file = match opened {
             Some(f) => f,
             None => {
                 let root = self.inode(ROOT_ID)?;
-                self.reopen(&root, libc::O_RDONLY | libc::O_DIRECTORY)?
+                self.open_node(&root, libc::O_RDONLY | libc::O_DIRECTORY)?
             }
         };
         sys::syncfs(file.as_fd())

@@ -137,15 +137,26 @@ static HAVE_STATX: AtomicBool = AtomicBool::new(true);
 
 /// Attributes of `fd` and the id of the mount it is on (0 when the kernel cannot tell).
 pub fn stat_fd_mnt(fd: BorrowedFd<'_>) -> io::Result<(libc::stat64, u64)> {
+    stat_at_mnt(fd, EMPTY)
+}
+
+/// Attributes of `name` in `dir` (of `dir` itself when `name` is empty), never following a
+/// symlink, and the id of the mount it is on (0 when the kernel cannot tell).
+pub fn stat_at_mnt(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(libc::stat64, u64)> {
+    let flags = if name.is_empty() {
+        libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW
+    } else {
+        libc::AT_SYMLINK_NOFOLLOW
+    };
     if HAVE_STATX.load(Ordering::Relaxed) {
         // SAFETY: `statx` is made of integers only, for which all-zero is a valid value.
         let mut stx: libc::statx = unsafe { std::mem::zeroed() };
         // SAFETY: the name is NUL-terminated and `stx` is a valid out-pointer; checked below.
         let ret = unsafe {
             libc::statx(
-                fd.as_raw_fd(),
-                EMPTY.as_ptr(),
-                libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                flags,
                 libc::STATX_BASIC_STATS | libc::STATX_MNT_ID,
                 &mut stx,
             )
@@ -165,7 +176,7 @@ pub fn stat_fd_mnt(fd: BorrowedFd<'_>) -> io::Result<(libc::stat64, u64)> {
             Err(e) => return Err(e),
         }
     }
-    Ok((stat_fd(fd)?, 0))
+    Ok((fstatat(dir, name, flags)?, 0))
 }
 
 fn statx_to_stat(stx: &libc::statx) -> libc::stat64 {

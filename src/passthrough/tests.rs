@@ -1370,3 +1370,126 @@ fn dtype_is_real_on_a_filesystem_that_reports_dt_unknown() {
     assert_eq!(t("sock"), libc::DT_SOCK);
     assert_eq!(t("lost+found"), libc::DT_DIR);
 }
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn lookup_of_a_file_opens_no_descriptor_until_needed() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"data").unwrap();
+    let fs = new_fs(tmp.path());
+    let e = lookup(&fs, "f");
+    let node = fs.inodes.get(e.inode).unwrap();
+    assert!(node.opened_fd().is_none());
+    let (st, _) = fs.getattr(&ctx(), e.inode, None).unwrap();
+    assert_eq!(st.st_size, 4);
+    assert!(node.opened_fd().is_none(), "a stat needs no descriptor");
+    let fh = fs.open(&ctx(), e.inode, libc::O_RDONLY as u32, 0).unwrap();
+    assert_eq!(read_at(&fs, e.inode, fh.handle.unwrap(), 4, 0), b"data");
+}
+
+#[test]
+fn readdirplus_over_many_files_holds_no_descriptor_per_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    for i in 0..300 {
+        std::fs::write(tmp.path().join(format!("f{i:03}")), b"").unwrap();
+    }
+    let fs = new_fs(tmp.path());
+    let h = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
+    let before = open_fds();
+    let mut ids = Vec::new();
+    let mut offset = 0;
+    loop {
+        let mut got = 0;
+        fs.readdirplus(&ctx(), ROOT_ID, h, 4096, offset, &mut |d, e| {
+            offset = d.offset;
+            got += 1;
+            if e.inode != 0 {
+                ids.push(e.inode);
+            }
+            Ok(1)
+        })
+        .unwrap();
+        if got == 0 {
+            break;
+        }
+    }
+    assert_eq!(ids.len(), 300);
+    assert!(
+        open_fds() < before + 10,
+        "{} descriptors opened",
+        open_fds() - before
+    );
+}
+
+#[test]
+fn file_renamed_by_the_guest_stays_usable_under_its_node_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("d")).unwrap();
+    std::fs::write(tmp.path().join("f"), b"abc").unwrap();
+    let fs = new_fs(tmp.path());
+    let f = lookup(&fs, "f");
+    let d = lookup(&fs, "d");
+    fs.rename(&ctx(), ROOT_ID, c"f", d.inode, c"g", 0).unwrap();
+    let (st, _) = fs.getattr(&ctx(), f.inode, None).unwrap();
+    assert_eq!(st.st_ino, f.attr.st_ino);
+    let fh = fs.open(&ctx(), f.inode, libc::O_RDONLY as u32, 0).unwrap();
+    assert_eq!(read_at(&fs, f.inode, fh.handle.unwrap(), 3, 0), b"abc");
+}
+
+#[test]
+fn exchanged_files_keep_their_node_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a"), b"A").unwrap();
+    std::fs::write(tmp.path().join("b"), b"BB").unwrap();
+    let fs = new_fs(tmp.path());
+    let a = lookup(&fs, "a");
+    let b = lookup(&fs, "b");
+    fs.rename(&ctx(), ROOT_ID, c"a", ROOT_ID, c"b", libc::RENAME_EXCHANGE)
+        .unwrap();
+    assert_eq!(fs.getattr(&ctx(), a.inode, None).unwrap().0.st_size, 1);
+    assert_eq!(fs.getattr(&ctx(), b.inode, None).unwrap().0.st_size, 2);
+}
+
+#[test]
+fn unlinked_while_open_still_answers_getattr_without_a_handle() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    let (e, fh) = create(&fs, ROOT_ID, "f", 0o644);
+    write_at(&fs, e.inode, fh, b"12345", 0);
+    fs.unlink(&ctx(), ROOT_ID, c"f").unwrap();
+    let (st, _) = fs.getattr(&ctx(), e.inode, None).unwrap();
+    assert_eq!((st.st_size, st.st_nlink), (5, 0));
+}
+
+#[test]
+fn file_replaced_on_the_host_is_stale_until_looked_up_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"old").unwrap();
+    let fs = new_fs(tmp.path());
+    let old = lookup(&fs, "f");
+    std::fs::write(tmp.path().join("new"), b"newer").unwrap();
+    std::fs::rename(tmp.path().join("new"), tmp.path().join("f")).unwrap();
+    assert_eq!(errno(fs.getattr(&ctx(), old.inode, None)), libc::ESTALE);
+    assert_eq!(
+        errno(fs.open(&ctx(), old.inode, libc::O_RDONLY as u32, 0)),
+        libc::ESTALE
+    );
+    let new = lookup(&fs, "f");
+    assert_ne!(new.inode, old.inode);
+    assert_eq!(fs.getattr(&ctx(), new.inode, None).unwrap().0.st_size, 5);
+}
+
+#[test]
+fn file_moved_on_the_host_is_found_again_under_its_new_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"x").unwrap();
+    let fs = new_fs(tmp.path());
+    let before = lookup(&fs, "f");
+    std::fs::rename(tmp.path().join("f"), tmp.path().join("g")).unwrap();
+    let after = lookup(&fs, "g");
+    assert_eq!(after.inode, before.inode);
+    assert!(fs.getattr(&ctx(), before.inode, None).is_ok());
+}
