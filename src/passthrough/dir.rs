@@ -45,10 +45,14 @@ impl DirSnapshot {
         DirSnapshot::default()
     }
 
-    /// Reads the whole directory `dir` (a descriptor opened for reading) from its start.
-    pub fn read(dir: BorrowedFd<'_>) -> io::Result<Self> {
+    /// Reads the whole directory `dir` (a descriptor opened for reading) from its start;
+    /// `rewind` when the descriptor was read before (a fresh one is at the start already).
+    pub fn read(dir: BorrowedFd<'_>, rewind: bool) -> io::Result<Self> {
         let mut snap = DirSnapshot::new();
-        snap.fill(dir)?;
+        if rewind {
+            sys::lseek(dir, 0, libc::SEEK_SET)?;
+        }
+        snap.read_all(dir)?;
         Ok(snap)
     }
 
@@ -73,11 +77,17 @@ impl DirSnapshot {
     }
 
     /// (Re)reads the whole directory `dir` (a descriptor opened for reading) from its start.
+    #[cfg(test)]
     pub fn fill(&mut self, dir: BorrowedFd<'_>) -> io::Result<()> {
         self.buf.clear();
         self.index.clear();
         sys::lseek(dir, 0, libc::SEEK_SET)?;
-        let mut raw = [0u8; 16 * 1024];
+        self.read_all(dir)
+    }
+
+    /// Appends every entry from the descriptor's current position to its end.
+    fn read_all(&mut self, dir: BorrowedFd<'_>) -> io::Result<()> {
+        let mut raw = [0u8; 32 * 1024];
         loop {
             let n = sys::getdents64(dir, &mut raw)?;
             if n == 0 {

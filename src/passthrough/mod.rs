@@ -381,13 +381,18 @@ impl PassthroughFs {
 
     /// The listing of the directory `data` (open for reading as `dir`), from the cache when the
     /// directory is unchanged since a settled snapshot was taken, read afresh otherwise.
-    fn dir_snapshot(&self, data: &InodeData, dir: BorrowedFd<'_>) -> io::Result<Arc<DirSnapshot>> {
+    fn dir_snapshot(
+        &self,
+        data: &InodeData,
+        dir: BorrowedFd<'_>,
+        rewind: bool,
+    ) -> io::Result<Arc<DirSnapshot>> {
         let stamp = Stamp::of(&sys::stat_fd(dir)?);
         let (snap, settled) = match self.dircache.get(&data.key, &stamp) {
             Some(snap) => (snap, true),
             None => {
                 let settled = stamp.settled(dircache::now());
-                let snap = Arc::new(DirSnapshot::read(dir)?);
+                let snap = Arc::new(DirSnapshot::read(dir, rewind)?);
                 if settled {
                     self.dircache.insert(data.key, stamp, snap.clone());
                 }
@@ -412,7 +417,7 @@ impl PassthroughFs {
         match &*cur {
             Some(snap) if offset != 0 => Ok(snap.clone()),
             _ => {
-                let snap = self.dir_snapshot(data, h.fd())?;
+                let snap = self.dir_snapshot(data, h.fd(), cur.is_some())?;
                 *cur = Some(snap.clone());
                 Ok(snap)
             }

@@ -31,13 +31,6 @@ if ! "$REF_ROOT/bin/virtiofsd" --version 2>/dev/null | grep -qF "$REF_VERSION"; 
 fi
 
 extra=()
-# A walk makes the daemon hold a reference to each of the tree's 31,000 nodes. Our daemon keeps
-# a descriptor per node; where RLIMIT_NOFILE cannot be raised far enough (no CAP_SYS_RESOURCE),
-# walks forget in chunks of 10,000 references, as a guest under memory pressure would.
-if ! (ulimit -n 100000) 2>/dev/null; then
-    echo "note: RLIMIT_NOFILE cannot be raised above $(ulimit -Hn) here: walks use --max-held 10000" >&2
-    extra+=(--max-held 10000)
-fi
 
 mkdir -p target/bench
 echo "== virtiofsd-bench (tree $TREE, $ROUNDS rounds)" >&2
