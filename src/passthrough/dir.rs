@@ -196,7 +196,7 @@ mod tests {
         std::fs::write(tmp.path().join("file"), b"").unwrap();
         std::fs::create_dir(tmp.path().join("sub")).unwrap();
         let dir = open_dir(tmp.path());
-        let s = DirSnapshot::read(dir.as_fd()).unwrap();
+        let s = DirSnapshot::read(dir.as_fd(), false).unwrap();
         let mut got: Vec<(Vec<u8>, u8)> = (0..s.len())
             .map(|i| {
                 let e = s.get(i).unwrap();
