@@ -17,6 +17,7 @@
 //!   [`FuseClient::submit`]/[`FuseClient::complete`]/[`FuseClient::wait`] for pipelining;
 //! - raw submissions (arbitrary bytes, arbitrary descriptor chains) for robustness tests.
 
+use super::checked::FuseResult;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -1031,18 +1032,10 @@ impl FuseClient {
         T::from_prefix(body).expect("length checked")
     }
 
-    /// Sends a request that gets no reply and waits until the device returned the chain.
-    fn call_no_reply(&mut self, op: u32, nodeid: u64, args: &[&[u8]]) {
-        let res = self.submit(op, nodeid, args, 0).and_then(|t| self.wait(t));
-        if let Err(e) = res {
-            panic!("{} on nodeid {nodeid} failed: {e}", opcode_name(op));
-        }
-    }
-
     /// FUSE_INIT as a Linux 6.x kernel sends it: 7.38, [`DEFAULT_INIT_FLAGS`], 64-byte
     /// `fuse_init_in` with `flags2`.
     pub fn init(&mut self) -> std::result::Result<abi::InitOut, i32> {
-        self.init_with(INIT_MINOR, DEFAULT_INIT_FLAGS, DEFAULT_MAX_READAHEAD, true)
+        settle(opcode::INIT, self.try_init())
     }
 
     /// FUSE_INIT as Linux 5.4 sends it: 7.31, [`LINUX_5_4_INIT_FLAGS`], the 16-byte
@@ -1065,33 +1058,10 @@ impl FuseClient {
         max_readahead: u32,
         ext: bool,
     ) -> std::result::Result<abi::InitOut, i32> {
-        let inc = abi::InitInCompat {
-            major: abi::KERNEL_VERSION,
-            minor,
-            max_readahead,
-            flags: flags as u32,
-        };
-        let inext = abi::InitInExt {
-            flags2: (flags >> 32) as u32,
-            unused: [0; 11],
-        };
-        let mut args: Vec<&[u8]> = vec![inc.as_bytes()];
-        if ext {
-            args.push(inext.as_bytes());
-        }
-        let size = std::mem::size_of::<abi::InitOut>();
-        let body = self.call(opcode::INIT, 0, &args, size)?;
-        if body.len() != size && body.len() != 24 {
-            panic!(
-                "INIT: reply body is {} bytes, expected 24 or {size}",
-                body.len()
-            );
-        }
-        let mut full = vec![0u8; size];
-        full[..body.len()].copy_from_slice(&body);
-        let out = abi::InitOut::from_prefix(&full).expect("sized");
-        self.init_out = Some(out);
-        Ok(out)
+        settle(
+            opcode::INIT,
+            self.try_init_with(minor, flags, max_readahead, ext),
+        )
     }
 
     /// FUSE_DESTROY.
@@ -1105,27 +1075,21 @@ impl FuseClient {
         parent: u64,
         name: impl AsRef<[u8]>,
     ) -> std::result::Result<abi::EntryOut, i32> {
-        let n = cstr(name.as_ref());
-        self.call_obj(opcode::LOOKUP, parent, &[&n])
+        settle(opcode::LOOKUP, self.try_lookup(parent, name))
     }
 
     /// FUSE_FORGET (no reply; waits until the device returned the chain).
     pub fn forget(&mut self, nodeid: u64, nlookup: u64) {
-        let arg = abi::ForgetIn { nlookup };
-        self.call_no_reply(opcode::FORGET, nodeid, &[arg.as_bytes()]);
+        if let Err(e) = self.try_forget(nodeid, nlookup) {
+            panic!("FORGET: {e}");
+        }
     }
 
     /// FUSE_BATCH_FORGET of `(nodeid, nlookup)` pairs (no reply).
     pub fn batch_forget(&mut self, forgets: &[(u64, u64)]) {
-        let head = abi::BatchForgetIn {
-            count: forgets.len() as u32,
-            dummy: 0,
-        };
-        let mut bytes = Vec::with_capacity(16 * forgets.len());
-        for &(nodeid, nlookup) in forgets {
-            bytes.extend_from_slice(abi::ForgetOne { nodeid, nlookup }.as_bytes());
+        if let Err(e) = self.try_batch_forget(forgets) {
+            panic!("BATCH_FORGET: {e}");
         }
-        self.call_no_reply(opcode::BATCH_FORGET, 0, &[head.as_bytes(), &bytes]);
     }
 
     /// FUSE_GETATTR (with `fh` if given).
@@ -1134,12 +1098,7 @@ impl FuseClient {
         nodeid: u64,
         fh: Option<u64>,
     ) -> std::result::Result<abi::AttrOut, i32> {
-        let arg = abi::GetattrIn {
-            getattr_flags: if fh.is_some() { abi::GETATTR_FH } else { 0 },
-            dummy: 0,
-            fh: fh.unwrap_or(0),
-        };
-        self.call_obj(opcode::GETATTR, nodeid, &[arg.as_bytes()])
+        settle(opcode::GETATTR, self.try_getattr(nodeid, fh))
     }
 
     /// FUSE_SETATTR.
@@ -1195,21 +1154,17 @@ impl FuseClient {
         mode: u32,
         umask: u32,
     ) -> std::result::Result<abi::EntryOut, i32> {
-        let arg = abi::MkdirIn { mode, umask };
-        let n = cstr(name.as_ref());
-        self.call_obj(opcode::MKDIR, parent, &[arg.as_bytes(), &n])
+        settle(opcode::MKDIR, self.try_mkdir(parent, name, mode, umask))
     }
 
     /// FUSE_UNLINK.
     pub fn unlink(&mut self, parent: u64, name: impl AsRef<[u8]>) -> std::result::Result<(), i32> {
-        let n = cstr(name.as_ref());
-        self.call_empty(opcode::UNLINK, parent, &[&n])
+        settle(opcode::UNLINK, self.try_unlink(parent, name))
     }
 
     /// FUSE_RMDIR.
     pub fn rmdir(&mut self, parent: u64, name: impl AsRef<[u8]>) -> std::result::Result<(), i32> {
-        let n = cstr(name.as_ref());
-        self.call_empty(opcode::RMDIR, parent, &[&n])
+        settle(opcode::RMDIR, self.try_rmdir(parent, name))
     }
 
     /// FUSE_RENAME.
@@ -1259,11 +1214,7 @@ impl FuseClient {
 
     /// FUSE_OPEN with `O_*` flags.
     pub fn open(&mut self, nodeid: u64, flags: u32) -> std::result::Result<abi::OpenOut, i32> {
-        let arg = abi::OpenIn {
-            flags,
-            open_flags: 0,
-        };
-        self.call_obj(opcode::OPEN, nodeid, &[arg.as_bytes()])
+        settle(opcode::OPEN, self.try_open(nodeid, flags))
     }
 
     /// FUSE_CREATE.
@@ -1275,14 +1226,10 @@ impl FuseClient {
         mode: u32,
         umask: u32,
     ) -> std::result::Result<(abi::EntryOut, abi::OpenOut), i32> {
-        let arg = abi::CreateIn {
-            flags,
-            mode,
-            umask,
-            open_flags: 0,
-        };
-        let n = cstr(name.as_ref());
-        self.create_like(opcode::CREATE, parent, &arg, &n)
+        settle(
+            opcode::CREATE,
+            self.try_create(parent, name, flags, mode, umask),
+        )
     }
 
     /// FUSE_TMPFILE (sent, like the kernel, with the name "/").
@@ -1334,13 +1281,7 @@ impl FuseClient {
         offset: u64,
         size: u32,
     ) -> std::result::Result<Vec<u8>, i32> {
-        let arg = abi::ReadIn {
-            fh,
-            offset,
-            size,
-            ..Default::default()
-        };
-        self.read_with(nodeid, &arg)
+        settle(opcode::READ, self.try_read(nodeid, fh, offset, size))
     }
 
     /// FUSE_READ with a caller-made `fuse_read_in`.
@@ -1382,24 +1323,12 @@ impl FuseClient {
 
     /// FUSE_FLUSH.
     pub fn flush(&mut self, nodeid: u64, fh: u64, lock_owner: u64) -> std::result::Result<(), i32> {
-        let arg = abi::FlushIn {
-            fh,
-            unused: 0,
-            padding: 0,
-            lock_owner,
-        };
-        self.call_empty(opcode::FLUSH, nodeid, &[arg.as_bytes()])
+        settle(opcode::FLUSH, self.try_flush(nodeid, fh, lock_owner))
     }
 
     /// FUSE_RELEASE (`flags` are the open flags).
     pub fn release(&mut self, nodeid: u64, fh: u64, flags: u32) -> std::result::Result<(), i32> {
-        let arg = abi::ReleaseIn {
-            fh,
-            flags,
-            release_flags: 0,
-            lock_owner: 0,
-        };
-        self.release_with(opcode::RELEASE, nodeid, &arg)
+        settle(opcode::RELEASE, self.try_release(nodeid, fh, flags))
     }
 
     /// FUSE_RELEASE or FUSE_RELEASEDIR with a caller-made `fuse_release_in`.
@@ -1444,28 +1373,7 @@ impl FuseClient {
 
     /// FUSE_OPENDIR.
     pub fn opendir(&mut self, nodeid: u64, flags: u32) -> std::result::Result<abi::OpenOut, i32> {
-        let arg = abi::OpenIn {
-            flags,
-            open_flags: 0,
-        };
-        self.call_obj(opcode::OPENDIR, nodeid, &[arg.as_bytes()])
-    }
-
-    fn readdir_raw(
-        &mut self,
-        op: u32,
-        nodeid: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-    ) -> std::result::Result<Vec<u8>, i32> {
-        let arg = abi::ReadIn {
-            fh,
-            offset,
-            size,
-            ..Default::default()
-        };
-        self.call(op, nodeid, &[arg.as_bytes()], size as usize)
+        settle(opcode::OPENDIR, self.try_opendir(nodeid, flags))
     }
 
     /// FUSE_READDIR from `offset` with `size` bytes of room; parsed entries.
@@ -1476,8 +1384,7 @@ impl FuseClient {
         offset: u64,
         size: u32,
     ) -> std::result::Result<Vec<DirEntry>, i32> {
-        let body = self.readdir_raw(opcode::READDIR, nodeid, fh, offset, size)?;
-        Ok(parse_dirents(&body).unwrap_or_else(|e| panic!("READDIR: malformed reply: {e}")))
+        settle(opcode::READDIR, self.try_readdir(nodeid, fh, offset, size))
     }
 
     /// FUSE_READDIRPLUS from `offset` with `size` bytes of room; parsed entries.
@@ -1488,19 +1395,15 @@ impl FuseClient {
         offset: u64,
         size: u32,
     ) -> std::result::Result<Vec<DirEntryPlus>, i32> {
-        let body = self.readdir_raw(opcode::READDIRPLUS, nodeid, fh, offset, size)?;
-        Ok(parse_direntplus(&body).unwrap_or_else(|e| panic!("READDIRPLUS: malformed reply: {e}")))
+        settle(
+            opcode::READDIRPLUS,
+            self.try_readdirplus(nodeid, fh, offset, size),
+        )
     }
 
     /// FUSE_RELEASEDIR.
     pub fn releasedir(&mut self, nodeid: u64, fh: u64, flags: u32) -> std::result::Result<(), i32> {
-        let arg = abi::ReleaseIn {
-            fh,
-            flags,
-            release_flags: 0,
-            lock_owner: 0,
-        };
-        self.release_with(opcode::RELEASEDIR, nodeid, &arg)
+        settle(opcode::RELEASEDIR, self.try_releasedir(nodeid, fh, flags))
     }
 
     /// FUSE_STATFS.
@@ -1643,6 +1546,15 @@ impl FuseClient {
     pub fn syncfs(&mut self) -> std::result::Result<(), i32> {
         let arg = abi::SyncfsIn { padding: 0 };
         self.call_empty(opcode::SYNCFS, abi::ROOT_ID, &[arg.as_bytes()])
+    }
+}
+
+/// Unwraps a [`FuseResult`] for a typed helper: a transport or protocol failure panics (what a
+/// test wants), a FUSE answer is returned.
+fn settle<T>(op: u32, r: FuseResult<T>) -> std::result::Result<T, i32> {
+    match r {
+        Ok(answer) => answer,
+        Err(e) => panic!("{}: {e}", opcode_name(op)),
     }
 }
 
