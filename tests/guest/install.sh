@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the guest-level tests need on a Debian 12 (bookworm) machine, idempotently:
 #   - bookworm-backports in the apt sources (added if missing)
-#   - qemu-system-x86 from bookworm-backports (QEMU 10), busybox-static, cpio, gcc, libc6-dev
+#   - qemu-system-x86 from bookworm-backports (QEMU 10), busybox-static, cpio, gcc, libc6-dev,
+#     findutils and strace (GNU find and strace go into the guest with their shared libraries)
 #   - the newest 6.12 cloud kernel (bookworm-backports) and the newest 6.1 cloud kernel
 #     (bookworm), fetched with `apt-get download` into a cache dir and unpacked there.
 # The cloud kernels have virtio-pci, FUSE and virtiofs built in (checked against the config
@@ -63,7 +64,7 @@ case "$qemu_ver" in
 esac
 
 missing=()
-for p in busybox-static cpio gcc libc6-dev; do
+for p in busybox-static cpio gcc libc6-dev findutils strace; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
 # run.sh makes its fixtures (sockets, xattrs, device nodes) with python3

@@ -145,6 +145,7 @@ need_install=0
 command -v qemu-system-x86_64 >/dev/null || need_install=1
 command -v cpio >/dev/null || need_install=1
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep 'install ok installed' >/dev/null || need_install=1
+[ -x /usr/bin/strace ] && [ -x /usr/bin/find ] || need_install=1   # GNU find + strace for the guest
 for k in $KERNELS; do [ -f "$CACHE/kernel-$k/.complete" ] || need_install=1; done
 if [ "$need_install" = 1 ]; then
     echo "# running tests/guest/install.sh"
@@ -193,6 +194,18 @@ build_initramfs() {
     if [ -f "$CACHE/kernel-$k/modules/load-order" ]; then
         cp "$CACHE/kernel-$k/modules/"* "$st/modules/"
     fi
+    # GNU find and strace (dynamically linked) with their shared libraries and the loader at
+    # the host's paths; the guest calls them as /usr/bin/find and /usr/bin/strace (busybox's
+    # find stays the one on PATH).
+    local b l
+    for b in /usr/bin/find /usr/bin/strace; do
+        mkdir -p "$st$(dirname "$b")"
+        cp -L "$b" "$st$b"
+        for l in $(ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'); do
+            mkdir -p "$st$(dirname "$l")"
+            cp -L "$l" "$st$l"
+        done
+    done
     (cd "$st" && find . -print0 | cpio --null -o -H newc --quiet) > "$out"
 }
 
@@ -269,6 +282,30 @@ with open(os.path.join(f, "bigdir.expected.md5"), "w") as out:
 PY
 }
 
+# prepare_tree DIR: 30,000 small files (f00..f29, 0-3 KiB) in 1,000 directories
+# (dNN/sN, 100 x 10) plus 10 symlinks (dNN/ln, NN < 10) for the find-without-stat tests of the
+# main suite: 31,111 paths with DIR itself. About 2-3 s.
+prepare_tree() {
+    python3 - "$1" <<'PY'
+import os, sys
+root = sys.argv[1]
+os.mkdir(root)
+for a in range(100):
+    da = os.path.join(root, "d%02d" % a)
+    os.mkdir(da)
+    for b in range(10):
+        db = os.path.join(da, "s%d" % b)
+        os.mkdir(db)
+        for c in range(30):
+            fd = os.open(os.path.join(db, "f%02d" % c), os.O_CREAT | os.O_WRONLY, 0o644)
+            if c % 10:
+                os.write(fd, b"x" * ((a + b + c) % 4 * 1024))
+            os.close(fd)
+    if a < 10:
+        os.symlink("s0/f00", os.path.join(da, "ln"))
+PY
+}
+
 # fingerprint DIR: everything about a tree that a read-only mount must not change (not atime).
 fingerprint() {
     (cd "$1" && find . -printf '%p %y %s %m %U:%G %l %T@\n' | LC_ALL=C sort)
@@ -328,6 +365,7 @@ boot() {
     local share="$dir/share" sock="$dir/vfs.sock"
     mkdir -p "$share"
     prepare_share "$share"
+    [ "$suite" = main ] && prepare_tree "$share/fixtures/tree30k"
     [ "$suite" = readonly ] && fingerprint "$share" > "$dir/before.txt"
 
     echo "# boot: kernel $k, $bname (guest suite $suite), daemon flags: ${flags[*]}"
@@ -489,6 +527,11 @@ host_checks_main() {
     check "${prefix}xattr the guest removed is gone" "$(host_xattr "$w/xa.txt" user.greeting)" "error: No data available" value
     check "${prefix}file unlinked while open is gone" "$(find "$w" -maxdepth 1 -name 'unlinked*' | wc -l)" 0 "entries named unlinked*"
     check "${prefix}rm -rf'd tree is gone" "$( [ -e "$w/tree" ] && echo present || echo gone)" gone tree
+    # what the find-30k tests of the guest counted (printed even when they pass)
+    for m in all type_f; do
+        got="$(data_of "$c" "find_stats_$m")"
+        [ -n "$got" ] && echo "# ${prefix%host: }find-30k ($m): $got"
+    done
     got="$(data_of "$c" statfs)"
     check "${prefix}statfs block size, blocks, inodes match the host's" "$got" "$(stat -f -c '%S %b %c' "$dir/share")" "bsize blocks files"
 

@@ -324,6 +324,80 @@ t_parallel() {
 }
 t parallel-writers-readers-2-cpus t_parallel
 
+# A host-made tree of 30,000 files in 1,000 directories (prepare_tree in run.sh). The daemon
+# gives every directory entry its real d_type, so GNU find (fts) never has to stat a
+# non-directory. The stat-family calls of GNU find under strace (-y: fds shown as paths) are
+# classified by the file type they returned and by the name they asked for; regular files and
+# symlinks of the tree must get none. GNU find stats each directory 3 times (lstat before
+# entering, fstat of the opened fd, lstat again when leaving), so directories may get up to
+# 3 per directory plus a few.
+TREE=$F/tree30k
+TREE_DIRS=1101            # the tree itself, 100 dNN, 1,000 dNN/sN
+# find_stats KEY FIND_ARGS...: runs /usr/bin/find $TREE FIND_ARGS under strace, output to
+# /tmp/list; prints a summary and hands it to the host ("#DATA find_stats_KEY ...", which run.sh
+# prints); sets ST_TOTAL ST_OUTSIDE ST_DIR ST_REG ST_LNK ST_OTHER ST_BYNAME
+find_stats() {
+    _key="$1"; shift
+    _t0=$(cut -d' ' -f1 /proc/uptime)
+    /usr/bin/strace -f --seccomp-bpf -qq -y -s 256 -o /tmp/trace -e trace=%stat,%lstat,%fstat \
+        /usr/bin/find $TREE "$@" > /tmp/list 2>/tmp/find.err \
+        || fail "strace find $TREE $* failed: $(head -n 5 /tmp/find.err)"
+    awk -v tree="$TREE" '
+        / \+\+\+ / || / --- / { next }
+        {
+            total++
+            sc = $0; sub(/^[0-9]+ +/, "", sc); sub(/\(.*/, "", sc); calls[sc]++
+            name = ""
+            if (match($0, /"[^"]*"/)) name = substr($0, RSTART + 1, RLENGTH - 2)
+            sub(/.*\//, "", name)
+            if (name ~ /^f[0-9][0-9]$/ || name == "ln") byname++
+            if (index($0, tree) == 0) { outside++; next }
+            if ($0 ~ /mode=S_IFDIR/) dir++
+            else if ($0 ~ /mode=S_IFREG/) reg++
+            else if ($0 ~ /mode=S_IFLNK/) lnk++
+            else other++
+        }
+        END {
+            s = ""; for (c in calls) s = s " " c "=" calls[c]
+            printf "%d %d %d %d %d %d %d%s\n", total, outside, dir, reg, lnk, other, byname, s
+        }' /tmp/trace > /tmp/counts
+    _secs=$(awk -v a="$_t0" -v b="$(cut -d' ' -f1 /proc/uptime)" 'BEGIN { printf "%.1f", b - a }')
+    read ST_TOTAL ST_OUTSIDE ST_DIR ST_REG ST_LNK ST_OTHER ST_BYNAME ST_CALLS < /tmp/counts
+    echo "stat-family calls: $ST_TOTAL ($ST_CALLS); outside the tree (startup): $ST_OUTSIDE;" \
+         "in the tree: directories $ST_DIR (for $TREE_DIRS dirs), regular files $ST_REG," \
+         "symlinks $ST_LNK, failed/other $ST_OTHER; naming a file or symlink: $ST_BYNAME;" \
+         "find under strace took ${_secs}s" \
+         > /tmp/find-stats
+    cat /tmp/find-stats
+    data "find_stats_$_key" "$(cat /tmp/find-stats)"
+}
+check_no_file_stats() {
+    [ "$ST_DIR" -ge "$TREE_DIRS" ] || fail "only $ST_DIR stat calls on directories: the trace did not see find's traversal ($(cat /tmp/find-stats))"
+    eq "$ST_REG" 0 "stat calls returning a regular file"
+    eq "$ST_LNK" 0 "stat calls returning a symlink"
+    eq "$ST_OTHER" 0 "failed or unclassified stat calls on the tree"
+    eq "$ST_BYNAME" 0 "stat calls naming a file (f00..f29) or symlink (ln)"
+    [ "$ST_DIR" -le $((3 * TREE_DIRS + 10)) ] \
+        || fail "$ST_DIR stat calls on $TREE_DIRS directories (more than 3 per directory)"
+}
+
+t_find_30k() {
+    [ -d $TREE ] || fail "$TREE missing"
+    find_stats all
+    eq "$(wc -l < /tmp/list)" 31111 "paths printed (1 + 100 + 1,000 dirs, 30,000 files, 10 symlinks)"
+    eq "$(grep -c '/d[0-9][0-9]/s[0-9]/f[0-9][0-9]$' /tmp/list)" 30000 "file paths printed"
+    eq "$(sort -u /tmp/list | wc -l)" 31111 "distinct paths printed"
+    check_no_file_stats
+}
+t find-30k-no-stat-of-files t_find_30k
+
+t_find_30k_type_f() {
+    find_stats type_f -type f
+    eq "$(wc -l < /tmp/list)" 30000 "find -type f | wc -l"
+    check_no_file_stats
+}
+t find-30k-type-f-no-stat t_find_30k_type_f
+
 t_rm_tree() {
     mkdir -p tree
     for i in $(seq 1 20); do
