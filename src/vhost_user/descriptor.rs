@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use virtio_queue::DescriptorChain;
@@ -61,8 +62,8 @@ where
     M: std::ops::Deref,
     M::Target: vm_memory::GuestMemory,
 {
-    let mut readable = Vec::new();
-    let mut writable = Vec::new();
+    let mut readable = SliceVec::new();
+    let mut writable = SliceVec::new();
     let mut total: u64 = 0;
     for desc in chain {
         total = total
@@ -91,9 +92,88 @@ where
     Ok((ChainReader::new(readable), ChainWriter::new(writable)))
 }
 
+/// Slices kept inline before a list spills to the heap: a FUSE request or reply rarely spans
+/// more descriptors (or memory regions) than this, so most requests allocate nothing here.
+const INLINE_SLICES: usize = 8;
+
+/// A list of guest memory slices that lives on the stack up to [`INLINE_SLICES`] entries.
+pub struct SliceVec<'a> {
+    inline: [MaybeUninit<VolatileSlice<'a>>; INLINE_SLICES],
+    /// Entries in `inline` (when not spilled).
+    len: usize,
+    /// All entries, once there are more than fit inline.
+    heap: Vec<VolatileSlice<'a>>,
+    spilled: bool,
+}
+
+impl Default for SliceVec<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<'a> SliceVec<'a> {
+    pub fn new() -> Self {
+        SliceVec {
+            inline: [MaybeUninit::uninit(); INLINE_SLICES],
+            len: 0,
+            heap: Vec::new(),
+            spilled: false,
+        }
+    }
+
+    pub fn push(&mut self, s: VolatileSlice<'a>) {
+        if self.spilled {
+            self.heap.push(s);
+        } else if self.len < INLINE_SLICES {
+            self.inline[self.len] = MaybeUninit::new(s);
+            self.len += 1;
+        } else {
+            let mut heap = Vec::with_capacity(INLINE_SLICES * 2);
+            heap.extend_from_slice(&self[..]);
+            heap.push(s);
+            self.heap = heap;
+            self.spilled = true;
+        }
+    }
+
+    pub fn truncate(&mut self, n: usize) {
+        if self.spilled {
+            self.heap.truncate(n);
+        } else {
+            self.len = self.len.min(n);
+        }
+    }
+}
+
+impl<'a> std::ops::Deref for SliceVec<'a> {
+    type Target = [VolatileSlice<'a>];
+
+    fn deref(&self) -> &Self::Target {
+        if self.spilled {
+            &self.heap
+        } else {
+            // SAFETY: the first `len` inline entries were written by `push` (and never
+            // de-initialised: `VolatileSlice` is `Copy`); `MaybeUninit<T>` has `T`'s layout.
+            unsafe { std::slice::from_raw_parts(self.inline.as_ptr().cast(), self.len) }
+        }
+    }
+}
+
+impl std::ops::DerefMut for SliceVec<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        if self.spilled {
+            &mut self.heap
+        } else {
+            // SAFETY: as in `deref`; `&mut self` makes the borrow unique.
+            unsafe { std::slice::from_raw_parts_mut(self.inline.as_mut_ptr().cast(), self.len) }
+        }
+    }
+}
+
 /// A list of guest memory slices consumed from the front.
 struct Segments<'a> {
-    slices: Vec<VolatileSlice<'a>>,
+    slices: SliceVec<'a>,
     /// Index of the first slice not yet fully consumed.
     next: usize,
     remaining: usize,
@@ -101,7 +181,7 @@ struct Segments<'a> {
 }
 
 impl<'a> Segments<'a> {
-    fn new(slices: Vec<VolatileSlice<'a>>) -> Self {
+    fn new(slices: SliceVec<'a>) -> Self {
         let remaining = slices.iter().map(|s| s.len()).sum();
         Segments {
             slices,
@@ -195,7 +275,7 @@ pub struct ChainReader<'a> {
 }
 
 impl<'a> ChainReader<'a> {
-    fn new(slices: Vec<VolatileSlice<'a>>) -> Self {
+    fn new(slices: SliceVec<'a>) -> Self {
         ChainReader {
             segs: Segments::new(slices),
         }
@@ -245,7 +325,7 @@ pub struct ChainWriter<'a> {
 }
 
 impl<'a> ChainWriter<'a> {
-    fn new(slices: Vec<VolatileSlice<'a>>) -> Self {
+    fn new(slices: SliceVec<'a>) -> Self {
         ChainWriter {
             segs: Segments::new(slices),
         }
@@ -304,20 +384,94 @@ impl Writer for ChainWriter<'_> {
             rem -= self.segs.slices[at].len();
             at += 1;
         }
-        let mut tail: Vec<VolatileSlice<'_>> = Vec::new();
+        let mut tail = SliceVec::new();
         if at < self.segs.slices.len() {
             let s = self.segs.slices[at];
             let bad = |_| io::Error::from(io::ErrorKind::InvalidInput);
             tail.push(s.offset(rem).map_err(bad)?);
-            tail.extend_from_slice(&self.segs.slices[at + 1..]);
-            self.segs.slices.truncate(at + 1);
+            for &rest in &self.segs.slices[at + 1..] {
+                tail.push(rest);
+            }
             if rem == 0 {
-                self.segs.slices.pop();
+                self.segs.slices.truncate(at);
             } else {
+                self.segs.slices.truncate(at + 1);
                 self.segs.slices[at] = s.subslice(0, rem).map_err(bad)?;
             }
         }
         self.segs.remaining = offset;
         Ok(ChainWriter::new(tail))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestMemoryBackend};
+
+    fn memory() -> GuestMemoryMmap<()> {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap()
+    }
+
+    /// `n` slices of `len` bytes, one every 0x100 bytes.
+    fn slices(mem: &GuestMemoryMmap<()>, n: u64, len: usize) -> SliceVec<'_> {
+        let mut v = SliceVec::new();
+        for i in 0..n {
+            v.push(mem.get_slice(GuestAddress(i * 0x100), len).unwrap());
+        }
+        v
+    }
+
+    #[test]
+    fn slice_list_spills_to_the_heap_keeping_every_entry() {
+        let mem = memory();
+        for n in [1, INLINE_SLICES as u64, INLINE_SLICES as u64 + 1, 40] {
+            let v = slices(&mem, n, 16);
+            assert_eq!(v.len() as u64, n);
+            for (i, s) in v.iter().enumerate() {
+                assert_eq!(
+                    s.ptr_guard().as_ptr(),
+                    mem.get_host_address(GuestAddress(i as u64 * 0x100))
+                        .unwrap() as *const u8
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn writer_split_across_many_segments_writes_each_part_in_place() {
+        let mem = memory();
+        let mut head = ChainWriter::new(slices(&mem, 20, 10));
+        let mut tail = head.split_at(16).unwrap();
+        assert_eq!(ZeroCopyWriter::remaining(&head), 16);
+        assert_eq!(ZeroCopyWriter::remaining(&tail), 200 - 16);
+        tail.write_all(&[7u8; 184]).unwrap();
+        head.write_all(&[1u8; 16]).unwrap();
+        assert!(head.write_all(&[0]).is_err());
+        let mut first = [0u8; 10];
+        mem.read_slice(&mut first, GuestAddress(0)).unwrap();
+        assert_eq!(first, [1u8; 10]);
+        let mut second = [0u8; 10];
+        mem.read_slice(&mut second, GuestAddress(0x100)).unwrap();
+        assert_eq!(second, [1, 1, 1, 1, 1, 1, 7, 7, 7, 7]);
+        let mut last = [0u8; 10];
+        mem.read_slice(&mut last, GuestAddress(19 * 0x100)).unwrap();
+        assert_eq!(last, [7u8; 10]);
+    }
+
+    #[test]
+    fn reader_reads_exactly_across_segments_or_not_at_all() {
+        let mem = memory();
+        for i in 0..12u64 {
+            mem.write_slice(&[i as u8; 4], GuestAddress(i * 0x100))
+                .unwrap();
+        }
+        let mut r = ChainReader::new(slices(&mem, 12, 4));
+        let mut buf = [0u8; 6];
+        r.read_exact(&mut buf).unwrap();
+        assert_eq!(buf, [0, 0, 0, 0, 1, 1]);
+        let mut too_much = [0u8; 43];
+        assert!(r.read_exact(&mut too_much).is_err());
+        assert_eq!(ZeroCopyReader::remaining(&r), 42);
     }
 }
