@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use clap::Parser;
 
 use crate::daemon::{DaemonConfig, SocketSpec};
+use crate::idmap::Translation;
 use crate::passthrough::{CacheMode, Config};
+use crate::userns::{self, IdMapRange};
 
 /// vhost-user virtio-fs daemon: serves a host directory to a guest.
 #[derive(Debug, Parser)]
@@ -63,6 +65,58 @@ pub struct Args {
     /// Log level: error, warn, info, debug, trace or off
     #[arg(long = "log-level", value_name = "LEVEL", default_value = "info")]
     pub log_level: String,
+
+    /// Translate uids between guest and host inside the daemon (no user namespace needed);
+    /// repeat for several ranges
+    ///
+    /// RULE is TYPE:SOURCE:TARGET:COUNT, COUNT ids from SOURCE:
+    ///
+    /// - guest:G:H:N          guest uids G.. become host uids H.. (guest to host only)
+    ///
+    /// - host:H:G:N           host uids H.. are shown as guest uids G.. (host to guest only)
+    ///
+    /// - map:G:H:N            both directions: guest G.. is host H..
+    ///
+    /// - squash-guest:G:H:N   every guest uid G.. becomes host uid H
+    ///
+    /// - squash-host:H:G:N    every host uid H.. is shown as guest uid G
+    ///
+    /// - forbid-guest:G:N     creating files as, or chowning files to, guest uids G.. fails
+    ///   with EPERM
+    ///
+    /// Uids no rule covers are passed unchanged. Rules may not overlap in the same direction.
+    /// While any translation is active, POSIX ACL attributes are refused (EOPNOTSUPP).
+    #[arg(
+        long = "translate-uid",
+        value_name = "RULE",
+        action = clap::ArgAction::Append
+    )]
+    pub translate_uid: Vec<String>,
+
+    /// Translate gids between guest and host inside the daemon; same rules as --translate-uid
+    #[arg(long = "translate-gid", value_name = "RULE", action = clap::ArgAction::Append)]
+    pub translate_gid: Vec<String>,
+
+    /// Run the daemon in a user namespace mapping this range of uids from the host, given as
+    /// :namespace_uid:host_uid:count: (repeat for several ranges)
+    #[arg(long = "uid-map", value_name = "MAP", action = clap::ArgAction::Append)]
+    pub uid_map: Vec<String>,
+
+    /// Run the daemon in a user namespace mapping this range of gids from the host, given as
+    /// :namespace_gid:host_gid:count: (repeat for several ranges)
+    #[arg(long = "gid-map", value_name = "MAP", action = clap::ArgAction::Append)]
+    pub gid_map: Vec<String>,
+}
+
+/// Parses and checks every occurrence of `--uid-map` or `--gid-map` (`flag`).
+fn id_maps(flag: &str, specs: &[String]) -> Result<Vec<IdMapRange>, UsageError> {
+    let maps = specs
+        .iter()
+        .map(|s| userns::parse_map(flag, s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(usage)?;
+    userns::check_maps(flag, &maps).map_err(usage)?;
+    Ok(maps)
 }
 
 /// A command line that parsed but does not make sense.
@@ -145,6 +199,11 @@ impl TryFrom<Args> for DaemonConfig {
             )));
         }
         log_level(&a.log_level)?;
+        // No --posix-acl flag exists in this version, so there is no combination to refuse;
+        // the translating filesystem refuses the ACL attributes instead.
+        let translate = Translation::parse(&a.translate_uid, &a.translate_gid).map_err(usage)?;
+        let uid_map = id_maps("--uid-map", &a.uid_map)?;
+        let gid_map = id_maps("--gid-map", &a.gid_map)?;
         let mut fs = Config::new(shared_dir, cache);
         fs.xattr = a.xattr;
         fs.readonly = a.readonly;
@@ -155,6 +214,9 @@ impl TryFrom<Args> for DaemonConfig {
             socket,
             tag: a.tag,
             thread_pool_size: a.thread_pool_size,
+            translate,
+            uid_map,
+            gid_map,
         })
     }
 }
@@ -222,6 +284,73 @@ mod tests {
         assert_eq!(c.fs.cache, CacheMode::Always);
         assert!(c.fs.xattr && c.fs.readonly && !c.fs.readdirplus);
         assert_eq!(c.thread_pool_size, 4);
+    }
+
+    #[test]
+    fn translate_flags_repeat_and_reach_the_config() {
+        let c = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--translate-uid=map:0:100000:65536",
+            "--translate-uid",
+            "forbid-guest:70000:10",
+            "--translate-gid=squash-host:0:100:1000",
+        ])
+        .unwrap();
+        assert_eq!(c.translate.uid.to_host(5), Ok(100005));
+        assert!(c.translate.uid.to_host(70009).is_err());
+        assert_eq!(c.translate.gid.to_guest(999), 100);
+        let c = parse(&["--shared-dir=/tmp", "--socket-path=/s"]).unwrap();
+        assert!(c.translate.is_empty());
+    }
+
+    #[test]
+    fn bad_translate_rules_are_refused_naming_the_flag_and_the_form() {
+        for (args, flag) in [
+            (&["--translate-uid=map:0:1000"][..], "--translate-uid"),
+            (&["--translate-gid=guest:0:1000:0"][..], "--translate-gid"),
+            (
+                &["--translate-gid=guest:4294967290:0:10"][..],
+                "--translate-gid",
+            ),
+            (
+                &[
+                    "--translate-uid=guest:0:1000:10",
+                    "--translate-uid=map:9:0:1",
+                ][..],
+                "--translate-uid",
+            ),
+        ] {
+            let mut v = vec!["--shared-dir=/tmp", "--socket-path=/s"];
+            v.extend_from_slice(args);
+            let e = parse(&v).unwrap_err();
+            assert!(e.0.starts_with(&format!("{flag}: invalid rule '")), "{e}");
+            assert!(
+                e.0.contains("<type>:<source base>:<target base>:<count>"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn id_maps_repeat_and_reach_the_config() {
+        let c = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--uid-map=:0:100000:65536:",
+            "--gid-map=:0:100000:1000:",
+            "--gid-map=:1000:200000:10:",
+        ])
+        .unwrap();
+        assert_eq!(c.uid_map.len(), 1);
+        assert_eq!(c.gid_map.len(), 2);
+        assert_eq!(c.uid_map[0].host_id, 100000);
+    }
+
+    #[test]
+    fn malformed_id_map_is_refused_naming_the_flag() {
+        let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--uid-map=0:1:2"]).unwrap_err();
+        assert!(e.0.starts_with("--uid-map:"), "{e}");
     }
 
     #[test]

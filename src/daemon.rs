@@ -15,7 +15,9 @@ use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
+use crate::idmap::{MappedFs, Translation};
 use crate::passthrough::{self, PassthroughFs};
+use crate::userns::{self, IdMapRange};
 use crate::vhost_user::FsBackend;
 
 /// Where the vhost-user socket comes from.
@@ -34,6 +36,13 @@ pub struct DaemonConfig {
     pub socket: SocketSpec,
     pub tag: Option<String>,
     pub thread_pool_size: usize,
+    /// uid/gid translation between guest and host (`--translate-uid`, `--translate-gid`);
+    /// empty translates nothing.
+    pub translate: Translation,
+    /// User-namespace maps (`--uid-map`, `--gid-map`); the daemon enters a user namespace
+    /// when either is given.
+    pub uid_map: Vec<IdMapRange>,
+    pub gid_map: Vec<IdMapRange>,
 }
 
 /// Why the daemon stopped with an error.
@@ -127,6 +136,12 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
     // Requests are checked against the caller's groups, never the daemon's own.
     passthrough::drop_supplementary_groups()
         .map_err(|e| DaemonError::Device(format!("cannot drop supplementary groups: {e}")))?;
+    // Still single-threaded here, as entering a user namespace requires.
+    if !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty() {
+        userns::enter_user_namespace(&cfg.uid_map, &cfg.gid_map)
+            .map_err(|e| DaemonError::Device(format!("--uid-map/--gid-map: {e}")))?;
+        info!("running in a user namespace");
+    }
 
     let socket_path = match &cfg.socket {
         SocketSpec::Path(p) => Some(p.clone()),
@@ -141,6 +156,8 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
 pub fn serve(cfg: DaemonConfig) -> Result<(), DaemonError> {
     let root = cfg.fs.root_dir.clone();
     let fs = PassthroughFs::new(cfg.fs).map_err(|e| DaemonError::SharedDir(root.clone(), e))?;
+    // Always wrapped, so the device has one type; without rules the wrapper only forwards.
+    let fs = MappedFs::new(fs, cfg.translate);
     let backend = Arc::new(
         FsBackend::new(fs, cfg.tag, cfg.thread_pool_size)
             .map_err(|e| DaemonError::Device(e.to_string()))?,

@@ -4,7 +4,9 @@
 //! - [`vhost_user`]: the vhost-user backend; turns descriptor chains into FUSE byte streams;
 //! - [`fuse`]: FUSE wire format and the request dispatcher (no virtio types);
 //! - [`filesystem`]: the trait the dispatcher calls;
-//! - [`passthrough`]: the filesystem that serves a host directory.
+//! - [`passthrough`]: the filesystem that serves a host directory;
+//! - [`idmap`]: daemon-side uid/gid translation, a filesystem wrapped around the passthrough one;
+//! - [`userns`]: running the daemon inside a user namespace (`--uid-map`, `--gid-map`).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
@@ -14,5 +16,7 @@ pub mod daemon;
 pub mod filesystem;
 pub mod frontend;
 pub mod fuse;
+pub mod idmap;
 pub mod passthrough;
+pub mod userns;
 pub mod vhost_user;

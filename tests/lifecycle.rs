@@ -347,6 +347,9 @@ fn config(share: &Path, socket: &Path) -> DaemonConfig {
         socket: SocketSpec::Path(socket.to_path_buf()),
         tag: None,
         thread_pool_size: 0,
+        translate: Default::default(),
+        uid_map: Vec::new(),
+        gid_map: Vec::new(),
     }
 }
 

@@ -24,6 +24,7 @@ use tempfile::TempDir;
 use virtiofsd::daemon::{self, DaemonConfig, DaemonError, SocketSpec};
 use virtiofsd::frontend::{FrontendConfig, FsFrontend, FuseClient};
 use virtiofsd::fuse::abi::{self, InitOut, ROOT_ID};
+use virtiofsd::idmap::{IdMap, Translation};
 use virtiofsd::passthrough::{CacheMode, Config};
 
 /// Content of `outside/secret`.
@@ -54,6 +55,8 @@ pub struct Options {
     /// Send FUSE_INIT (Linux 6.x style) on request queue 0 before handing over.
     pub init: bool,
     pub frontend: FrontendConfig,
+    /// uid/gid translation (`--translate-uid`, `--translate-gid`); empty by default.
+    pub translate: Translation,
 }
 
 impl Default for Options {
@@ -73,6 +76,7 @@ impl Default for Options {
                 timeout: Duration::from_secs(10),
                 ..Default::default()
             },
+            translate: Translation::default(),
         }
     }
 }
@@ -129,6 +133,20 @@ impl Options {
         self
     }
 
+    /// Translates uids with these `--translate-uid` rules (panics on a refused rule).
+    pub fn translate_uid(mut self, rules: &[&str]) -> Self {
+        self.translate.uid =
+            IdMap::parse("--translate-uid", rules).unwrap_or_else(|e| panic!("{e}"));
+        self
+    }
+
+    /// Translates gids with these `--translate-gid` rules (panics on a refused rule).
+    pub fn translate_gid(mut self, rules: &[&str]) -> Self {
+        self.translate.gid =
+            IdMap::parse("--translate-gid", rules).unwrap_or_else(|e| panic!("{e}"));
+        self
+    }
+
     /// How long the frontend waits for each reply.
     pub fn timeout(mut self, t: Duration) -> Self {
         self.frontend.timeout = t;
@@ -181,6 +199,9 @@ impl Daemon {
             socket: SocketSpec::Path(socket.clone()),
             tag: opts.tag.clone(),
             thread_pool_size: opts.thread_pool_size,
+            translate: opts.translate.clone(),
+            uid_map: Vec::new(),
+            gid_map: Vec::new(),
         };
         let thread = std::thread::Builder::new()
             .name("virtiofsd-serve".into())

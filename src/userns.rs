@@ -1,0 +1,754 @@
+//! Running the daemon inside a user namespace (`--uid-map`, `--gid-map`).
+//!
+//! With these flags the daemon moves itself into a new user namespace whose ids map onto a range
+//! of host ids, and becomes root (uid and gid 0) of that namespace. A file the daemon creates as
+//! namespace uid `n` is then owned on the host by the host uid that `n` maps to; ids outside the
+//! maps appear as the overflow id (normally 65534). This translation is done by the kernel, not
+//! by the daemon (compare the daemon's own uid/gid translation).
+//!
+//! # Map syntax
+//!
+//! Each flag value is one range, written `:namespace_id:host_id:count:`, for example
+//! `--uid-map=:0:100000:65536:` maps host uids 100000..=165535 to namespace uids 0..=65535. The
+//! flags may be repeated to map several ranges. As with the reference daemon, the first
+//! character is the delimiter and may be any ASCII punctuation or blank (`:` is the usual one);
+//! the value must end with the same delimiter. Each field is a decimal `u32` (an optional
+//! leading `+` is accepted). Unlike the reference daemon, which leaves these checks to the
+//! kernel, [`parse_map`] refuses a zero count and ranges that run past `u32::MAX`, and
+//! [`check_maps`] refuses overlapping ranges and maps without namespace id 0.
+//!
+//! # How the maps are written
+//!
+//! A process that has just left for a new user namespace has every capability *in* it but none
+//! in its parent namespace, so it cannot map arbitrary host ids itself. [`enter_user_namespace`]
+//! therefore forks a helper process first; the helper stays in the original namespace. The
+//! caller then unshares, tells the helper, and the helper writes `/proc/PID/uid_map`, then
+//! `gid_map`:
+//!
+//! - directly, when it has `CAP_SETUID`/`CAP_SETGID` (the daemon runs as root), or when the map
+//!   only maps the caller's own id (for the gid map, this needs `setgroups` set to `deny`
+//!   first, which is done only in that case);
+//! - otherwise through the setuid helpers `newuidmap` / `newgidmap` (package `uidmap`), which
+//!   check the ranges against `/etc/subuid` and `/etc/subgid`.
+//!
+//! The caller waits for the helper, then switches to uid and gid 0 inside the namespace.
+
+use std::fmt;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// One range of a uid or gid map: `count` ids starting at `ns_id` inside the namespace are the
+/// ids starting at `host_id` outside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IdMapRange {
+    /// First id inside the namespace.
+    pub ns_id: u32,
+    /// First id in the daemon's original namespace (normally the host).
+    pub host_id: u32,
+    /// Number of ids in the range (at least 1).
+    pub count: u32,
+}
+
+impl IdMapRange {
+    /// Whether `id` (a namespace id) falls inside this range.
+    fn maps_ns_id(&self, id: u32) -> bool {
+        u64::from(id) >= u64::from(self.ns_id)
+            && u64::from(id) < u64::from(self.ns_id) + u64::from(self.count)
+    }
+}
+
+impl fmt::Display for IdMapRange {
+    /// Writes the range in the flag's own syntax, `:ns_id:host_id:count:`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, ":{}:{}:{}:", self.ns_id, self.host_id, self.count)
+    }
+}
+
+/// Most ranges the kernel takes in one map (Linux 4.15 and later).
+const MAX_RANGES: usize = 340;
+
+fn expected(flag: &str) -> String {
+    format!("expected {flag}=:namespace_id:host_id:count: (for example {flag}=:0:100000:65536:)")
+}
+
+/// Parses one `--uid-map` or `--gid-map` value, `:ns_id:host_id:count:`. `flag` is the flag's
+/// name as the user spelled it; every error message starts with it and shows the expected form.
+pub fn parse_map(flag: &str, s: &str) -> Result<IdMapRange, String> {
+    let fail = |why: &str| format!("{flag}: invalid map '{s}': {why}; {}", expected(flag));
+    let delim = s.chars().next().ok_or_else(|| fail("the value is empty"))?;
+    if !(delim.is_ascii_punctuation() || delim.is_ascii_whitespace()) {
+        return Err(fail("it must start with a delimiter such as ':'"));
+    }
+    if s.len() < 2 || !s.ends_with(delim) {
+        return Err(fail(&format!(
+            "it must end with the delimiter it starts with ('{delim}')"
+        )));
+    }
+    let inner = &s[1..s.len() - 1];
+    let fields: Vec<&str> = inner.split(delim).collect();
+    if fields.len() != 3 {
+        return Err(fail(&format!(
+            "expected 3 fields between the delimiters, found {}",
+            fields.len()
+        )));
+    }
+    let names = ["namespace_id", "host_id", "count"];
+    let mut values = [0u32; 3];
+    for ((value, field), name) in values.iter_mut().zip(&fields).zip(names) {
+        *value = parse_u32(field).map_err(|why| fail(&format!("{name} {why}")))?;
+    }
+    let [ns_id, host_id, count] = values;
+    if count == 0 {
+        return Err(fail("count must be at least 1"));
+    }
+    if ns_id.checked_add(count).is_none() {
+        return Err(fail(&format!(
+            "the namespace range {ns_id}+{count} goes past {}",
+            u32::MAX - 1
+        )));
+    }
+    if host_id.checked_add(count).is_none() {
+        return Err(fail(&format!(
+            "the host range {host_id}+{count} goes past {}",
+            u32::MAX - 1
+        )));
+    }
+    Ok(IdMapRange {
+        ns_id,
+        host_id,
+        count,
+    })
+}
+
+/// A decimal `u32`: ASCII digits with an optional leading `+`.
+fn parse_u32(field: &str) -> Result<u32, String> {
+    let digits = field.strip_prefix('+').unwrap_or(field);
+    if digits.is_empty() {
+        return Err("is empty".into());
+    }
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("'{field}' is not a decimal number"));
+    }
+    digits
+        .parse()
+        .map_err(|_| format!("{field} is larger than {}", u32::MAX))
+}
+
+/// Checks a whole map (all values of one flag) the way the kernel will: each range valid, at
+/// most 340 ranges, no two ranges overlapping inside the namespace or on the host, and one range
+/// covering namespace id 0 (the daemon runs as id 0 inside). An empty map is accepted (see
+/// [`enter_user_namespace`]). Errors start with `flag`.
+pub fn check_maps(flag: &str, maps: &[IdMapRange]) -> Result<(), String> {
+    if maps.is_empty() {
+        return Ok(());
+    }
+    for r in maps {
+        let fits =
+            r.ns_id.checked_add(r.count).is_some() && r.host_id.checked_add(r.count).is_some();
+        if r.count == 0 || !fits {
+            return Err(format!(
+                "{flag}: invalid range {r}: the count must be at least 1 and neither range may \
+                 reach {}; {}",
+                u32::MAX,
+                expected(flag)
+            ));
+        }
+    }
+    if maps.len() > MAX_RANGES {
+        return Err(format!(
+            "{flag}: {} ranges given; the kernel accepts at most {MAX_RANGES}",
+            maps.len()
+        ));
+    }
+    if map_text(maps).len() >= page_size() {
+        return Err(format!(
+            "{flag}: the {} ranges do not fit in one page of /proc/PID/{}; use fewer ranges",
+            maps.len(),
+            if flag.contains("gid") {
+                "gid_map"
+            } else {
+                "uid_map"
+            }
+        ));
+    }
+    for (side, key) in [
+        (
+            "inside the namespace",
+            (|r: &IdMapRange| r.ns_id) as fn(&IdMapRange) -> u32,
+        ),
+        ("on the host", |r: &IdMapRange| r.host_id),
+    ] {
+        let mut sorted: Vec<&IdMapRange> = maps.iter().collect();
+        sorted.sort_by_key(|r| key(r));
+        for pair in sorted.windows(2) {
+            if u64::from(key(pair[0])) + u64::from(pair[0].count) > u64::from(key(pair[1])) {
+                return Err(format!(
+                    "{flag}: ranges {} and {} overlap {side}",
+                    pair[0], pair[1]
+                ));
+            }
+        }
+    }
+    if !maps.iter().any(|r| r.maps_ns_id(0)) {
+        return Err(format!(
+            "{flag}: no range maps namespace id 0; the daemon runs as id 0 inside the \
+             namespace, so one range must cover it (for example {flag}=:0:100000:65536:)"
+        ));
+    }
+    Ok(())
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
+/// The text written to `/proc/PID/uid_map` or `gid_map`: one `ns host count` line per range.
+fn map_text(maps: &[IdMapRange]) -> String {
+    maps.iter()
+        .map(|r| format!("{} {} {}\n", r.ns_id, r.host_id, r.count))
+        .collect()
+}
+
+/// Number of threads of this process, from `/proc/self/status`.
+fn thread_count() -> io::Result<usize> {
+    let status = fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| io::Error::other("no Threads: line in /proc/self/status"))
+}
+
+fn error(kind: io::ErrorKind, msg: String) -> io::Error {
+    io::Error::new(kind, msg)
+}
+
+/// Which of the two maps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Uid,
+    Gid,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Uid => "uid",
+            Kind::Gid => "gid",
+        }
+    }
+    fn flag(self) -> &'static str {
+        match self {
+            Kind::Uid => "--uid-map",
+            Kind::Gid => "--gid-map",
+        }
+    }
+    fn helper(self) -> &'static str {
+        match self {
+            Kind::Uid => "newuidmap",
+            Kind::Gid => "newgidmap",
+        }
+    }
+}
+
+/// One map, prepared before the fork so the helper process only writes.
+struct Plan {
+    kind: Kind,
+    maps: Vec<IdMapRange>,
+    /// The caller's effective id in the original namespace.
+    own_id: u32,
+}
+
+impl Plan {
+    fn new(kind: Kind, given: &[IdMapRange], own_id: u32) -> io::Result<Plan> {
+        let maps = if given.is_empty() {
+            vec![IdMapRange {
+                ns_id: 0,
+                host_id: own_id,
+                count: 1,
+            }]
+        } else {
+            given.to_vec()
+        };
+        check_maps(kind.flag(), &maps).map_err(|m| error(io::ErrorKind::InvalidInput, m))?;
+        Ok(Plan { kind, maps, own_id })
+    }
+
+    /// Whether the map only maps the caller's own id, which the kernel lets an unprivileged
+    /// process do itself.
+    fn maps_only_own_id(&self) -> bool {
+        matches!(self.maps.as_slice(), [r] if r.count == 1 && r.host_id == self.own_id)
+    }
+}
+
+/// Moves the calling process into a new user namespace with the given uid and gid maps, and
+/// makes it uid 0 and gid 0 there.
+///
+/// An empty `uid_maps` (or `gid_maps`) maps only the caller's own effective uid (gid) as id 0,
+/// which needs no privilege. Any other map needs either root (`CAP_SETUID`/`CAP_SETGID`) or the
+/// `newuidmap`/`newgidmap` helpers with matching `/etc/subuid`/`/etc/subgid` entries.
+///
+/// The process must be single-threaded: the kernel lets only a single-threaded process change
+/// its user namespace, and the helper process is forked. Call this early, before any thread
+/// starts (a thread count other than 1 in `/proc/self/status` is refused).
+///
+/// Supplementary groups are left as they are: drop them *before* calling this (afterwards
+/// `setgroups` may be denied, when an unprivileged caller maps only its own gid). When the
+/// switch to id 0 changes the process's host uid or gid (root mapping a subordinate range), the
+/// kernel makes the process non-dumpable; this is left so, which keeps other processes of the
+/// mapped host uid from tracing it. Reopening through `/proc/self/fd` keeps working.
+pub fn enter_user_namespace(uid_maps: &[IdMapRange], gid_maps: &[IdMapRange]) -> io::Result<()> {
+    let threads = thread_count()
+        .map_err(|e| io::Error::other(format!("cannot count this process's threads: {e}")))?;
+    if threads != 1 {
+        return Err(io::Error::other(format!(
+            "cannot enter a user namespace: the process runs {threads} threads; this must be \
+             done before any thread starts"
+        )));
+    }
+    // SAFETY: geteuid, getegid and getpid have no preconditions and cannot fail.
+    let (euid, egid, pid) = unsafe { (libc::geteuid(), libc::getegid(), libc::getpid()) };
+    let plans = [
+        Plan::new(Kind::Uid, uid_maps, euid)?,
+        Plan::new(Kind::Gid, gid_maps, egid)?,
+    ];
+
+    let (mut parent_end, child_end) = UnixStream::pair()
+        .map_err(|e| io::Error::other(format!("cannot create a socket pair: {e}")))?;
+    // SAFETY: the process is single-threaded (checked above), so the child is a complete copy
+    // with no lock held by a vanished thread; it runs `map_writer` and leaves with `_exit`
+    // without returning into the caller's code.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(io::Error::other(format!(
+            "cannot fork the map writer: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    if child == 0 {
+        drop(parent_end);
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            map_writer(child_end, pid, &plans)
+        }))
+        .map_or(2, |ok| if ok { 0 } else { 1 });
+        // SAFETY: _exit ends the child at once, without running the parent's exit handlers or
+        // flushing its copied stdio buffers.
+        unsafe { libc::_exit(code) };
+    }
+    drop(child_end);
+
+    // SAFETY: unshare only changes this process's namespaces.
+    let unshared = if unsafe { libc::unshare(libc::CLONE_NEWUSER) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    };
+    if let Err(e) = unshared {
+        drop(parent_end); // the writer reads end-of-file and leaves without writing
+        let _ = reap(child);
+        return Err(unshare_error(e));
+    }
+    let go = send_go(&parent_end);
+    let mut report = Vec::new();
+    let read = parent_end.read_to_end(&mut report);
+    let status = reap(child);
+    if let Err(e) = go {
+        return Err(io::Error::other(format!(
+            "cannot signal the map writer: {e}"
+        )));
+    }
+    match report.split_first() {
+        Some((b'0', _)) => {}
+        Some((_, msg)) => {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                String::from_utf8_lossy(msg).into_owned(),
+            ))
+        }
+        None => {
+            let why = match (read, status) {
+                (Err(e), _) => format!("cannot read its report: {e}"),
+                (_, Ok(s)) => format!("it ended without a report ({})", describe_status(s)),
+                (_, Err(e)) => format!("it ended without a report (wait failed: {e})"),
+            };
+            return Err(io::Error::other(format!(
+                "writing the user namespace's id maps failed: {why}"
+            )));
+        }
+    }
+    become_root()
+}
+
+/// Sends the one-byte go-ahead without risking SIGPIPE if the writer has already died.
+fn send_go(sock: &UnixStream) -> io::Result<()> {
+    loop {
+        // SAFETY: the buffer is one valid byte; the descriptor belongs to `sock`.
+        let n = unsafe {
+            libc::send(
+                sock.as_raw_fd(),
+                b"g".as_ptr().cast(),
+                1,
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n == 1 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Waits for the child `pid` and returns its wait status.
+fn reap(pid: libc::pid_t) -> io::Result<libc::c_int> {
+    loop {
+        let mut status = 0;
+        // SAFETY: `status` is a valid out pointer; `pid` is our own child.
+        if unsafe { libc::waitpid(pid, &mut status, 0) } == pid {
+            return Ok(status);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+fn describe_status(status: libc::c_int) -> String {
+    if libc::WIFEXITED(status) {
+        format!("exit status {}", libc::WEXITSTATUS(status))
+    } else if libc::WIFSIGNALED(status) {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("wait status {status}")
+    }
+}
+
+fn unshare_error(e: io::Error) -> io::Error {
+    let hint = match e.raw_os_error() {
+        Some(libc::EPERM) => {
+            "; user namespaces are not permitted here (a container or seccomp policy, \
+             kernel.unprivileged_userns_clone, or a chroot forbids them)"
+        }
+        Some(libc::ENOSPC) | Some(libc::EUSERS) => {
+            "; the limit of user namespaces (/proc/sys/user/max_user_namespaces) or of their \
+             nesting is reached"
+        }
+        Some(libc::EINVAL) => "; the process must be single-threaded",
+        _ => "",
+    };
+    error(
+        e.kind(),
+        format!("cannot create a user namespace: {e}{hint}"),
+    )
+}
+
+/// Inside the namespace, with the maps written: become its root.
+fn become_root() -> io::Result<()> {
+    // SAFETY: setresgid only changes this process's credentials.
+    if unsafe { libc::setresgid(0, 0, 0) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(error(
+            e.kind(),
+            format!("cannot become gid 0 inside the user namespace: {e}"),
+        ));
+    }
+    // SAFETY: setresuid only changes this process's credentials.
+    if unsafe { libc::setresuid(0, 0, 0) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(error(
+            e.kind(),
+            format!("cannot become uid 0 inside the user namespace: {e}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The forked helper: waits for the go-ahead, writes the maps of process `pid`, reports on
+/// `sock` (`0`, or `1` and a message) and returns whether it succeeded.
+fn map_writer(mut sock: UnixStream, pid: libc::pid_t, plans: &[Plan]) -> bool {
+    let mut go = [0u8; 1];
+    loop {
+        match sock.read(&mut go) {
+            Ok(1) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // The caller could not unshare (or died): nothing to do.
+            _ => return false,
+        }
+    }
+    let result = plans.iter().try_for_each(|p| write_map(pid, p));
+    let report = match &result {
+        Ok(()) => b"0".to_vec(),
+        Err(msg) => format!("1{msg}").into_bytes(),
+    };
+    let _ = sock.write_all(&report);
+    result.is_ok()
+}
+
+/// Writes one map of process `pid`, directly if the kernel lets this process do it, through
+/// `newuidmap`/`newgidmap` otherwise.
+fn write_map(pid: libc::pid_t, plan: &Plan) -> Result<(), String> {
+    let kind = plan.kind.name();
+    let path = format!("/proc/{pid}/{kind}_map");
+    let text = map_text(&plan.maps);
+    let direct = match write_once(&path, &text) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    if direct.raw_os_error() != Some(libc::EPERM) {
+        return Err(format!("cannot write {path}: {direct}"));
+    }
+    if plan.kind == Kind::Gid && plan.maps_only_own_id() {
+        // Without CAP_SETGID in the original namespace, the kernel accepts a gid map only once
+        // setgroups is denied in the new one (or a process could drop groups used to deny it
+        // access).
+        let setgroups = format!("/proc/{pid}/setgroups");
+        return write_once(&setgroups, "deny")
+            .and_then(|()| write_once(&path, &text))
+            .map_err(|e| format!("cannot write {path} (with {setgroups} set to deny): {e}"));
+    }
+    let helper = plan.kind.helper();
+    let why = format!(
+        "cannot write {path}: {direct}; mapping {kind}s other than one's own needs root \
+         (CAP_SET{}) or {helper} (package uidmap) with a matching range in /etc/sub{kind}",
+        kind.to_uppercase()
+    );
+    let Some(program) = find_in_path(helper) else {
+        return Err(format!("{why}, and {helper} is not in PATH"));
+    };
+    let mut cmd = Command::new(&program);
+    cmd.arg(pid.to_string());
+    for r in &plan.maps {
+        cmd.args([
+            r.ns_id.to_string(),
+            r.host_id.to_string(),
+            r.count.to_string(),
+        ]);
+    }
+    match cmd.stdin(Stdio::null()).output() {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(format!(
+            "{why}; {} failed ({}): {}",
+            program.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Err(format!("{why}; cannot run {}: {e}", program.display())),
+    }
+}
+
+/// The first executable file called `name` in `PATH` (or in the usual system directories
+/// when `PATH` is unset).
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")
+        .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin".into());
+    std::env::split_paths(&path)
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join(name))
+        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+/// Writes `text` to a `/proc` map file in one `write`, as the kernel requires.
+fn write_once(path: &str, text: &str) -> io::Result<()> {
+    let mut f = fs::OpenOptions::new().write(true).open(path)?;
+    let n = f.write(text.as_bytes())?;
+    if n != text.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            format!("short write ({n} of {} bytes)", text.len()),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(ns_id: u32, host_id: u32, count: u32) -> IdMapRange {
+        IdMapRange {
+            ns_id,
+            host_id,
+            count,
+        }
+    }
+
+    #[test]
+    fn parses_the_documented_form() {
+        assert_eq!(
+            parse_map("--uid-map", ":0:100000:65536:").unwrap(),
+            r(0, 100000, 65536)
+        );
+        assert_eq!(
+            parse_map("--gid-map", ":1000:1000:1:").unwrap(),
+            r(1000, 1000, 1)
+        );
+    }
+
+    #[test]
+    fn accepts_what_the_reference_accepts() {
+        // Any ASCII punctuation or blank may delimit, used consistently; `+` signs and leading
+        // zeros are plain decimal.
+        for s in [
+            "/0/1/2/",
+            ";0;1;2;",
+            "-0-1-2-",
+            " 0 1 2 ",
+            "\t0\t1\t2\t",
+            ":+0:01:2:",
+        ] {
+            assert_eq!(parse_map("--uid-map", s).unwrap(), r(0, 1, 2), "{s:?}");
+        }
+        // The largest ranges that do not reach u32::MAX, which the kernel reserves.
+        assert_eq!(
+            parse_map("--uid-map", ":0:0:4294967295:").unwrap(),
+            r(0, 0, u32::MAX)
+        );
+        assert_eq!(
+            parse_map("--uid-map", ":4294967294:1:1:").unwrap(),
+            r(u32::MAX - 1, 1, 1)
+        );
+    }
+
+    #[test]
+    fn refuses_malformed_values_naming_the_flag_and_the_form() {
+        for s in [
+            "",
+            ":",
+            "::",
+            ":::",
+            "::::",
+            "0:1000:1",
+            ":0:1000:1",
+            "0:1000:1:",
+            ":0:1000:1:x",
+            ":0:1000:1:2:",
+            ":0/1000/1:",
+            "x0x1x1x",
+            "é0é1é1é",
+            ":a:1:1:",
+            ":-1:1:1:",
+            ": 1:1:1:",
+            ":1 :1:1:",
+            ":0x10:1:1:",
+            "::1:1:",
+            ":0:1000::",
+            ":++1:1:1:",
+            ":+:1:1:",
+        ] {
+            let e = parse_map("--gid-map", s).unwrap_err();
+            assert!(e.starts_with("--gid-map: invalid map '"), "{s:?}: {e}");
+            assert!(
+                e.contains("expected --gid-map=:namespace_id:host_id:count:"),
+                "{s:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn messages_say_what_is_wrong() {
+        let e = parse_map("--uid-map", ":0:1000:1").unwrap_err();
+        assert!(e.contains("must end with the delimiter"), "{e}");
+        let e = parse_map("--uid-map", "0:1000:1:").unwrap_err();
+        assert!(e.contains("must start with a delimiter"), "{e}");
+        let e = parse_map("--uid-map", ":0:1000:1:2:").unwrap_err();
+        assert!(
+            e.contains("expected 3 fields") && e.contains("found 4"),
+            "{e}"
+        );
+        let e = parse_map("--uid-map", ":0:abc:1:").unwrap_err();
+        assert!(e.contains("host_id 'abc' is not a decimal number"), "{e}");
+        let e = parse_map("--uid-map", ":0::1:").unwrap_err();
+        assert!(e.contains("host_id is empty"), "{e}");
+    }
+
+    #[test]
+    fn refuses_zero_count() {
+        let e = parse_map("--uid-map", ":0:1000:0:").unwrap_err();
+        assert!(e.contains("count must be at least 1"), "{e}");
+    }
+
+    #[test]
+    fn refuses_numbers_and_ranges_beyond_u32() {
+        let e = parse_map("--uid-map", ":0:1000:4294967296:").unwrap_err();
+        assert!(
+            e.contains("count 4294967296 is larger than 4294967295"),
+            "{e}"
+        );
+        let e = parse_map("--uid-map", ":4294967295:1:1:").unwrap_err();
+        assert!(e.contains("namespace range"), "{e}");
+        let e = parse_map("--uid-map", ":1:0:4294967295:").unwrap_err();
+        assert!(e.contains("namespace range"), "{e}");
+        let e = parse_map("--uid-map", ":0:4294967295:1:").unwrap_err();
+        assert!(e.contains("host range"), "{e}");
+        let e = parse_map("--uid-map", ":0:1:4294967295:").unwrap_err();
+        assert!(e.contains("host range"), "{e}");
+    }
+
+    #[test]
+    fn displays_in_flag_syntax() {
+        assert_eq!(r(0, 100000, 65536).to_string(), ":0:100000:65536:");
+        let s = r(5, 6, 7).to_string();
+        assert_eq!(parse_map("--uid-map", &s).unwrap(), r(5, 6, 7));
+    }
+
+    #[test]
+    fn whole_maps_are_checked_like_the_kernel() {
+        assert!(check_maps("--uid-map", &[]).is_ok());
+        assert!(check_maps("--uid-map", &[r(0, 100000, 65536)]).is_ok());
+        assert!(check_maps("--uid-map", &[r(1, 2000, 10), r(0, 1000, 1)]).is_ok());
+        let e = check_maps("--uid-map", &[r(0, 1000, 10), r(5, 2000, 10)]).unwrap_err();
+        assert!(
+            e.starts_with("--uid-map:") && e.contains("overlap inside"),
+            "{e}"
+        );
+        let e = check_maps("--gid-map", &[r(0, 1000, 10), r(10, 1005, 10)]).unwrap_err();
+        assert!(
+            e.starts_with("--gid-map:") && e.contains("overlap on the host"),
+            "{e}"
+        );
+        let e = check_maps("--uid-map", &[r(1000, 1000, 1)]).unwrap_err();
+        assert!(e.contains("namespace id 0"), "{e}");
+        let e = check_maps("--uid-map", &[r(0, 1000, 0)]).unwrap_err();
+        assert!(e.contains("invalid range"), "{e}");
+        let many: Vec<_> = (0..341).map(|i| r(i, 1000 + i, 1)).collect();
+        assert!(check_maps("--uid-map", &many)
+            .unwrap_err()
+            .contains("at most 340"));
+    }
+
+    #[test]
+    fn map_text_is_one_line_per_range() {
+        assert_eq!(
+            map_text(&[r(0, 100000, 65536), r(65536, 1000, 1)]),
+            "0 100000 65536\n65536 1000 1\n"
+        );
+    }
+
+    #[test]
+    fn own_id_maps_are_recognised() {
+        let p = Plan::new(Kind::Gid, &[], 1234).unwrap();
+        assert_eq!(p.maps, vec![r(0, 1234, 1)]);
+        assert!(p.maps_only_own_id());
+        assert!(!Plan::new(Kind::Gid, &[r(0, 1000, 2)], 1000)
+            .unwrap()
+            .maps_only_own_id());
+        assert!(Plan::new(Kind::Uid, &[r(3, 1000, 2)], 1000).is_err());
+    }
+
+    #[test]
+    fn refuses_to_run_in_a_threaded_process() {
+        // The test harness runs tests on their own threads, so this process has several.
+        let e = enter_user_namespace(&[r(0, 100000, 65536)], &[]).unwrap_err();
+        assert!(e.to_string().contains("before any thread starts"), "{e}");
+    }
+}
