@@ -8,7 +8,15 @@
 /// Protocol major version spoken by this server.
 pub const KERNEL_VERSION: u32 = 7;
 /// Highest protocol minor version this server implements.
-pub const KERNEL_MINOR_VERSION: u32 = 38;
+///
+/// 7.41 is the first minor with `FUSE_ALLOW_IDMAP`. What 7.39 to 7.41 added needs nothing from
+/// a server that does not use it: `FUSE_STATX` (7.39) gets `ENOSYS` and the kernel falls back to
+/// GETATTR; `fuse_open_out::backing_id` and `fuse_init_out::max_stack_depth` (7.40) are read
+/// only with `FOPEN_PASSTHROUGH` / `FUSE_PASSTHROUGH`, which this server never sets; resent
+/// requests (`FUSE_HAS_RESEND`, 7.40) only follow a `FUSE_NOTIFY_RESEND` from the server.
+pub const KERNEL_MINOR_VERSION: u32 = 41;
+/// First minor version with `init::ALLOW_IDMAP`.
+pub const ALLOW_IDMAP_MINOR_VERSION: u32 = 41;
 /// Lowest minor version accepted from a client (Linux 5.4 speaks 7.31).
 pub const MIN_KERNEL_MINOR_VERSION: u32 = 27;
 /// Node id of the root directory.
@@ -99,7 +107,31 @@ pub mod init {
     pub const SECURITY_CTX: u64 = 1 << 32;
     pub const HAS_INODE_DAX: u64 = 1 << 33;
     pub const CREATE_SUPP_GROUP: u64 = 1 << 34;
+    /// Idmapped mounts of this file system (7.41). The kernel accepts it only with
+    /// `default_permissions` (always set for virtiofs) and then sends the caller's uid/gid,
+    /// mapped through the mount, only with requests that create an inode (MKNOD, MKDIR, SYMLINK,
+    /// CREATE, TMPFILE, RENAME2 with `RENAME_WHITEOUT`); every other request carries
+    /// [`INVALID_UIDGID`](super::INVALID_UIDGID).
     pub const ALLOW_IDMAP: u64 = 1 << 40;
+}
+
+/// `fuse_in_header::{uid, gid}` of a request that carries no caller identity (with
+/// `init::ALLOW_IDMAP`). Never a real id: Linux reserves `(uid_t)-1`, and without
+/// `ALLOW_IDMAP` the kernel refuses (`EOVERFLOW`) or munges an unmapped id rather than send it.
+pub const INVALID_UIDGID: u32 = u32::MAX;
+
+/// Whether a request of `opcode` carries the creator's uid/gid when `init::ALLOW_IDMAP` was
+/// agreed (RENAME2 only with `RENAME_WHITEOUT`, which the caller checks).
+pub fn carries_creator_ids(opcode: u32) -> bool {
+    matches!(
+        opcode,
+        opcode::MKNOD
+            | opcode::MKDIR
+            | opcode::SYMLINK
+            | opcode::CREATE
+            | opcode::TMPFILE
+            | opcode::RENAME2
+    )
 }
 
 /// `fuse_open_out::open_flags`.

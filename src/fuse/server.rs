@@ -227,6 +227,18 @@ fn supp_group(mut ext: &[u8]) -> io::Result<Option<u32>> {
     Ok(group)
 }
 
+/// Whether `ctx` names a caller: neither id is [`abi::INVALID_UIDGID`].
+fn has_identity(ctx: &Context) -> bool {
+    ctx.uid != abi::INVALID_UIDGID && ctx.gid != abi::INVALID_UIDGID
+}
+
+/// Marks `ctx` as carrying no caller identity.
+fn without_ids(ctx: &mut Context) {
+    ctx.uid = abi::INVALID_UIDGID;
+    ctx.gid = abi::INVALID_UIDGID;
+    ctx.supp_group = None;
+}
+
 /// What a handler produced: a reply to send, or nothing (FORGET, BATCH_FORGET).
 enum Outcome {
     Reply(usize),
@@ -275,9 +287,14 @@ impl<F: FileSystem> Server<F> {
             supp_group: None,
         };
         debug!(
-            "request unique={} opcode={} nodeid={} len={}",
-            h.unique, h.opcode, h.nodeid, h.len
+            "request unique={} opcode={} nodeid={} len={} uid={} gid={}",
+            h.unique, h.opcode, h.nodeid, h.len, h.uid, h.gid
         );
+        if self.options() & abi::init::ALLOW_IDMAP != 0 && !abi::carries_creator_ids(h.opcode) {
+            // With idmapped mounts the kernel sends the caller's ids only with creating
+            // requests; whatever another request carries is not an identity.
+            without_ids(&mut ctx);
+        }
 
         // Body length as the header claims it, checked against what the chain carries.
         let body_len = match (h.len as usize)
@@ -319,7 +336,9 @@ impl<F: FileSystem> Server<F> {
                 // Request extensions follow the arguments.
                 let ext = usize::from(h.total_extlen) * 8;
                 let args_len = body_len.checked_sub(ext).ok_or_else(einval)?;
-                ctx.supp_group = supp_group(&buf[args_len..])?;
+                let group = supp_group(&buf[args_len..])?;
+                // A group only goes with a caller identity.
+                ctx.supp_group = group.filter(|_| has_identity(&ctx));
                 let args = Args {
                     bytes: &buf[..args_len],
                 };
@@ -456,7 +475,14 @@ impl<F: FileSystem> Server<F> {
                 let r: abi::Rename2In = a.take()?;
                 let old = a.name()?;
                 let new = a.name()?;
-                fs.rename(ctx, node, old, r.newdir, new, r.flags)?;
+                let mut ctx = *ctx;
+                if self.options() & abi::init::ALLOW_IDMAP != 0
+                    && r.flags & libc::RENAME_WHITEOUT == 0
+                {
+                    // Only a rename that leaves a whiteout creates an inode.
+                    without_ids(&mut ctx);
+                }
+                fs.rename(&ctx, node, old, r.newdir, new, r.flags)?;
                 self.ok(w, h, &[])
             }
             opcode::LINK => {
@@ -577,7 +603,16 @@ impl<F: FileSystem> Server<F> {
             opcode::READDIRPLUS => self.do_readdir(ctx, h, a, w, true),
             opcode::ACCESS => {
                 let acc: abi::AccessIn = a.take()?;
-                fs.access(ctx, node, acc.mask)?;
+                // Without a caller identity (idmapped mounts) there is nobody to check the mode
+                // bits for: the kernel has checked them itself (ALLOW_IDMAP needs
+                // default_permissions, under which it does not even send ACCESS). Only whether
+                // the node still exists is answered; nothing is granted or denied by uid/gid.
+                let mask = if has_identity(ctx) {
+                    acc.mask
+                } else {
+                    libc::F_OK as u32
+                };
+                fs.access(ctx, node, mask)?;
                 self.ok(w, h, &[])
             }
             opcode::FALLOCATE => {
@@ -657,6 +692,11 @@ impl<F: FileSystem> Server<F> {
                 capable |= u64::from(ext.flags2) << 32;
             }
         }
+        let minor = i.minor.min(abi::KERNEL_MINOR_VERSION);
+        if minor < abi::ALLOW_IDMAP_MINOR_VERSION {
+            // Not part of the protocol version the two sides agree on.
+            capable &= !abi::init::ALLOW_IDMAP;
+        }
         let wanted = self.fs.init(capable)? & capable;
         let mut enabled = wanted | (capable & abi::init::INIT_EXT);
         if capable & abi::init::MAX_PAGES != 0 {
@@ -667,7 +707,7 @@ impl<F: FileSystem> Server<F> {
 
         let out = abi::InitOut {
             major: abi::KERNEL_VERSION,
-            minor: i.minor.min(abi::KERNEL_MINOR_VERSION),
+            minor,
             max_readahead: i.max_readahead,
             flags: enabled as u32,
             max_background: 64,
@@ -904,6 +944,25 @@ mod tests {
         entries: Vec<String>,
         file: Mutex<Option<std::fs::File>>,
         last_ctx: Mutex<Option<Context>>,
+        /// Flags the filesystem asks for in `init` besides ASYNC_READ and DO_READDIRPLUS.
+        want: u64,
+        /// (operation, context, mask or flags) of every lookup, mkdir, rename and access.
+        seen: Mutex<Vec<(&'static str, Context, u32)>>,
+    }
+
+    impl FakeFs {
+        fn saw(&self, op: &'static str, ctx: &Context, arg: u32) {
+            self.seen.lock().unwrap().push((op, *ctx, arg));
+        }
+
+        fn last_seen(&self) -> (&'static str, Context, u32) {
+            *self
+                .seen
+                .lock()
+                .unwrap()
+                .last()
+                .expect("an operation reached the filesystem")
+        }
     }
 
     fn stat_with_ino(ino: u64) -> libc::stat64 {
@@ -916,10 +975,11 @@ mod tests {
 
     impl FileSystem for FakeFs {
         fn init(&self, _capable: u64) -> io::Result<u64> {
-            Ok(abi::init::ASYNC_READ | abi::init::DO_READDIRPLUS)
+            Ok(abi::init::ASYNC_READ | abi::init::DO_READDIRPLUS | self.want)
         }
 
-        fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
+        fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
+            self.saw("lookup", ctx, 0);
             if parent != abi::ROOT_ID || name.to_bytes() != b"a" {
                 return Err(errno(libc::ENOENT));
             }
@@ -942,7 +1002,26 @@ mod tests {
             _umask: u32,
         ) -> io::Result<Entry> {
             *self.last_ctx.lock().unwrap() = Some(*ctx);
+            self.saw("mkdir", ctx, 0);
             Err(errno(libc::EEXIST))
+        }
+
+        fn rename(
+            &self,
+            ctx: &Context,
+            _olddir: u64,
+            _oldname: &CStr,
+            _newdir: u64,
+            _newname: &CStr,
+            flags: u32,
+        ) -> io::Result<()> {
+            self.saw("rename", ctx, flags);
+            Ok(())
+        }
+
+        fn access(&self, ctx: &Context, _inode: u64, mask: u32) -> io::Result<()> {
+            self.saw("access", ctx, mask);
+            Ok(())
         }
 
         fn forget(&self, _ctx: &Context, _inode: u64, count: u64) {
@@ -1357,5 +1436,220 @@ mod tests {
         assert_eq!(out_header(&reply).error, 0);
         let (_, reply) = send(&srv, &request(opcode::LOOKUP, 1, 3, &[b"a\0"]), 4096);
         assert_eq!(out_header(&reply).error, -libc::EIO);
+    }
+    /// Sends `req` and returns the reply header (the request must get a reply).
+    fn call(srv: &Server<FakeFs>, req: &[u8]) -> abi::OutHeader {
+        let (r, reply) = send(srv, req, 4096);
+        r.expect("a reply");
+        out_header(&reply)
+    }
+
+    /// FUSE_INIT at `minor` offering `flags` (low and high halves, with the 7.36 extension).
+    fn init_request_ext(minor: u32, flags: u64) -> Vec<u8> {
+        let i = abi::InitInCompat {
+            major: 7,
+            minor,
+            max_readahead: 1 << 17,
+            flags: flags as u32,
+        };
+        let ext = abi::InitInExt {
+            flags2: (flags >> 32) as u32,
+            ..Default::default()
+        };
+        request(opcode::INIT, 0, 1, &[i.as_bytes(), ext.as_bytes()])
+    }
+
+    /// What INIT agreed on: (reply minor, reply flags with flags2, server options).
+    fn negotiate(want: u64, minor: u32, offered: u64) -> (u32, u64, u64) {
+        let srv = Server::new(FakeFs {
+            want,
+            ..Default::default()
+        });
+        let (_, reply) = send(&srv, &init_request_ext(minor, offered), 4096);
+        assert_eq!(out_header(&reply).error, 0);
+        let out = abi::InitOut::from_prefix(&reply[16..]).unwrap();
+        let flags = u64::from(out.flags) | (u64::from(out.flags2) << 32);
+        (out.minor, flags, srv.options())
+    }
+
+    const IDMAP_OFFER: u64 = abi::init::ASYNC_READ | abi::init::INIT_EXT | abi::init::ALLOW_IDMAP;
+
+    #[test]
+    fn allow_idmap_is_enabled_when_offered_and_wanted() {
+        let (minor, flags, options) = negotiate(abi::init::ALLOW_IDMAP, 41, IDMAP_OFFER);
+        assert_eq!(minor, 41);
+        // In flags2 (bit 8), with INIT_EXT so that the kernel reads flags2 at all.
+        assert_ne!(flags & abi::init::ALLOW_IDMAP, 0);
+        assert_ne!(flags & abi::init::INIT_EXT, 0);
+        assert_ne!(options & abi::init::ALLOW_IDMAP, 0);
+        // A newer kernel gets our minor.
+        let (minor, flags, _) = negotiate(abi::init::ALLOW_IDMAP, 45, IDMAP_OFFER);
+        assert_eq!(minor, abi::KERNEL_MINOR_VERSION);
+        assert_ne!(flags & abi::init::ALLOW_IDMAP, 0);
+    }
+
+    #[test]
+    fn allow_idmap_is_not_enabled_unless_the_filesystem_wants_it() {
+        let (minor, flags, options) = negotiate(0, 41, IDMAP_OFFER);
+        assert_eq!(minor, 41);
+        assert_eq!(flags & abi::init::ALLOW_IDMAP, 0);
+        assert_eq!(options & abi::init::ALLOW_IDMAP, 0);
+    }
+
+    #[test]
+    fn allow_idmap_is_not_enabled_unless_the_kernel_offers_it() {
+        // 6.1 speaks 7.38 and does not know the flag; 5.4 speaks 7.31 without INIT_EXT.
+        for (minor, offered) in [
+            (38, abi::init::ASYNC_READ | abi::init::INIT_EXT),
+            (41, abi::init::ASYNC_READ | abi::init::INIT_EXT),
+            (31, abi::init::ASYNC_READ),
+        ] {
+            let (got_minor, flags, options) = negotiate(abi::init::ALLOW_IDMAP, minor, offered);
+            assert_eq!(got_minor, minor);
+            assert_eq!(flags & abi::init::ALLOW_IDMAP, 0, "minor {minor}");
+            assert_eq!(options & abi::init::ALLOW_IDMAP, 0, "minor {minor}");
+        }
+        // Nor by a client below 7.41 that sets the bit anyway.
+        let (minor, flags, _) = negotiate(abi::init::ALLOW_IDMAP, 40, IDMAP_OFFER);
+        assert_eq!(minor, 40);
+        assert_eq!(flags & abi::init::ALLOW_IDMAP, 0);
+    }
+
+    fn request_as(op: u32, uid: u32, gid: u32, args: &[&[u8]]) -> Vec<u8> {
+        let mut req = request(op, 1, 7, args);
+        req[24..28].copy_from_slice(&uid.to_le_bytes());
+        req[28..32].copy_from_slice(&gid.to_le_bytes());
+        req
+    }
+
+    fn idmap_server() -> Server<FakeFs> {
+        let srv = Server::new(FakeFs {
+            want: abi::init::ALLOW_IDMAP,
+            ..Default::default()
+        });
+        call(&srv, &init_request_ext(41, IDMAP_OFFER));
+        assert_ne!(srv.options() & abi::init::ALLOW_IDMAP, 0);
+        srv
+    }
+
+    fn rename2(flags: u32) -> Vec<u8> {
+        let r = abi::Rename2In {
+            newdir: 1,
+            flags,
+            padding: 0,
+        };
+        request_as(
+            opcode::RENAME2,
+            100000,
+            100000,
+            &[r.as_bytes(), b"a\0", b"b\0"],
+        )
+    }
+
+    #[test]
+    fn with_idmap_only_creating_requests_carry_ids() {
+        let srv = idmap_server();
+        let fs = srv.filesystem();
+        let m = abi::MkdirIn {
+            mode: 0o755,
+            umask: 0,
+        };
+        call(
+            &srv,
+            &request_as(opcode::MKDIR, 100000, 100001, &[m.as_bytes(), b"d\0"]),
+        );
+        let (op, ctx, _) = fs.last_seen();
+        assert_eq!((op, ctx.uid, ctx.gid), ("mkdir", 100000, 100001));
+
+        // Whatever a non-creating request carries is not an identity.
+        call(&srv, &request_as(opcode::LOOKUP, 1000, 1000, &[b"a\0"]));
+        let (op, ctx, _) = fs.last_seen();
+        assert_eq!(
+            (op, ctx.uid, ctx.gid),
+            ("lookup", abi::INVALID_UIDGID, abi::INVALID_UIDGID)
+        );
+
+        call(&srv, &rename2(libc::RENAME_NOREPLACE));
+        let (op, ctx, _) = fs.last_seen();
+        assert_eq!(
+            (op, ctx.uid, ctx.gid),
+            ("rename", abi::INVALID_UIDGID, abi::INVALID_UIDGID)
+        );
+        call(&srv, &rename2(libc::RENAME_WHITEOUT));
+        let (op, ctx, flags) = fs.last_seen();
+        assert_eq!(
+            (op, ctx.uid, ctx.gid, flags),
+            ("rename", 100000, 100000, libc::RENAME_WHITEOUT)
+        );
+    }
+
+    #[test]
+    fn without_idmap_every_request_keeps_its_ids() {
+        let srv = initialized();
+        let fs = srv.filesystem();
+        call(&srv, &request_as(opcode::LOOKUP, 1000, 1001, &[b"a\0"]));
+        let (op, ctx, _) = fs.last_seen();
+        assert_eq!((op, ctx.uid, ctx.gid), ("lookup", 1000, 1001));
+        call(&srv, &rename2(0));
+        let (_, ctx, _) = fs.last_seen();
+        assert_eq!((ctx.uid, ctx.gid), (100000, 100000));
+    }
+
+    #[test]
+    fn access_without_a_caller_only_checks_existence() {
+        let a = abi::AccessIn {
+            mask: (libc::R_OK | libc::W_OK) as u32,
+            padding: 0,
+        };
+        let srv = idmap_server();
+        let (_, reply) = send(
+            &srv,
+            &request_as(
+                opcode::ACCESS,
+                abi::INVALID_UIDGID,
+                abi::INVALID_UIDGID,
+                &[a.as_bytes()],
+            ),
+            4096,
+        );
+        assert_eq!(out_header(&reply).error, 0);
+        let (op, _, mask) = srv.filesystem().last_seen();
+        assert_eq!((op, mask), ("access", libc::F_OK as u32));
+
+        // With a caller, the mask goes through unchanged.
+        let srv = initialized();
+        call(
+            &srv,
+            &request_as(opcode::ACCESS, 1000, 1000, &[a.as_bytes()]),
+        );
+        let (op, ctx, mask) = srv.filesystem().last_seen();
+        assert_eq!((op, ctx.uid, mask), ("access", 1000, a.mask));
+        // INVALID ids are never a caller, with or without idmap.
+        call(
+            &srv,
+            &request_as(opcode::ACCESS, abi::INVALID_UIDGID, 0, &[a.as_bytes()]),
+        );
+        let (_, _, mask) = srv.filesystem().last_seen();
+        assert_eq!(mask, libc::F_OK as u32);
+    }
+
+    #[test]
+    fn supplementary_group_needs_a_caller() {
+        let srv = idmap_server();
+        let hdr = abi::ExtHeader {
+            size: 16,
+            typ: abi::EXT_GROUPS,
+        };
+        let mut ext = hdr.as_bytes().to_vec();
+        ext.extend_from_slice(&1u32.to_le_bytes());
+        ext.extend_from_slice(&4242u32.to_le_bytes());
+        let mut req = mkdir_with_extension(&ext);
+        req[24..32].fill(0xff);
+        call(&srv, &req);
+        let (op, ctx, _) = srv.filesystem().last_seen();
+        assert_eq!(
+            (op, ctx.uid, ctx.supp_group),
+            ("mkdir", abi::INVALID_UIDGID, None)
+        );
     }
 }

@@ -14,6 +14,7 @@
 use std::io;
 
 use crate::filesystem::Context;
+use crate::fuse::abi::INVALID_UIDGID;
 
 /// Restores this thread's fsuid/fsgid on drop.
 #[must_use = "the credentials are restored as soon as the guard is dropped"]
@@ -32,12 +33,24 @@ pub fn running_as_root() -> bool {
 
 /// Switches to `uid`/`gid` when `as_root` (see [`running_as_root`]); `None` when no switch is
 /// needed (not root, or the caller is root already).
+///
+/// A request without a caller identity ([`INVALID_UIDGID`], sent with idmapped mounts by every
+/// request that does not create an inode) is refused with `EOVERFLOW`, the error the kernel
+/// gives for a caller whose ids have no mapping: creating it as the daemon (root) instead would
+/// give the guest files it may not own.
 pub fn switch_to(as_root: bool, ctx: &Context) -> io::Result<Option<CredsGuard>> {
     let (uid, gid) = (ctx.uid, ctx.gid);
-    if !as_root || (uid == 0 && gid == 0) {
+    if !as_root {
         return Ok(None);
     }
-    let group_set = match ctx.supp_group {
+    if uid == INVALID_UIDGID || gid == INVALID_UIDGID {
+        log::warn!("creating request without a caller uid/gid ({uid}:{gid}) refused");
+        return Err(io::Error::from_raw_os_error(libc::EOVERFLOW));
+    }
+    if uid == 0 && gid == 0 {
+        return Ok(None);
+    }
+    let group_set = match ctx.supp_group.filter(|&g| g != INVALID_UIDGID) {
         Some(g) => {
             set_thread_groups(&[g])?;
             true
@@ -146,6 +159,45 @@ mod tests {
             ..Context::default()
         };
         assert!(switch_to(false, &ctx).unwrap().is_none());
+    }
+
+    #[test]
+    fn invalid_ids_never_become_credentials() {
+        let before = current();
+        for (uid, gid) in [
+            (INVALID_UIDGID, INVALID_UIDGID),
+            (INVALID_UIDGID, 1000),
+            (1000, INVALID_UIDGID),
+            (INVALID_UIDGID, 0),
+            (0, INVALID_UIDGID),
+        ] {
+            let ctx = Context {
+                uid,
+                gid,
+                ..Context::default()
+            };
+            let e = switch_to(true, &ctx).err().expect("refused");
+            assert_eq!(e.raw_os_error(), Some(libc::EOVERFLOW), "{uid}:{gid}");
+            assert_eq!(current(), before, "{uid}:{gid}");
+            // Not root: nothing is switched at all, so nothing to refuse.
+            assert!(switch_to(false, &ctx).unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn invalid_supplementary_group_is_not_set() {
+        if !running_as_root() {
+            return;
+        }
+        let ctx = Context {
+            uid: 1000,
+            gid: 1001,
+            supp_group: Some(INVALID_UIDGID),
+            ..Context::default()
+        };
+        let g = switch_to(true, &ctx).unwrap().expect("switched");
+        assert!(!g.group_set);
+        drop(g);
     }
 
     #[test]

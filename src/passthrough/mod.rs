@@ -528,6 +528,11 @@ impl FileSystem for PassthroughFs {
         if self.as_root {
             // Creations are checked against the caller's groups: ask for the one that matters.
             want |= init::CREATE_SUPP_GROUP;
+            // Idmapped mounts: new files belong to the creator's ids as mapped through the
+            // mount, which only a daemon that creates as the caller can honour. In that mode
+            // the kernel sends no caller ids with other requests, and this file system uses
+            // them for nothing but creating (ACCESS is answered by the server without them).
+            want |= init::ALLOW_IDMAP;
         }
         Ok(want & capable)
     }
@@ -689,7 +694,7 @@ impl FileSystem for PassthroughFs {
 
     fn rename(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         olddir: u64,
         oldname: &CStr,
         newdir: u64,
@@ -717,6 +722,14 @@ impl FileSystem for PassthroughFs {
             None
         };
         sys::renameat2(old_fd, oldname, new_fd, newname, flags)?;
+        if flags & libc::RENAME_WHITEOUT != 0 && self.as_root {
+            // The whiteout is a new node and belongs to the caller, like any other creation.
+            // It is made as root (switching fsuid would drop CAP_MKNOD) and handed over.
+            let invalid = crate::fuse::abi::INVALID_UIDGID;
+            if ctx.uid != invalid && ctx.gid != invalid && (ctx.uid, ctx.gid) != (0, 0) {
+                sys::fchownat_nofollow(old_fd, oldname, ctx.uid, ctx.gid)?;
+            }
+        }
         if let Some(m) = moved {
             m.found_at(&new, newname);
         }

@@ -292,6 +292,21 @@ pub fn fchmodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
 
 /// Changes the owner of the file `fd` refers to (never following a symlink). `u32::MAX`
 /// (`-1`) leaves an id unchanged.
+/// Changes the owner of `name` in `dir` without following a symlink.
+pub fn fchownat_nofollow(dir: BorrowedFd<'_>, name: &CStr, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: the name is NUL-terminated; the result is checked.
+    let ret = unsafe {
+        libc::fchownat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            uid,
+            gid,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    check(ret).map(drop)
+}
+
 pub fn fchown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
     // SAFETY: the name is NUL-terminated; the result is checked.
     let ret = unsafe {

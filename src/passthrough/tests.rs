@@ -1493,3 +1493,21 @@ fn file_moved_on_the_host_is_found_again_under_its_new_name() {
     assert_eq!(after.inode, before.inode);
     assert!(fs.getattr(&ctx(), before.inode, None).is_ok());
 }
+
+#[test]
+fn whiteout_left_by_rename_belongs_to_the_caller() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a"), b"").unwrap();
+    let fs = new_fs(tmp.path());
+    let user = Context {
+        uid: 1000,
+        gid: 1001,
+        pid: 1,
+        ..Context::default()
+    };
+    fs.rename(&user, ROOT_ID, c"a", ROOT_ID, c"b", libc::RENAME_WHITEOUT)
+        .unwrap();
+    let m = std::fs::symlink_metadata(tmp.path().join("a")).unwrap();
+    assert_eq!(m.mode() & libc::S_IFMT, libc::S_IFCHR);
+    assert_eq!((m.uid(), m.gid()), (1000, 1001));
+}

@@ -472,6 +472,7 @@ $(tail -n 10 "$logs/daemon.log")"
     fi
 
     host_checks_"$suite" "$k" "$dir" "$logs" "$prefix"
+    [ "$suite" = main ] && host_checks_idmap "$k" "$dir" "$logs" "$prefix"
     local errs
     errs="$(grep -cE '\b(ERROR|WARN)\b' "$logs/daemon.log" || true)"
     [ "$errs" != 0 ] && echo "# daemon logged $errs WARN/ERROR lines (see $logs/daemon.log)"
@@ -559,6 +560,61 @@ host_checks_main() {
         else
             result fail "$name" "only $busy vring_worker thread(s) moved >= 1 MiB during the parallel phase: $report"
         fi
+    fi
+}
+
+# After the idmap suite (guest/suite-idmap.sh, run in main-suite boots): what the guest made
+# through its idmapped mount is owned on the host by the mapped ids (0 -> 100000,
+# 1000 -> 101000), and, with FUSE_ALLOW_IDMAP agreed, only creating requests carried caller ids
+# (every other request uid=gid=4294967295, FUSE_INVALID_UIDGID). Skipped before 6.12.
+host_checks_idmap() {
+    local k="$1" dir="$2" logs="$3" prefix="${4}host: idmap: "
+    local w="$dir/share/work/idmap" c="$logs/console.log" gk
+    gk="$(sed -n 's/^#GUEST kernel=\([0-9]*\.[0-9]*\).*/\1/p' "$c" | tr -d '\r' | head -n 1)"
+    if [ "$(printf '%s\n' "$gk" | awk -F. '{ print ($1 * 100 + $2 >= 612) }')" != 1 ]; then
+        result skip "${prefix}owners of files made through an idmapped mount" \
+            "guest kernel $gk predates FUSE_ALLOW_IDMAP (6.12)"
+        return
+    fi
+    if ! grep -q '^ok [0-9]* idmap-mount-virtiofs' "$c"; then
+        result fail "${prefix}owners of files made through an idmapped mount" \
+            "skipped: the guest made no idmapped mount"
+        return
+    fi
+    local n
+    for n in root-file root-dir root-symlink root-fifo chowned; do
+        local want=100000:100000
+        [ "$n" = chowned ] && want=100042:100043
+        check "${prefix}$n made by guest root through the idmapped mount is owned by $want" \
+            "$(host_stat %u:%g "$w/$n")" "$want" owner
+    done
+    for n in udir udir/user-file udir/user-dir; do
+        check "${prefix}$n of guest user 1000 through the idmapped mount is owned by 101000:101000" \
+            "$(host_stat %u:%g "$w/$n")" 101000:101000 owner
+    done
+    check "${prefix}file made by guest root through the plain mount is owned by 0:0" \
+        "$(host_stat %u:%g "$w/plain-root-file")" 0:0 owner
+    # Daemon debug log: "request unique=U opcode=O nodeid=N len=L uid=X gid=Y".
+    local session creating other
+    session="$(grep -o 'FUSE session started: protocol [0-9.]*, flags 0x[0-9a-f]*' "$logs/daemon.log" | tail -n 1)"
+    if [ -n "$session" ] && [ $(( ${session##* } >> 40 & 1 )) = 1 ]; then
+        result ok "${prefix}FUSE_ALLOW_IDMAP agreed in FUSE_INIT" "$session"
+    else
+        result fail "${prefix}FUSE_ALLOW_IDMAP agreed in FUSE_INIT" "daemon log: '$session'"
+    fi
+    # MKNOD 8, MKDIR 9, SYMLINK 6, CREATE 35 carry ids; LOOKUP 1, GETATTR 3, SETATTR 4, OPEN 14,
+    # WRITE 16, UNLINK 10, LINK 13 must not.
+    creating="$(grep -E 'request unique=[0-9]+ opcode=(6|8|9|35) ' "$logs/daemon.log" |
+        grep -vc 'uid=4294967295' || true)"
+    other="$(grep -E 'request unique=[0-9]+ opcode=(1|3|4|10|13|14|16) ' "$logs/daemon.log" |
+        grep -vc 'uid=4294967295 gid=4294967295' || true)"
+    if [ "$creating" -gt 0 ] && [ "$other" = 0 ]; then
+        result ok "${prefix}only creating requests carry caller ids" \
+            "$creating creating requests with ids; every other one checked had uid=gid=4294967295"
+    else
+        result fail "${prefix}only creating requests carry caller ids" \
+            "creating requests with ids: $creating; non-creating requests with ids: $other
+$(grep -E 'request unique=[0-9]+ opcode=(1|3|4|10|13|14|16) ' "$logs/daemon.log" | grep -v 'uid=4294967295 gid=4294967295' | head -n 5)"
     fi
 }
 
