@@ -84,6 +84,7 @@ PIDS=()   # processes this script started and has not reaped yet
 
 cleanup() {
     local p
+    unmount_nofiletype
     for p in "${PIDS[@]}"; do
         kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
     done
@@ -282,6 +283,41 @@ with open(os.path.join(f, "bigdir.expected.md5"), "w") as out:
 PY
 }
 
+# prepare_nofiletype DIR: mounts at DIR a loop-mounted ext4 made without the `filetype`
+# feature, so the host's getdents64 reports DT_UNKNOWN for every entry, with one entry of every
+# kind. The guest must still see each entry's real type (the daemon fills it in). On failure
+# DIR holds only a file named MOUNT-FAILED, which makes the guest test fail with the reason.
+NOFT_MOUNTS=()
+prepare_nofiletype() {
+    local d="$1" img="$1.img" why
+    mkdir -p "$d"
+    if ! why=$(truncate -s 16M "$img" 2>&1 && mkfs.ext4 -q -F -O ^filetype "$img" 2>&1 \
+               && mount -o loop "$img" "$d" 2>&1); then
+        printf '%s\n' "$why" > "$d/MOUNT-FAILED"
+        return
+    fi
+    NOFT_MOUNTS+=("$d")
+    python3 - "$d" <<'PY'
+import os, socket, sys
+d = sys.argv[1]
+open(os.path.join(d, "file"), "w").close()
+os.mkdir(os.path.join(d, "dir"))
+os.symlink("file", os.path.join(d, "link"))
+os.mkfifo(os.path.join(d, "fifo"))
+sk = socket.socket(socket.AF_UNIX); sk.bind(os.path.join(d, "sock")); sk.close()
+os.mknod(os.path.join(d, "chr"), 0o644 | 0o020000, os.makedev(1, 3))
+os.mknod(os.path.join(d, "blk"), 0o644 | 0o060000, os.makedev(7, 200))
+PY
+}
+
+unmount_nofiletype() {
+    local m
+    for m in "${NOFT_MOUNTS[@]}"; do
+        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+    done
+    NOFT_MOUNTS=()
+}
+
 # prepare_tree DIR: 30,000 small files (f00..f29, 0-3 KiB) in 1,000 directories
 # (dNN/sN, 100 x 10) plus 10 symlinks (dNN/ln, NN < 10) for the find-without-stat tests of the
 # main suite: 31,111 paths with DIR itself. About 2-3 s.
@@ -366,6 +402,7 @@ boot() {
     mkdir -p "$share"
     prepare_share "$share"
     [ "$suite" = main ] && prepare_tree "$share/fixtures/tree30k"
+    [ "$suite" = main ] && prepare_nofiletype "$share/fixtures/nofiletype"
     [ "$suite" = readonly ] && fingerprint "$share" > "$dir/before.txt"
 
     echo "# boot: kernel $k, $bname (guest suite $suite), daemon flags: ${flags[*]}"
@@ -510,6 +547,9 @@ host_checks_main() {
             result fail "${prefix}parallel writer $f file sha256 matches the guest's" "guest: '$want', host: '$got'"
         fi
     done
+    check "${prefix}the no-filetype fixture really reports DT_UNKNOWN on the host" \
+        "$("$WORK/helpers/getdents" "$dir/share/fixtures/nofiletype" 2>&1 | grep '^unknown ')" \
+        "unknown 10" "host getdents64 count"
     check "${prefix}appended file content" "$(cat "$w/host-append.txt" 2>&1 | tr '\n' ,)" "line1,line2,line3," content
     check "${prefix}chown'd file is owned by 1234:5678" "$(host_stat %u:%g "$w/owned.txt")" 1234:5678 owner
     check "${prefix}file a guest user created is owned by 1000:1000" "$(host_stat %u:%g "$w/userdir/user-file")" 1000:1000 owner

@@ -277,6 +277,18 @@ t_bigdir_small_buf() {
 }
 t bigdir-small-getdents-buffer t_bigdir_small_buf
 
+t_nofiletype_dtypes() {
+    D=$F/nofiletype
+    [ -e $D/MOUNT-FAILED ] && fail "the host could not mount an ext4 without filetype: $(cat $D/MOUNT-FAILED)"
+    getdents $D > /tmp/gd
+    cat /tmp/gd
+    # ., .., lost+found and dir are directories; the host reported DT_UNKNOWN for all of them.
+    for kv in "reg 1" "dir 4" "lnk 1" "fifo 1" "sock 1" "chr 1" "blk 1" "unknown 0" "dups 0"; do
+        grep -qx "$kv" /tmp/gd || fail "expected '$kv'"
+    done
+}
+t dtype-on-host-fs-without-filetype t_nofiletype_dtypes
+
 t_stat_types() {
     eq "$(stat -c %F $F/bigdir/d)" "directory" "d"
     eq "$(stat -c %F $F/bigdir/l)" "symbolic link" "l"
