@@ -30,6 +30,9 @@ use crate::fuse::server::Server;
 pub const MAX_QUEUE_SIZE: usize = 32768;
 /// Most request queues the device offers (QEMU's `num-request-queues`).
 pub const MAX_REQUEST_QUEUES: usize = 16;
+/// Most chains returned before the guest is interrupted: a burst of requests is answered with
+/// one interrupt per batch (or per pass over the queue, if shorter), not one per request.
+const SIGNAL_BATCH: usize = 16;
 /// Size of the virtio-fs tag field in the device configuration space.
 const TAG_LEN: usize = 36;
 
@@ -93,6 +96,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     fn process_queue(&self, vring: &VringRwLock) -> io::Result<()> {
         let mem = self.memory();
         let event_idx = self.event_idx.load(std::sync::atomic::Ordering::Relaxed);
+        // Chains returned since the guest was last told.
+        let mut unsignalled = 0;
         loop {
             let chain = vring
                 .get_mut()
@@ -115,11 +120,19 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 continue;
             }
             let len = serve_chain(&self.server, &mem, chain);
-            if let Err(e) = complete(vring, head, len, event_idx) {
+            match vring.add_used(head, len) {
+                Ok(()) => unsignalled += 1,
                 // A head the guest made up (outside the table) cannot be returned; the chain
                 // is dropped and the queue goes on.
-                warn!("chain {head} could not be returned to the guest: {e}");
+                Err(e) => warn!("chain {head} could not be returned to the guest: {e}"),
             }
+            if unsignalled == SIGNAL_BATCH {
+                notify(vring, event_idx)?;
+                unsignalled = 0;
+            }
+        }
+        if unsignalled > 0 {
+            notify(vring, event_idx)?;
         }
         Ok(())
     }
@@ -152,6 +165,12 @@ fn complete(vring: &VringRwLock, head: u16, len: u32, event_idx: bool) -> io::Re
     vring
         .add_used(head, len)
         .map_err(|e| io::Error::other(format!("add_used: {e}")))?;
+    notify(vring, event_idx)
+}
+
+/// Interrupts the guest for the chains returned so far, unless (with event-index) it asked not
+/// to be told yet.
+fn notify(vring: &VringRwLock, event_idx: bool) -> io::Result<()> {
     let notify = !event_idx
         || vring
             .needs_notification()
