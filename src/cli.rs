@@ -1,50 +1,129 @@
-//! The command line: flags spelled as the reference `virtiofsd` spells them, turned into a
-//! checked [`DaemonConfig`].
+//! The command line: every flag of the reference `virtiofsd` 1.14, spelled as it spells them,
+//! turned into checked [`Settings`].
+//!
+//! A flag is either supported (it does what it says) or refused at start with exit status 2 and
+//! a message that names it and says it is not implemented yet; none is silently ignored. The
+//! flags whose default differs from the reference's (`--sandbox`, `--seccomp`,
+//! `--inode-file-handles`, `--announce-submounts`) say so in `--help`.
+//! `doc/configuration.md` describes each flag; `tests/cli.rs` checks both against the binary.
 
+use std::ffi::CString;
+use std::os::fd::RawFd;
 use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::daemon::{DaemonConfig, SocketSpec};
+use crate::daemon::{DaemonConfig, ProcessOptions, SocketSpec};
 use crate::idmap::Translation;
 use crate::passthrough::{CacheMode, Config};
 use crate::userns::{self, IdMapRange};
 
 /// vhost-user virtio-fs daemon: serves a host directory to a guest.
 #[derive(Debug, Parser)]
-#[command(name = "virtiofsd", version, about)]
+#[command(
+    name = "virtiofsd",
+    version,
+    about,
+    args_override_self = true,
+    override_usage = "virtiofsd --shared-dir=DIR --socket-path=PATH [OPTIONS]"
+)]
 pub struct Args {
     /// Shared directory path
     #[arg(long = "shared-dir", value_name = "DIR")]
     pub shared_dir: Option<PathBuf>,
 
-    /// vhost-user socket path
-    #[arg(long = "socket-path", value_name = "PATH")]
-    pub socket_path: Option<PathBuf>,
-
-    /// File descriptor of an already-listening vhost-user socket
-    #[arg(long = "fd", value_name = "FD", conflicts_with = "socket_path")]
-    pub fd: Option<i32>,
-
-    /// Tag exposed in the device's configuration space (QEMU normally sets the tag itself)
+    /// Tag exposed in the device's configuration space, 1 to 36 bytes (QEMU normally sets the
+    /// tag itself and ignores this one)
     #[arg(long = "tag", value_name = "TAG")]
     pub tag: Option<String>,
+
+    /// Old name of --socket-path [deprecated]
+    #[arg(long = "socket", value_name = "PATH", conflicts_with = "fd")]
+    pub socket: Option<PathBuf>,
+
+    /// vhost-user socket path to create and listen on
+    ///
+    /// Without --socket-path and --fd, a socket handed over by systemd socket activation
+    /// (LISTEN_PID/LISTEN_FDS) is used.
+    #[arg(long = "socket-path", value_name = "PATH", conflicts_with = "fd")]
+    pub socket_path: Option<PathBuf>,
+
+    /// Group (name or number) that owns the socket; the socket is then mode 0770 instead of
+    /// 0700
+    #[arg(long = "socket-group", value_name = "GROUP", conflicts_with = "fd")]
+    pub socket_group: Option<String>,
+
+    /// File descriptor of an already-listening (not yet connected) vhost-user socket
+    #[arg(long = "fd", value_name = "FD")]
+    pub fd: Option<i32>,
 
     /// Threads per daemon that serve requests; 0 serves each queue on its own thread only
     #[arg(long = "thread-pool-size", value_name = "N", default_value_t = 0)]
     pub thread_pool_size: usize,
 
-    /// Caching policy the guest may use: never, metadata, auto or always
-    #[arg(long = "cache", value_name = "MODE", default_value = "auto")]
-    pub cache: String,
-
     /// Enable extended attributes
     #[arg(long = "xattr")]
     pub xattr: bool,
 
+    /// POSIX ACL support; only "never" is available in this version
+    #[arg(
+        long = "posix-acl",
+        value_name = "never|auto|always",
+        require_equals = true,
+        num_args = 0..=1,
+        default_value = "never",
+        default_missing_value = "always"
+    )]
+    pub posix_acl: String,
+
+    /// Rules translating extended attribute names between guest and host [not implemented yet]
+    #[arg(long = "xattrmap", value_name = "RULES")]
+    pub xattrmap: Option<String>,
+
+    /// Sandbox mechanism (namespace, chroot, none); only "none" is available in this version,
+    /// and it is the default here (the reference defaults to "namespace")
+    #[arg(long = "sandbox", value_name = "KIND", default_value = "none")]
+    pub sandbox: String,
+
     /// Share the directory read-only
     #[arg(long = "readonly")]
     pub readonly: bool,
+
+    /// Seccomp action (none, kill, log, trap); only "none" is available in this version, and it
+    /// is the default here (the reference defaults to "kill")
+    #[arg(long = "seccomp", value_name = "ACTION", default_value = "none")]
+    pub seccomp: String,
+
+    /// Tell the guest which directories are mount points [not implemented yet]
+    #[arg(long = "announce-submounts")]
+    pub announce_submounts: bool,
+
+    /// Do not tell the guest which directories are mount points [default here]
+    #[arg(long = "no-announce-submounts", overrides_with = "announce_submounts")]
+    pub no_announce_submounts: bool,
+
+    /// When to reference inodes by file handle (never, prefer, mandatory); only "never" is
+    /// available in this version, and it is the default here (the reference defaults to
+    /// "prefer")
+    ///
+    /// With "never", inodes the guest only looks up or stats hold no file descriptor; one is
+    /// opened only while an operation needs it.
+    #[arg(
+        long = "inode-file-handles",
+        value_name = "MODE",
+        require_equals = true,
+        default_value = "never"
+    )]
+    pub inode_file_handles: String,
+
+    /// Caching policy the guest may use: never, metadata, auto or always
+    #[arg(long = "cache", value_name = "MODE", default_value = "auto")]
+    pub cache: String,
+
+    /// With --cache=never or --cache=metadata, let the guest mmap shared files; only safe when
+    /// nothing else changes the shared directory
+    #[arg(long = "allow-mmap")]
+    pub allow_mmap: bool,
 
     /// Disable READDIRPLUS (the guest then looks up entries one by one)
     #[arg(long = "no-readdirplus")]
@@ -54,17 +133,72 @@ pub struct Args {
     #[arg(long = "writeback")]
     pub writeback: bool,
 
-    /// Sandbox mechanism; only "none" is available in this version
-    #[arg(long = "sandbox", value_name = "KIND", default_value = "none")]
-    pub sandbox: String,
+    /// Honour O_DIRECT from the guest (by default it is dropped from host opens)
+    #[arg(long = "allow-direct-io")]
+    pub allow_direct_io: bool,
 
-    /// Seccomp policy; only "none" is available in this version
-    #[arg(long = "seccomp", value_name = "ACTION", default_value = "none")]
-    pub seccomp: String,
+    /// Print the vhost-user backend capabilities (JSON) and exit
+    #[arg(long = "print-capabilities")]
+    pub print_capabilities: bool,
 
-    /// Log level: error, warn, info, debug, trace or off
+    /// Change the capabilities the daemon keeps, e.g. +sys_admin:-chown [not implemented yet]
+    #[arg(long = "modcaps", value_name = "CAPS")]
+    pub modcaps: Option<String>,
+
+    /// Log level: error, warn, info, debug, trace or off (RUST_LOG, when set, refines it)
     #[arg(long = "log-level", value_name = "LEVEL", default_value = "info")]
     pub log_level: String,
+
+    /// Log to syslog instead of stderr
+    #[arg(long = "syslog")]
+    pub syslog: bool,
+
+    /// Limit of open file descriptors; 0 leaves the limit unchanged [default: min(1000000,
+    /// /proc/sys/fs/nr_open), or the hard limit when it cannot be raised]
+    #[arg(long = "rlimit-nofile", value_name = "N")]
+    pub rlimit_nofile: Option<u64>,
+
+    /// Comma-separated options in the legacy format, e.g. -o source=DIR,cache=none
+    /// [deprecated]
+    #[arg(short = 'o', value_name = "OPTIONS", action = clap::ArgAction::Append)]
+    pub compat_options: Vec<String>,
+
+    /// Same as --log-level=debug [deprecated]
+    #[arg(short = 'd')]
+    pub compat_debug: bool,
+
+    /// Do not enable KILLPRIV_V2 [default]
+    #[arg(long = "no-killpriv-v2")]
+    pub no_killpriv_v2: bool,
+
+    /// Enable KILLPRIV_V2 [not implemented yet]
+    #[arg(long = "killpriv-v2", overrides_with = "no_killpriv_v2")]
+    pub killpriv_v2: bool,
+
+    /// No effect: the daemon always runs in the foreground [deprecated]
+    #[arg(short = 'f')]
+    pub compat_foreground: bool,
+
+    /// Security label support; only "never" is available in this version
+    #[arg(
+        long = "security-label",
+        value_name = "never|auto|always",
+        require_equals = true,
+        num_args = 0..=1,
+        default_value = "never",
+        default_missing_value = "always"
+    )]
+    pub security_label: String,
+
+    /// Run the daemon in a user namespace mapping this range of uids from the host, given as
+    /// :namespace_uid:host_uid:count: (repeat for several ranges)
+    #[arg(long = "uid-map", value_name = "MAP", action = clap::ArgAction::Append)]
+    pub uid_map: Vec<String>,
+
+    /// Run the daemon in a user namespace mapping this range of gids from the host, given as
+    /// :namespace_gid:host_gid:count: (repeat for several ranges)
+    #[arg(long = "gid-map", value_name = "MAP", action = clap::ArgAction::Append)]
+    pub gid_map: Vec<String>,
 
     /// Translate uids between guest and host inside the daemon (no user namespace needed);
     /// repeat for several ranges
@@ -97,15 +231,36 @@ pub struct Args {
     #[arg(long = "translate-gid", value_name = "RULE", action = clap::ArgAction::Append)]
     pub translate_gid: Vec<String>,
 
-    /// Run the daemon in a user namespace mapping this range of uids from the host, given as
-    /// :namespace_uid:host_uid:count: (repeat for several ranges)
-    #[arg(long = "uid-map", value_name = "MAP", action = clap::ArgAction::Append)]
-    pub uid_map: Vec<String>,
+    /// Keep O_NOATIME from the guest (by default it is dropped from host opens, as an
+    /// unprivileged daemon may not use it on files it does not own)
+    #[arg(long = "preserve-noatime")]
+    pub preserve_noatime: bool,
 
-    /// Run the daemon in a user namespace mapping this range of gids from the host, given as
-    /// :namespace_gid:host_gid:count: (repeat for several ranges)
-    #[arg(long = "gid-map", value_name = "MAP", action = clap::ArgAction::Append)]
-    pub gid_map: Vec<String>,
+    /// How migration represents inodes (find-paths, file-handles); migration is not supported
+    /// in this version, and only the default "find-paths" is accepted
+    #[arg(
+        long = "migration-mode",
+        value_name = "MODE",
+        default_value = "find-paths"
+    )]
+    pub migration_mode: String,
+
+    /// What to do with inodes that fail to migrate (abort, guest-error); migration is not
+    /// supported in this version, and only the default "abort" is accepted
+    #[arg(
+        long = "migration-on-error",
+        value_name = "ACTION",
+        default_value = "abort"
+    )]
+    pub migration_on_error: String,
+
+    /// Check migrated inodes by file handle [not implemented yet]
+    #[arg(long = "migration-verify-handles")]
+    pub migration_verify_handles: bool,
+
+    /// Re-check inode paths at migration switch-over [not implemented yet]
+    #[arg(long = "migration-confirm-paths")]
+    pub migration_confirm_paths: bool,
 }
 
 /// Parses and checks every occurrence of `--uid-map` or `--gid-map` (`flag`).
@@ -135,6 +290,31 @@ fn usage(msg: impl Into<String>) -> UsageError {
     UsageError(msg.into())
 }
 
+/// The refusal of a flag (or flag value) this version does not implement.
+fn not_yet(what: &str, hint: &str) -> UsageError {
+    usage(format!("{what}: not implemented yet in this version{hint}"))
+}
+
+/// Checks the value of a flag that names one of a few choices: `supported` are accepted,
+/// `later` are known but refused as not implemented, anything else is invalid.
+fn choice(flag: &str, value: &str, supported: &[&str], later: &[&str]) -> Result<(), UsageError> {
+    if supported.contains(&value) {
+        return Ok(());
+    }
+    let hint = match supported {
+        [one] => format!("; use {flag}={one}"),
+        _ => String::new(),
+    };
+    if later.contains(&value) {
+        return Err(not_yet(&format!("{flag}={value}"), &hint));
+    }
+    let all: Vec<&str> = supported.iter().chain(later).copied().collect();
+    Err(usage(format!(
+        "{flag}: invalid value '{value}': expected one of {}",
+        all.join(", ")
+    )))
+}
+
 /// Parses `--log-level`.
 pub fn log_level(s: &str) -> Result<log::LevelFilter, UsageError> {
     match s {
@@ -150,20 +330,223 @@ pub fn log_level(s: &str) -> Result<log::LevelFilter, UsageError> {
     }
 }
 
-impl TryFrom<Args> for DaemonConfig {
-    type Error = UsageError;
+/// Resolves `--socket-group`: a group name from the group database, or a number.
+pub fn group_id(group: &str) -> Result<libc::gid_t, UsageError> {
+    let unknown = || {
+        usage(format!(
+            "--socket-group: unknown group '{group}'; expected --socket-group=GROUP with a group \
+             name or number"
+        ))
+    };
+    if group.is_empty() {
+        return Err(unknown());
+    }
+    if let Ok(gid) = group.parse::<libc::gid_t>() {
+        return Ok(gid);
+    }
+    let name = CString::new(group).map_err(|_| unknown())?;
+    let mut grp: libc::group = unsafe_zeroed_group();
+    let mut buf = vec![0 as libc::c_char; 16384];
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call: `name` is a NUL-terminated string, `grp` a
+    // writable group, `buf` a writable buffer of the length passed, `out` a writable pointer.
+    // getgrnam_r stores into them only.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    if rc != 0 || out.is_null() {
+        return Err(unknown());
+    }
+    Ok(grp.gr_gid)
+}
 
-    fn try_from(a: Args) -> Result<Self, UsageError> {
-        let shared_dir = a
-            .shared_dir
-            .ok_or_else(|| usage("--shared-dir: missing; expected --shared-dir=DIR"))?;
+fn unsafe_zeroed_group() -> libc::group {
+    // SAFETY: `group` is a plain C struct of integers and pointers; all-zero bytes (null
+    // pointers) are a valid value, which getgrnam_r overwrites.
+    unsafe { std::mem::zeroed() }
+}
+
+/// The log settings of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogSettings {
+    pub level: log::LevelFilter,
+    /// Log to syslog instead of stderr (`--syslog`).
+    pub syslog: bool,
+}
+
+/// Everything a run needs, checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub daemon: DaemonConfig,
+    pub process: ProcessOptions,
+    pub log: LogSettings,
+    /// Deprecation warnings for the command line, to print before starting.
+    pub warnings: Vec<String>,
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone)]
+pub enum Command {
+    /// `--print-capabilities`.
+    PrintCapabilities,
+    /// Serve a directory.
+    Run(Box<Settings>),
+}
+
+/// The vhost-user backend capabilities printed by `--print-capabilities`: the JSON libvirt
+/// reads from a vhost-user description. Lists only what this version supports:
+/// "separate-options" (the flags can be given one by one, not only with `-o`). Not listed:
+/// "migrate-precopy" (no migration), and the ACL and security label negotiation modes (only
+/// "never").
+pub const CAPABILITIES: &str =
+    "{\n  \"type\": \"fs\",\n  \"features\": [\n    \"separate-options\"\n  ]\n}\n";
+
+/// The deprecation warning for flag spellings kept only for old command lines.
+fn deprecated(what: &str, instead: &str) -> String {
+    format!("warning: {what} is deprecated; {instead}")
+}
+
+impl Args {
+    /// Applies the legacy `-o a,b=c` options onto the flags. As with the reference, they apply
+    /// after the other flags, whatever their order.
+    fn apply_compat_options(&mut self) -> Result<(), UsageError> {
+        let options: Vec<String> = self
+            .compat_options
+            .iter()
+            .flat_map(|o| o.split(','))
+            .map(str::to_owned)
+            .collect();
+        for opt in options {
+            self.apply_compat_option(&opt)?;
+        }
+        Ok(())
+    }
+
+    fn apply_compat_option(&mut self, opt: &str) -> Result<(), UsageError> {
+        let flag = format!("-o {opt}");
+        let value_for = |name: &str| format!("-o {name}");
+        match opt.split_once('=') {
+            Some(("source", dir)) => self.shared_dir = Some(PathBuf::from(dir)),
+            Some(("cache", mode)) => {
+                mode.parse::<CacheMode>()
+                    .map_err(|e| usage(format!("{}: {e}", value_for("cache"))))?;
+                self.cache = mode.to_owned();
+            }
+            Some(("loglevel" | "log_level", level)) => {
+                let level = if level == "err" { "error" } else { level };
+                log_level(level).map_err(|_| {
+                    usage(format!(
+                        "{}: invalid level '{level}': expected one of error, warn, info, debug, \
+                         trace, off",
+                        value_for("loglevel")
+                    ))
+                })?;
+                self.log_level = level.to_owned();
+            }
+            Some(("sandbox", kind)) => {
+                choice(
+                    &value_for("sandbox"),
+                    kind,
+                    &["none"],
+                    &["namespace", "chroot"],
+                )?;
+                self.sandbox = kind.to_owned();
+            }
+            Some(("xattrmap" | "modcaps", _)) => return Err(not_yet(&flag, "")),
+            Some(("timeout", _)) => {
+                return Err(usage(format!(
+                    "{flag}: not supported (an option of the old C virtiofsd); use --cache to \
+                     choose how long the guest caches"
+                )))
+            }
+            Some(_) => return Err(unknown_compat(&flag)),
+            None => match opt {
+                "xattr" => self.xattr = true,
+                "no_xattr" => self.xattr = false,
+                "readdirplus" => self.no_readdirplus = false,
+                "no_readdirplus" => self.no_readdirplus = true,
+                "writeback" => self.writeback = true,
+                "no_writeback" => self.writeback = false,
+                "allow_direct_io" => self.allow_direct_io = true,
+                "no_allow_direct_io" => self.allow_direct_io = false,
+                "no_killpriv_v2" => self.killpriv_v2 = false,
+                "no_posix_acl" => self.posix_acl = "never".into(),
+                "no_security_label" => self.security_label = "never".into(),
+                // No locks are offered to the guest: these ask for what already happens.
+                "no_posix_lock" | "no_flock" => {}
+                "announce_submounts" | "killpriv_v2" | "posix_acl" | "security_label"
+                | "posix_lock" | "flock" => return Err(not_yet(&flag, "")),
+                "norace" => {
+                    return Err(usage(format!(
+                        "{flag}: not supported (an option of the old C virtiofsd)"
+                    )))
+                }
+                _ => return Err(unknown_compat(&flag)),
+            },
+        }
+        Ok(())
+    }
+
+    /// Checks the command line. `activated` is asked for a socket passed by systemd socket
+    /// activation when the command line names none (see [`crate::activation`]).
+    pub fn into_command(
+        mut self,
+        activated: impl FnOnce() -> Result<Option<RawFd>, String>,
+    ) -> Result<Command, UsageError> {
+        let mut warnings = Vec::new();
+        if !self.compat_options.is_empty() {
+            warnings.push(deprecated(
+                "-o",
+                "give the options as flags (e.g. --cache=auto instead of -o cache=auto)",
+            ));
+        }
+        self.apply_compat_options()?;
+        if self.print_capabilities {
+            return Ok(Command::PrintCapabilities);
+        }
+        if self.compat_debug {
+            warnings.push(deprecated("-d", "use --log-level=debug"));
+            self.log_level = "debug".into();
+        }
+        if self.compat_foreground {
+            warnings.push(deprecated(
+                "-f",
+                "it has no effect (the daemon always runs in the foreground); remove it",
+            ));
+        }
+        if self.socket.is_some() {
+            warnings.push(deprecated("--socket", "use --socket-path"));
+        }
+        let level = log_level(&self.log_level)?;
+
+        let shared_dir = self.shared_dir.take().ok_or_else(|| {
+            usage("--shared-dir: missing; expected --shared-dir=DIR (or -o source=DIR)")
+        })?;
         if !shared_dir.is_dir() {
             return Err(usage(format!(
                 "--shared-dir: '{}' is not a directory; expected --shared-dir=DIR",
                 shared_dir.display()
             )));
         }
-        let socket = match (a.socket_path, a.fd) {
+        let cache: CacheMode = self
+            .cache
+            .parse()
+            .map_err(|e| usage(format!("--cache: {e}")))?;
+        if let Some(tag) = &self.tag {
+            if tag.is_empty() || tag.len() > 36 {
+                return Err(usage("--tag: expected a tag of 1 to 36 bytes"));
+            }
+        }
+        self.check_unimplemented()?;
+
+        let socket_group = self.socket_group.as_deref().map(group_id).transpose()?;
+        let socket = match (self.socket_path.take().or(self.socket.take()), self.fd) {
             (Some(p), None) => SocketSpec::Path(p),
             (None, Some(fd)) if fd >= 0 => SocketSpec::Fd(fd),
             (None, Some(fd)) => {
@@ -171,53 +554,157 @@ impl TryFrom<Args> for DaemonConfig {
                     "--fd: invalid file descriptor {fd}; expected --fd=N with N >= 0"
                 )))
             }
-            _ => {
-                return Err(usage(
-                    "--socket-path: missing; expected --socket-path=PATH or --fd=N",
-                ))
+            (Some(_), Some(_)) => {
+                return Err(usage("--fd: cannot be used together with --socket-path"))
             }
+            (None, None) => match activated().map_err(usage)? {
+                Some(fd) => SocketSpec::Fd(fd),
+                None => {
+                    return Err(usage(
+                        "--socket-path: missing; expected --socket-path=PATH, --fd=N, or a \
+                         socket passed by systemd socket activation",
+                    ))
+                }
+            },
         };
-        let cache: CacheMode = a
-            .cache
-            .parse()
-            .map_err(|e| usage(format!("--cache: {e}")))?;
-        if let Some(tag) = &a.tag {
-            if tag.is_empty() || tag.len() > 36 {
-                return Err(usage("--tag: expected a tag of 1 to 36 bytes"));
-            }
+        if socket_group.is_some() && !matches!(socket, SocketSpec::Path(_)) {
+            return Err(usage(
+                "--socket-group: only applies to a socket the daemon creates with \
+                 --socket-path",
+            ));
         }
-        if a.sandbox != "none" {
-            return Err(usage(format!(
-                "--sandbox={}: not implemented yet in this version; use --sandbox=none",
-                a.sandbox
-            )));
-        }
-        if a.seccomp != "none" {
-            return Err(usage(format!(
-                "--seccomp={}: not implemented yet in this version; use --seccomp=none",
-                a.seccomp
-            )));
-        }
-        log_level(&a.log_level)?;
-        // No --posix-acl flag exists in this version, so there is no combination to refuse;
-        // the translating filesystem refuses the ACL attributes instead.
-        let translate = Translation::parse(&a.translate_uid, &a.translate_gid).map_err(usage)?;
-        let uid_map = id_maps("--uid-map", &a.uid_map)?;
-        let gid_map = id_maps("--gid-map", &a.gid_map)?;
+
+        // No --posix-acl other than "never" exists in this version, so there is no combination
+        // with the translation to refuse; the translating filesystem refuses the ACL attributes.
+        let translate =
+            Translation::parse(&self.translate_uid, &self.translate_gid).map_err(usage)?;
+        let uid_map = id_maps("--uid-map", &self.uid_map)?;
+        let gid_map = id_maps("--gid-map", &self.gid_map)?;
         let mut fs = Config::new(shared_dir, cache);
-        fs.xattr = a.xattr;
-        fs.readonly = a.readonly;
-        fs.readdirplus = !a.no_readdirplus;
-        fs.writeback = a.writeback;
-        Ok(DaemonConfig {
-            fs,
-            socket,
-            tag: a.tag,
-            thread_pool_size: a.thread_pool_size,
-            translate,
-            uid_map,
-            gid_map,
-        })
+        fs.xattr = self.xattr;
+        fs.readonly = self.readonly;
+        fs.readdirplus = !self.no_readdirplus;
+        fs.writeback = self.writeback;
+        fs.allow_direct_io = self.allow_direct_io;
+        fs.allow_mmap = self.allow_mmap;
+        fs.preserve_noatime = self.preserve_noatime;
+        Ok(Command::Run(Box::new(Settings {
+            daemon: DaemonConfig {
+                fs,
+                socket,
+                tag: self.tag,
+                thread_pool_size: self.thread_pool_size,
+                translate,
+                uid_map,
+                gid_map,
+            },
+            process: ProcessOptions {
+                socket_group,
+                rlimit_nofile: self.rlimit_nofile,
+            },
+            log: LogSettings {
+                level,
+                syslog: self.syslog,
+            },
+            warnings,
+        })))
+    }
+
+    /// Refuses the flags and values whose feature this version does not have yet.
+    fn check_unimplemented(&self) -> Result<(), UsageError> {
+        choice(
+            "--sandbox",
+            &self.sandbox,
+            &["none"],
+            &["namespace", "chroot"],
+        )?;
+        choice(
+            "--seccomp",
+            &self.seccomp,
+            &["none"],
+            &["kill", "log", "trap"],
+        )?;
+        choice(
+            "--inode-file-handles",
+            &self.inode_file_handles,
+            &["never"],
+            &["prefer", "fallback", "mandatory"],
+        )?;
+        choice(
+            "--posix-acl",
+            &self.posix_acl,
+            &["never"],
+            &["auto", "always"],
+        )?;
+        choice(
+            "--security-label",
+            &self.security_label,
+            &["never"],
+            &["auto", "always"],
+        )?;
+        choice(
+            "--migration-mode",
+            &self.migration_mode,
+            &["find-paths"],
+            &["file-handles"],
+        )?;
+        choice(
+            "--migration-on-error",
+            &self.migration_on_error,
+            &["abort"],
+            &["guest-error"],
+        )?;
+        let refused = [
+            (
+                self.announce_submounts,
+                "--announce-submounts",
+                "; --no-announce-submounts is the default here",
+            ),
+            (
+                self.killpriv_v2,
+                "--killpriv-v2",
+                "; --no-killpriv-v2 is the default",
+            ),
+            (self.xattrmap.is_some(), "--xattrmap", ""),
+            (self.modcaps.is_some(), "--modcaps", ""),
+            (
+                self.migration_verify_handles,
+                "--migration-verify-handles",
+                "",
+            ),
+            (
+                self.migration_confirm_paths,
+                "--migration-confirm-paths",
+                "",
+            ),
+        ];
+        match refused.into_iter().find(|(given, _, _)| *given) {
+            Some((_, flag, hint)) => Err(not_yet(flag, hint)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn unknown_compat(flag: &str) -> UsageError {
+    usage(format!(
+        "{flag}: unknown legacy option; expected source=DIR, cache=MODE, loglevel=LEVEL, \
+         sandbox=none, xattr, no_xattr, readdirplus, no_readdirplus, writeback, no_writeback, \
+         allow_direct_io, no_allow_direct_io, no_killpriv_v2, no_posix_acl, no_security_label, \
+         no_posix_lock or no_flock"
+    ))
+}
+
+impl TryFrom<Args> for DaemonConfig {
+    type Error = UsageError;
+
+    /// The daemon configuration of a command line that names its socket (no socket activation).
+    fn try_from(a: Args) -> Result<Self, UsageError> {
+        match a.into_command(|| Ok(None))? {
+            Command::Run(s) => Ok(s.daemon),
+            Command::PrintCapabilities => Err(usage(
+                "--print-capabilities: prints the capabilities; there is nothing to serve",
+            )),
+        }
     }
 }
 
@@ -225,24 +712,65 @@ impl TryFrom<Args> for DaemonConfig {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<DaemonConfig, UsageError> {
+    fn settings_with(args: &[&str], activated: Option<RawFd>) -> Result<Box<Settings>, UsageError> {
         let mut v = vec!["virtiofsd"];
         v.extend_from_slice(args);
-        DaemonConfig::try_from(Args::try_parse_from(v).expect("clap accepts"))
+        match Args::try_parse_from(v)
+            .expect("clap accepts")
+            .into_command(|| Ok(activated))?
+        {
+            Command::Run(s) => Ok(s),
+            Command::PrintCapabilities => panic!("not a run"),
+        }
+    }
+
+    fn settings(args: &[&str]) -> Result<Box<Settings>, UsageError> {
+        settings_with(args, None)
+    }
+
+    fn parse(args: &[&str]) -> Result<DaemonConfig, UsageError> {
+        settings(args).map(|s| s.daemon)
     }
 
     #[test]
     fn minimal_command_line_gives_auto_cache_and_socket_path() {
-        let c = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s"]).unwrap();
+        let s = settings(&["--shared-dir=/tmp", "--socket-path=/tmp/s"]).unwrap();
+        let c = &s.daemon;
         assert_eq!(c.socket, SocketSpec::Path("/tmp/s".into()));
         assert_eq!(c.fs.cache, CacheMode::Auto);
         assert!(!c.fs.readonly && !c.fs.xattr && c.fs.readdirplus);
+        assert!(!c.fs.allow_direct_io && !c.fs.allow_mmap && !c.fs.preserve_noatime);
+        assert_eq!(s.process.rlimit_nofile, None);
+        assert_eq!(s.process.socket_group, None);
+        assert_eq!(s.log.level, log::LevelFilter::Info);
+        assert!(!s.log.syslog);
+        assert!(s.warnings.is_empty());
     }
 
     #[test]
     fn missing_socket_is_refused_naming_the_flag() {
         let e = parse(&["--shared-dir=/tmp"]).unwrap_err();
         assert!(e.0.contains("--socket-path"), "{e}");
+    }
+
+    #[test]
+    fn an_activated_socket_is_used_only_without_a_socket_flag() {
+        let s = settings_with(&["--shared-dir=/tmp"], Some(3)).unwrap();
+        assert_eq!(s.daemon.socket, SocketSpec::Fd(3));
+        let s = settings_with(&["--shared-dir=/tmp", "--socket-path=/s"], Some(3)).unwrap();
+        assert_eq!(s.daemon.socket, SocketSpec::Path("/s".into()));
+        let e = settings_with(&["--shared-dir=/tmp", "--socket-group=0"], Some(3)).unwrap_err();
+        assert!(e.0.starts_with("--socket-group:"), "{e}");
+    }
+
+    #[test]
+    fn deprecated_socket_alias_works_and_warns() {
+        let s = settings(&["--shared-dir=/tmp", "--socket=/tmp/s"]).unwrap();
+        assert_eq!(s.daemon.socket, SocketSpec::Path("/tmp/s".into()));
+        assert!(s.warnings[0].contains("--socket"), "{:?}", s.warnings);
+        // --socket-path wins when both are given.
+        let s = settings(&["--shared-dir=/tmp", "--socket=/a", "--socket-path=/b"]).unwrap();
+        assert_eq!(s.daemon.socket, SocketSpec::Path("/b".into()));
     }
 
     #[test]
@@ -258,19 +786,75 @@ mod tests {
     }
 
     #[test]
-    fn unimplemented_sandbox_is_refused_not_ignored() {
-        let e = parse(&[
+    fn unimplemented_flags_are_refused_not_ignored() {
+        for (flag, named) in [
+            ("--sandbox=namespace", "--sandbox=namespace"),
+            ("--sandbox=chroot", "--sandbox=chroot"),
+            ("--seccomp=kill", "--seccomp=kill"),
+            ("--inode-file-handles=prefer", "--inode-file-handles=prefer"),
+            (
+                "--inode-file-handles=mandatory",
+                "--inode-file-handles=mandatory",
+            ),
+            ("--posix-acl", "--posix-acl=always"),
+            ("--posix-acl=auto", "--posix-acl=auto"),
+            ("--security-label", "--security-label=always"),
+            ("--announce-submounts", "--announce-submounts"),
+            ("--killpriv-v2", "--killpriv-v2"),
+            ("--xattrmap=:map::user.virtiofs.:", "--xattrmap"),
+            ("--modcaps=+sys_admin", "--modcaps"),
+            (
+                "--migration-mode=file-handles",
+                "--migration-mode=file-handles",
+            ),
+            ("--migration-on-error=guest-error", "--migration-on-error"),
+            ("--migration-verify-handles", "--migration-verify-handles"),
+            ("--migration-confirm-paths", "--migration-confirm-paths"),
+        ] {
+            let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", flag]).unwrap_err();
+            assert!(e.0.starts_with(named), "{flag}: {e}");
+            assert!(e.0.contains("not implemented yet in this version"), "{e}");
+        }
+    }
+
+    #[test]
+    fn defaults_of_refused_flags_are_accepted() {
+        parse(&[
             "--shared-dir=/tmp",
             "--socket-path=/s",
-            "--sandbox=namespace",
+            "--sandbox=none",
+            "--seccomp=none",
+            "--inode-file-handles=never",
+            "--posix-acl=never",
+            "--security-label=never",
+            "--no-announce-submounts",
+            "--no-killpriv-v2",
+            "--migration-mode=find-paths",
+            "--migration-on-error=abort",
         ])
-        .unwrap_err();
-        assert!(e.0.contains("not implemented"), "{e}");
+        .unwrap();
+        // The last of a pair wins.
+        parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--announce-submounts",
+            "--no-announce-submounts",
+            "--killpriv-v2",
+            "--no-killpriv-v2",
+        ])
+        .unwrap();
+    }
+
+    #[test]
+    fn invalid_values_of_refused_flags_are_invalid_not_unimplemented() {
+        let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--sandbox=jail"]).unwrap_err();
+        assert!(e.0.starts_with("--sandbox: invalid value 'jail'"), "{e}");
+        assert!(e.0.contains("namespace, chroot"), "{e}");
     }
 
     #[test]
     fn flags_map_to_the_filesystem_config() {
-        let c = parse(&[
+        let s = settings(&[
             "--shared-dir=/tmp",
             "--fd=3",
             "--cache=always",
@@ -278,12 +862,139 @@ mod tests {
             "--readonly",
             "--no-readdirplus",
             "--thread-pool-size=4",
+            "--allow-direct-io",
+            "--allow-mmap",
+            "--preserve-noatime",
+            "--rlimit-nofile=5000",
+            "--syslog",
+            "--log-level=warn",
         ])
         .unwrap();
+        let c = &s.daemon;
         assert_eq!(c.socket, SocketSpec::Fd(3));
         assert_eq!(c.fs.cache, CacheMode::Always);
         assert!(c.fs.xattr && c.fs.readonly && !c.fs.readdirplus);
+        assert!(c.fs.allow_direct_io && c.fs.allow_mmap && c.fs.preserve_noatime);
         assert_eq!(c.thread_pool_size, 4);
+        assert_eq!(s.process.rlimit_nofile, Some(5000));
+        assert!(s.log.syslog);
+        assert_eq!(s.log.level, log::LevelFilter::Warn);
+    }
+
+    #[test]
+    fn repeated_flags_take_the_last_value() {
+        let c = parse(&[
+            "--shared-dir=/nonexistent",
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--cache=never",
+            "--cache=metadata",
+        ])
+        .unwrap();
+        assert_eq!(c.fs.cache, CacheMode::Metadata);
+        assert_eq!(c.fs.root_dir, PathBuf::from("/tmp"));
+    }
+
+    #[test]
+    fn socket_group_takes_a_name_or_a_number() {
+        let s = settings(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--socket-group=root",
+        ])
+        .unwrap();
+        assert_eq!(s.process.socket_group, Some(0));
+        let s = settings(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--socket-group=4242",
+        ])
+        .unwrap();
+        assert_eq!(s.process.socket_group, Some(4242));
+        let e = settings(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--socket-group=no-such-group-here",
+        ])
+        .unwrap_err();
+        assert!(e.0.starts_with("--socket-group: unknown group"), "{e}");
+    }
+
+    #[test]
+    fn legacy_options_map_to_the_flags() {
+        let s = settings(&[
+            "--socket-path=/s",
+            "-o",
+            "source=/tmp,cache=none,xattr,writeback,no_readdirplus",
+            "-o",
+            "loglevel=debug,allow_direct_io,no_flock,no_posix_lock,no_killpriv_v2,sandbox=none",
+        ])
+        .unwrap();
+        let c = &s.daemon;
+        assert_eq!(c.fs.root_dir, PathBuf::from("/tmp"));
+        assert_eq!(c.fs.cache, CacheMode::Never);
+        assert!(c.fs.xattr && c.fs.writeback && !c.fs.readdirplus && c.fs.allow_direct_io);
+        assert_eq!(s.log.level, log::LevelFilter::Debug);
+        assert!(
+            s.warnings.iter().any(|w| w.contains("-o")),
+            "{:?}",
+            s.warnings
+        );
+        // -o applies after the flags, and the no_ forms undo them.
+        let c = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "-o",
+            "no_xattr,readdirplus,no_writeback,log_level=err,cache=metadata",
+            "--xattr",
+            "--no-readdirplus",
+            "--writeback",
+        ])
+        .unwrap();
+        assert!(!c.fs.xattr && c.fs.readdirplus && !c.fs.writeback);
+        assert_eq!(c.fs.cache, CacheMode::Metadata);
+    }
+
+    #[test]
+    fn unsupported_legacy_options_are_refused_naming_them() {
+        for (opt, says) in [
+            ("announce_submounts", "not implemented yet"),
+            ("flock", "not implemented yet"),
+            ("posix_lock", "not implemented yet"),
+            ("posix_acl", "not implemented yet"),
+            ("killpriv_v2", "not implemented yet"),
+            ("xattrmap=:map::a.:", "not implemented yet"),
+            ("sandbox=namespace", "not implemented yet"),
+            ("timeout=5", "not supported"),
+            ("norace", "not supported"),
+            ("bogus", "unknown legacy option"),
+            ("cache=sometimes", "invalid cache mode"),
+            ("loglevel=loud", "invalid level"),
+        ] {
+            let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "-o", opt]).unwrap_err();
+            let key = opt.split('=').next().unwrap();
+            assert!(e.0.starts_with(&format!("-o {key}")), "{opt}: {e}");
+            assert!(e.0.contains(says), "{opt}: {e}");
+        }
+    }
+
+    #[test]
+    fn compat_debug_and_foreground_warn() {
+        let s = settings(&["--shared-dir=/tmp", "--socket-path=/s", "-d", "-f"]).unwrap();
+        assert_eq!(s.log.level, log::LevelFilter::Debug);
+        assert!(s.warnings.iter().any(|w| w.contains("-d")));
+        assert!(s.warnings.iter().any(|w| w.contains("-f")));
+    }
+
+    #[test]
+    fn print_capabilities_needs_nothing_else() {
+        let args = Args::try_parse_from(["virtiofsd", "--print-capabilities"]).unwrap();
+        assert!(matches!(
+            args.into_command(|| panic!("not consulted")),
+            Ok(Command::PrintCapabilities)
+        ));
+        assert!(CAPABILITIES.contains("\"separate-options\""));
+        assert!(!CAPABILITIES.contains("migrate-precopy"));
     }
 
     #[test]

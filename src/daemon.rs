@@ -4,10 +4,12 @@
 //! listening socket passed with `--fd`), accepts QEMU, serves until QEMU disconnects, and exits.
 //! SIGTERM and SIGINT stop it at any point; the socket file it created is removed either way.
 
+use std::ffi::CString;
 use std::fmt;
 use std::io;
 use std::os::fd::{FromRawFd, RawFd};
-use std::path::PathBuf;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use log::info;
@@ -45,6 +47,20 @@ pub struct DaemonConfig {
     pub gid_map: Vec<IdMapRange>,
 }
 
+/// Settings of the daemon process that [`serve`] leaves alone (tests run it in a thread).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessOptions {
+    /// Group that owns the socket created at `--socket-path` (`--socket-group`); the socket is
+    /// then mode 0770 instead of 0700.
+    pub socket_group: Option<libc::gid_t>,
+    /// `--rlimit-nofile`: `None` raises the soft limit of open files to
+    /// [`default_nofile_limit`], `Some(0)` leaves it, `Some(n)` sets it to `n`.
+    pub rlimit_nofile: Option<u64>,
+}
+
+/// The open-files limit the daemon asks for by default.
+pub const DEFAULT_NOFILE: u64 = 1_000_000;
+
 /// Why the daemon stopped with an error.
 #[derive(Debug)]
 pub enum DaemonError {
@@ -56,6 +72,8 @@ pub enum DaemonError {
     Device(String),
     /// The vhost-user session ended with an error.
     Session(String),
+    /// The open-files limit could not be set (`--rlimit-nofile`).
+    Limit(String),
 }
 
 impl fmt::Display for DaemonError {
@@ -67,6 +85,7 @@ impl fmt::Display for DaemonError {
             DaemonError::Socket(m) => write!(f, "vhost-user socket: {m}"),
             DaemonError::Device(m) => write!(f, "device setup: {m}"),
             DaemonError::Session(m) => write!(f, "vhost-user session: {m}"),
+            DaemonError::Limit(m) => write!(f, "--rlimit-nofile: {m}"),
         }
     }
 }
@@ -106,10 +125,24 @@ fn handle_stop_signals(socket_path: Option<PathBuf>) -> io::Result<()> {
     Ok(())
 }
 
-fn listener(spec: &SocketSpec) -> Result<Listener, DaemonError> {
+/// The mode of the socket the daemon creates: owner only, or owner and `--socket-group`.
+fn socket_mode(group: Option<libc::gid_t>) -> libc::mode_t {
+    if group.is_some() {
+        0o770
+    } else {
+        0o700
+    }
+}
+
+fn listener(spec: &SocketSpec, group: Option<libc::gid_t>) -> Result<Listener, DaemonError> {
     match spec {
-        SocketSpec::Path(p) => Listener::new(p, true)
-            .map_err(|e| DaemonError::Socket(format!("cannot listen on {}: {e}", p.display()))),
+        SocketSpec::Path(p) => {
+            let l = Listener::new(p, true).map_err(|e| {
+                DaemonError::Socket(format!("cannot listen on {}: {e}", p.display()))
+            })?;
+            set_socket_owner(p, group)?;
+            Ok(l)
+        }
         SocketSpec::Fd(fd) => {
             // SAFETY: fstat only writes the local `st`; an invalid fd makes it fail with EBADF.
             let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
@@ -127,12 +160,110 @@ fn listener(spec: &SocketSpec) -> Result<Listener, DaemonError> {
     }
 }
 
-/// Runs the daemon process: clears the umask, stops cleanly on SIGTERM/SIGINT, and serves one
-/// frontend connection with [`serve`].
-pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
-    // Modes from the guest are applied as given; the guest kernel already applied its umask.
+/// Gives the socket file at `path` to `group` (when set) and its mode (see [`socket_mode`]).
+fn set_socket_owner(path: &Path, group: Option<libc::gid_t>) -> Result<(), DaemonError> {
+    let fail = |what: &str, e: io::Error| {
+        DaemonError::Socket(format!("cannot {what} {}: {e}", path.display()))
+    };
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| fail("use", io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+    if let Some(gid) = group {
+        // SAFETY: `c` is a NUL-terminated path; chown reads it only. uid -1 keeps the owner.
+        if unsafe { libc::chown(c.as_ptr(), libc::uid_t::MAX, gid) } != 0 {
+            return Err(fail(
+                &format!("give group {gid} (--socket-group) the socket"),
+                io::Error::last_os_error(),
+            ));
+        }
+    }
+    // SAFETY: as above; chmod reads the path only.
+    if unsafe { libc::chmod(c.as_ptr(), socket_mode(group)) } != 0 {
+        return Err(fail("set the mode of", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// The limit `--rlimit-nofile` asks for by default: [`DEFAULT_NOFILE`], or less when the
+/// kernel allows less (`/proc/sys/fs/nr_open`).
+pub fn default_nofile_limit() -> u64 {
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    nr_open.map_or(DEFAULT_NOFILE, |n| n.min(DEFAULT_NOFILE))
+}
+
+fn getrlimit_nofile() -> io::Result<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the local `lim` only.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // rlim_t is not u64 on every target.
+    #[allow(clippy::unnecessary_cast)]
+    Ok((lim.rlim_cur as u64, lim.rlim_max as u64))
+}
+
+fn setrlimit_nofile(soft: u64, hard: u64) -> io::Result<()> {
+    let lim = libc::rlimit {
+        rlim_cur: soft as libc::rlim_t,
+        rlim_max: hard as libc::rlim_t,
+    };
+    // SAFETY: setrlimit reads the local `lim` only.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sets the limit of open files as `--rlimit-nofile` asks (see [`ProcessOptions`]). By
+/// default the soft limit is raised to [`default_nofile_limit`], raising the hard limit too
+/// when needed; without the privilege to raise the hard limit, the soft limit is raised to the
+/// hard one. An explicit value that cannot be set is an error.
+pub fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), DaemonError> {
+    let err = |e: io::Error| DaemonError::Limit(e.to_string());
+    let (soft, hard) = getrlimit_nofile().map_err(err)?;
+    match requested {
+        Some(0) => Ok(()),
+        Some(n) => setrlimit_nofile(n, hard.max(n)).map_err(|e| {
+            DaemonError::Limit(format!(
+                "cannot set the limit of open files to {n} (now soft {soft}, hard {hard}): {e}"
+            ))
+        }),
+        None => {
+            let want = default_nofile_limit();
+            if soft >= want {
+                return Ok(());
+            }
+            match setrlimit_nofile(want, hard.max(want)) {
+                Ok(()) => Ok(()),
+                Err(e) if hard < want => {
+                    if soft < hard {
+                        setrlimit_nofile(hard, hard).map_err(err)?;
+                    }
+                    info!(
+                        "cannot raise the hard limit of open files to {want} ({e}); using the \
+                         hard limit {hard}"
+                    );
+                    Ok(())
+                }
+                Err(e) => Err(err(e)),
+            }
+        }
+    }
+}
+
+/// Runs the daemon process: sets the open-files limit, stops cleanly on SIGTERM/SIGINT, and
+/// serves one frontend connection with [`serve`]; the socket it creates is mode 0700 (0770
+/// and owned by `--socket-group` when given). Files are created with the modes the guest
+/// asks for: the umask is cleared once the socket exists.
+pub fn run(cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonError> {
+    // The socket is created with the restrictive mode straight away, then chmod-ed to it.
     // SAFETY: umask has no memory-safety preconditions.
-    unsafe { libc::umask(0) };
+    unsafe { libc::umask(0o777 & !socket_mode(opts.socket_group)) };
+    set_rlimit_nofile(opts.rlimit_nofile)?;
     // Requests are checked against the caller's groups, never the daemon's own.
     passthrough::drop_supplementary_groups()
         .map_err(|e| DaemonError::Device(format!("cannot drop supplementary groups: {e}")))?;
@@ -148,12 +279,27 @@ pub fn run(cfg: DaemonConfig) -> Result<(), DaemonError> {
         SocketSpec::Fd(_) => None,
     };
     handle_stop_signals(socket_path).map_err(|e| DaemonError::Device(e.to_string()))?;
-    serve(cfg)
+    serve_with(cfg, opts.socket_group, || {
+        // Modes from the guest are applied as given; the guest kernel already applied its
+        // umask. No request is served before the socket is accepted on, after this.
+        // SAFETY: umask has no memory-safety preconditions.
+        unsafe { libc::umask(0) };
+    })
 }
 
 /// Listens, accepts one frontend and serves it until it disconnects. Touches no process-wide
 /// state (signals, umask), so tests run it in a thread.
 pub fn serve(cfg: DaemonConfig) -> Result<(), DaemonError> {
+    serve_with(cfg, None, || {})
+}
+
+/// [`serve`], giving the socket to `socket_group` and calling `listening` once the socket is
+/// ready, before accepting.
+fn serve_with(
+    cfg: DaemonConfig,
+    socket_group: Option<libc::gid_t>,
+    listening: impl FnOnce(),
+) -> Result<(), DaemonError> {
     let root = cfg.fs.root_dir.clone();
     let fs = PassthroughFs::new(cfg.fs).map_err(|e| DaemonError::SharedDir(root.clone(), e))?;
     // Always wrapped, so the device has one type; without rules the wrapper only forwards.
@@ -169,7 +315,8 @@ pub fn serve(cfg: DaemonConfig) -> Result<(), DaemonError> {
     )
     .map_err(|e| DaemonError::Device(e.to_string()))?;
 
-    let mut listener = listener(&cfg.socket)?;
+    let mut listener = listener(&cfg.socket, socket_group)?;
+    listening();
     info!(
         "serving {} on {}",
         root.display(),

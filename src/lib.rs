@@ -11,12 +11,14 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+pub mod activation;
 pub mod cli;
 pub mod daemon;
 pub mod filesystem;
 pub mod frontend;
 pub mod fuse;
 pub mod idmap;
+pub mod logging;
 pub mod passthrough;
 pub mod userns;
 pub mod vhost_user;

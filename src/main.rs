@@ -3,26 +3,38 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use virtiofsd::cli::{log_level, Args};
-use virtiofsd::daemon::{self, DaemonConfig};
+use virtiofsd::cli::{Args, Command, CAPABILITIES};
+use virtiofsd::{activation, daemon, logging};
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let parsed = log_level(&args.log_level)
-        .and_then(|level| DaemonConfig::try_from(args).map(|config| (level, config)));
-    let (level, config) = match parsed {
-        Ok(p) => p,
+    let settings = match args.into_command(activation::listen_fds_from_env) {
+        Ok(Command::PrintCapabilities) => {
+            print!("{CAPABILITIES}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Run(s)) => s,
         Err(e) => {
             eprintln!("virtiofsd: {e}");
             return ExitCode::from(2);
         }
     };
-    env_logger::Builder::new()
-        .filter_level(level)
-        .parse_env("RUST_LOG")
-        .format_timestamp_millis()
-        .init();
-    match daemon::run(config) {
+    for w in &settings.warnings {
+        eprintln!("virtiofsd: {w}");
+    }
+    let level = settings.log.level;
+    if settings.log.syslog {
+        if !std::path::Path::new("/dev/log").exists() {
+            logging::init_stderr(level);
+            log::warn!("--syslog: no syslog daemon listens on /dev/log; logging to stderr");
+        } else if let Err(e) = logging::Syslog::init(level) {
+            eprintln!("virtiofsd: --syslog: {e}");
+            return ExitCode::FAILURE;
+        }
+    } else {
+        logging::init_stderr(level);
+    }
+    match daemon::run(settings.daemon, &settings.process) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             log::error!("{e}");

@@ -107,6 +107,7 @@ pub mod init {
     pub const SECURITY_CTX: u64 = 1 << 32;
     pub const HAS_INODE_DAX: u64 = 1 << 33;
     pub const CREATE_SUPP_GROUP: u64 = 1 << 34;
+    pub const DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
     /// Idmapped mounts of this file system (7.41). The kernel accepts it only with
     /// `default_permissions` (always set for virtiofs) and then sends the caller's uid/gid,
     /// mapped through the mount, only with requests that create an inode (MKNOD, MKDIR, SYMLINK,

@@ -60,6 +60,15 @@ pub struct Config {
     pub readdirplus: bool,
     /// Enable the guest's writeback cache (`--writeback`).
     pub writeback: bool,
+    /// Honour `O_DIRECT` from the guest (`--allow-direct-io`); otherwise it is dropped from
+    /// the flags host files are opened with.
+    pub allow_direct_io: bool,
+    /// Let the guest mmap files served with direct I/O (`--allow-mmap`, with `cache` never or
+    /// metadata): `FUSE_DIRECT_IO_ALLOW_MMAP` is offered at INIT.
+    pub allow_mmap: bool,
+    /// Keep `O_NOATIME` from the guest (`--preserve-noatime`); otherwise it is dropped from
+    /// the flags host files are opened with.
+    pub preserve_noatime: bool,
     /// Entry timeout; defaults from `cache`.
     pub entry_timeout: Duration,
     /// Attribute timeout; defaults from `cache`.
@@ -76,6 +85,9 @@ impl Config {
             readonly: false,
             readdirplus: true,
             writeback: false,
+            allow_direct_io: false,
+            allow_mmap: false,
+            preserve_noatime: false,
             entry_timeout: cache.timeout(),
             attr_timeout: cache.timeout(),
         }

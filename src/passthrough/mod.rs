@@ -332,7 +332,8 @@ impl PassthroughFs {
     }
 
     /// The guest's `open(2)` flags as the host file is opened with: creation, terminal,
-    /// path-only and signal flags removed; with writeback caching, write-only becomes
+    /// path-only and signal flags removed; `O_DIRECT` removed unless `--allow-direct-io`,
+    /// `O_NOATIME` unless `--preserve-noatime`; with writeback caching, write-only becomes
     /// read-write (the guest's page cache may read) and `O_APPEND` is left to the guest.
     fn host_open_flags(&self, flags: i32) -> i32 {
         let mut f = flags
@@ -343,6 +344,12 @@ impl PassthroughFs {
                 | libc::O_PATH
                 | libc::O_ASYNC
                 | (libc::O_TMPFILE & !libc::O_DIRECTORY));
+        if !self.cfg.allow_direct_io {
+            f &= !libc::O_DIRECT;
+        }
+        if !self.cfg.preserve_noatime {
+            f &= !libc::O_NOATIME;
+        }
         if self.cfg.writeback {
             if f & libc::O_ACCMODE == libc::O_WRONLY {
                 f = (f & !libc::O_ACCMODE) | libc::O_RDWR;
@@ -524,6 +531,10 @@ impl FileSystem for PassthroughFs {
         }
         if self.cfg.writeback {
             want |= init::WRITEBACK_CACHE;
+        }
+        if self.cfg.allow_mmap && matches!(self.cfg.cache, CacheMode::Never | CacheMode::Metadata) {
+            // Files are served with direct I/O; let the guest mmap them all the same.
+            want |= init::DIRECT_IO_ALLOW_MMAP;
         }
         if self.as_root {
             // Creations are checked against the caller's groups: ask for the one that matters.
@@ -798,7 +809,7 @@ impl FileSystem for PassthroughFs {
         check_new_name(name)?;
         let p = self.inode(parent)?;
         let flags = flags as i32;
-        let direct = flags & libc::O_DIRECT != 0;
+        let direct = self.host_open_flags(flags) & libc::O_DIRECT != 0;
         // Always exclusive: an existing name is handled below. O_DIRECT is set after creation
         // (the host may refuse it, and the file must not be created twice).
         let oflags =
@@ -855,7 +866,7 @@ impl FileSystem for PassthroughFs {
         self.check_writable()?;
         let p = self.inode(parent)?;
         let flags = flags as i32;
-        let direct = flags & libc::O_DIRECT != 0;
+        let direct = self.host_open_flags(flags) & libc::O_DIRECT != 0;
         let oflags = (self.host_open_flags(flags) & !libc::O_DIRECT) | libc::O_TMPFILE;
         let mode = mode & !umask & 0o7777;
         let file = {
