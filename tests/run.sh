@@ -20,3 +20,9 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 tests/guest-run.sh --kernel all
+
+echo "== packaging: install layout, systemd units, man page, socket activation, examples"
+tests/packaging.sh
+
+echo "== real client: libvirt launches this daemon for a TCG guest"
+tests/libvirt/run.sh
