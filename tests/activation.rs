@@ -8,13 +8,16 @@
 //! daemon gets from `exec`), so that the code between fork and exec only calls
 //! async-signal-safe functions.
 
+mod common;
+
+use common::wait_exit;
+
 use std::fs;
-use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -91,27 +94,6 @@ fn spawn_activated(
 
 fn share_arg(share: &Path) -> String {
     format!("--shared-dir={}", share.display())
-}
-
-/// Waits (bounded) for the child to exit; returns its status and stderr.
-fn wait_exit(mut child: Child) -> (ExitStatus, String) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("virtiofsd did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        e.read_to_string(&mut err).unwrap();
-    }
-    (status, err)
 }
 
 #[test]

@@ -3,6 +3,10 @@
 //! implemented yet; deprecated spellings warn; bad values exit 2 naming the flag;
 //! `--print-capabilities`, `--version`; `--help` and `doc/configuration.md` agree.
 
+mod common;
+
+use common::wait_exit;
+
 use std::collections::BTreeSet;
 use std::fs;
 use std::io::Read;
@@ -135,27 +139,6 @@ fn wait_for_socket(child: &mut Child, path: &Path) {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-/// Waits (bounded) for the child to exit; returns its status and stderr.
-fn wait_exit(mut child: Child) -> (ExitStatus, String) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("virtiofsd did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        e.read_to_string(&mut err).unwrap();
-    }
-    (status, err)
 }
 
 fn terminate(child: Child) -> (ExitStatus, String) {

@@ -5,10 +5,9 @@
 mod common;
 
 use std::fs;
-use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -58,27 +57,6 @@ fn serve_args(d: &Dirs, extra: &[&str]) -> Vec<String> {
     ];
     v.extend(extra.iter().map(|s| s.to_string()));
     v
-}
-
-/// Waits (bounded) for the child to exit; returns its status and stderr.
-fn wait_exit(mut child: Child) -> (ExitStatus, String) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("virtiofsd did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        e.read_to_string(&mut err).unwrap();
-    }
-    (status, err)
 }
 
 /// Polls until `path` exists (the daemon is listening).

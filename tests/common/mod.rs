@@ -466,3 +466,24 @@ pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
         .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 13) as u8)
         .collect()
 }
+
+/// Waits (bounded) for the child to exit; returns its status and stderr.
+pub fn wait_exit(mut child: std::process::Child) -> (std::process::ExitStatus, String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("virtiofsd did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut err).unwrap();
+    }
+    (status, err)
+}
