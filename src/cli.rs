@@ -94,7 +94,9 @@ pub struct Args {
     #[arg(long = "seccomp", value_name = "ACTION", default_value = "none")]
     pub seccomp: String,
 
-    /// Tell the guest which directories are mount points [not implemented yet]
+    /// Tell the guest which directories are mount points, so that each host filesystem under
+    /// the share gets its own device number in the guest (off by default here; the reference
+    /// announces by default)
     #[arg(long = "announce-submounts")]
     pub announce_submounts: bool,
 
@@ -480,8 +482,10 @@ impl Args {
                 "no_security_label" => self.security_label = "never".into(),
                 // No locks are offered to the guest: these ask for what already happens.
                 "no_posix_lock" | "no_flock" => {}
-                "announce_submounts" | "killpriv_v2" | "posix_acl" | "security_label"
-                | "posix_lock" | "flock" => return Err(not_yet(&flag, "")),
+                "announce_submounts" => self.announce_submounts = true,
+                "killpriv_v2" | "posix_acl" | "security_label" | "posix_lock" | "flock" => {
+                    return Err(not_yet(&flag, ""))
+                }
                 "norace" => {
                     return Err(usage(format!(
                         "{flag}: not supported (an option of the old C virtiofsd)"
@@ -585,6 +589,7 @@ impl Args {
         fs.readonly = self.readonly;
         fs.readdirplus = !self.no_readdirplus;
         fs.writeback = self.writeback;
+        fs.announce_submounts = self.announce_submounts && !self.no_announce_submounts;
         fs.allow_direct_io = self.allow_direct_io;
         fs.allow_mmap = self.allow_mmap;
         fs.preserve_noatime = self.preserve_noatime;
@@ -656,11 +661,6 @@ impl Args {
         )?;
         let refused = [
             (
-                self.announce_submounts,
-                "--announce-submounts",
-                "; --no-announce-submounts is the default here",
-            ),
-            (
                 self.killpriv_v2,
                 "--killpriv-v2",
                 "; --no-killpriv-v2 is the default",
@@ -688,8 +688,8 @@ impl Args {
 fn unknown_compat(flag: &str) -> UsageError {
     usage(format!(
         "{flag}: unknown legacy option; expected source=DIR, cache=MODE, loglevel=LEVEL, \
-         sandbox=none, xattr, no_xattr, readdirplus, no_readdirplus, writeback, no_writeback, \
-         allow_direct_io, no_allow_direct_io, no_killpriv_v2, no_posix_acl, no_security_label, \
+         sandbox=none, announce_submounts, xattr, no_xattr, readdirplus, no_readdirplus, \
+         writeback, no_writeback, allow_direct_io, no_allow_direct_io, no_killpriv_v2, no_posix_acl, no_security_label, \
          no_posix_lock or no_flock"
     ))
 }
@@ -799,7 +799,6 @@ mod tests {
             ("--posix-acl", "--posix-acl=always"),
             ("--posix-acl=auto", "--posix-acl=auto"),
             ("--security-label", "--security-label=always"),
-            ("--announce-submounts", "--announce-submounts"),
             ("--killpriv-v2", "--killpriv-v2"),
             ("--xattrmap=:map::user.virtiofs.:", "--xattrmap"),
             ("--modcaps=+sys_admin", "--modcaps"),
@@ -815,6 +814,27 @@ mod tests {
             assert!(e.0.starts_with(named), "{flag}: {e}");
             assert!(e.0.contains("not implemented yet in this version"), "{e}");
         }
+    }
+
+    #[test]
+    fn announce_submounts_reaches_the_filesystem_config_and_the_last_of_a_pair_wins() {
+        let on = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--announce-submounts",
+        ]);
+        assert!(on.unwrap().fs.announce_submounts);
+        let legacy = parse(&["--socket-path=/s", "-o", "source=/tmp,announce_submounts"]);
+        assert!(legacy.unwrap().fs.announce_submounts);
+        let off = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--announce-submounts",
+            "--no-announce-submounts",
+        ]);
+        assert!(!off.unwrap().fs.announce_submounts);
+        let default = parse(&["--shared-dir=/tmp", "--socket-path=/s"]).unwrap();
+        assert!(!default.fs.announce_submounts);
     }
 
     #[test]
@@ -958,7 +978,6 @@ mod tests {
     #[test]
     fn unsupported_legacy_options_are_refused_naming_them() {
         for (opt, says) in [
-            ("announce_submounts", "not implemented yet"),
             ("flock", "not implemented yet"),
             ("posix_lock", "not implemented yet"),
             ("posix_acl", "not implemented yet"),

@@ -279,6 +279,7 @@ fn supported_flags_are_accepted_and_the_daemon_serves() {
         &["--readonly"],
         &["--seccomp=none"],
         &["--no-announce-submounts"],
+        &["--announce-submounts"],
         &["--inode-file-handles=never"],
         &["--cache=never", "--allow-mmap"],
         &["--cache=metadata"],
@@ -334,7 +335,6 @@ fn unimplemented_flags_are_refused_saying_so() {
         (&["--security-label"], "--security-label=always"),
         (&["--security-label=auto"], "--security-label=auto"),
         (&["--xattrmap=:map::user.virtiofs.:"], "--xattrmap"),
-        (&["--announce-submounts"], "--announce-submounts"),
         (
             &["--inode-file-handles=prefer"],
             "--inode-file-handles=prefer",
@@ -362,7 +362,6 @@ fn unimplemented_flags_are_refused_saying_so() {
             "--migration-verify-handles",
         ),
         (&["--migration-confirm-paths"], "--migration-confirm-paths"),
-        (&["-o", "announce_submounts"], "-o announce_submounts"),
         (&["-o", "flock"], "-o flock"),
         (&["-o", "posix_lock"], "-o posix_lock"),
         (&["-o", "posix_acl"], "-o posix_acl"),

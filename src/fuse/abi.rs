@@ -161,6 +161,9 @@ pub mod fattr {
     pub const KILL_SUIDGID: u32 = 1 << 11;
 }
 
+/// `fuse_attr::flags`: the directory is a mount point on the host (with `FUSE_SUBMOUNTS`).
+pub const ATTR_SUBMOUNT: u32 = 1 << 0;
+
 /// `fuse_getattr_in::getattr_flags`: `fh` is valid.
 pub const GETATTR_FH: u32 = 1 << 0;
 /// `fuse_write_in::write_flags`: kill suid/sgid (with `HANDLE_KILLPRIV_V2`).

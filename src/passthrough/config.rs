@@ -60,6 +60,9 @@ pub struct Config {
     pub readdirplus: bool,
     /// Enable the guest's writeback cache (`--writeback`).
     pub writeback: bool,
+    /// Tell the guest which directories are mount points (`--announce-submounts`), so that it
+    /// gives each host filesystem under the share its own device number.
+    pub announce_submounts: bool,
     /// Honour `O_DIRECT` from the guest (`--allow-direct-io`); otherwise it is dropped from
     /// the flags host files are opened with.
     pub allow_direct_io: bool,
@@ -85,6 +88,7 @@ impl Config {
             readonly: false,
             readdirplus: true,
             writeback: false,
+            announce_submounts: false,
             allow_direct_io: false,
             allow_mmap: false,
             preserve_noatime: false,

@@ -203,15 +203,31 @@ impl PassthroughFs {
     fn do_lookup(&self, parent: &Arc<InodeData>, name: &CStr) -> io::Result<Entry> {
         let (st, mnt_id) = sys::stat_at_mnt(self.path_fd(parent)?, name)?;
         let key = InodeKey::new(&st, mnt_id);
-        if let Some(known) = self.inodes.ref_known(&key) {
-            known.found_at(parent, name);
-            return Ok(self.entry(known.id, st));
-        }
-        let origin = Origin {
-            parent: parent.clone(),
-            name: name.to_owned(),
+        let mut entry = match self.inodes.ref_known(&key) {
+            Some(known) => {
+                known.found_at(parent, name);
+                self.entry(known.id, st)
+            }
+            None => {
+                let origin = Origin {
+                    parent: parent.clone(),
+                    name: name.to_owned(),
+                };
+                self.register(st, mnt_id, Source::Found(origin))
+            }
         };
-        Ok(self.register(st, mnt_id, Source::Found(origin)))
+        if self.is_submount(parent, &key, st.st_mode) {
+            entry.attr_flags |= crate::fuse::abi::ATTR_SUBMOUNT;
+        }
+        Ok(entry)
+    }
+
+    /// Whether a directory identified by `key` under `parent` is the root of another host
+    /// mount, to be announced to the guest (`--announce-submounts`).
+    fn is_submount(&self, parent: &InodeData, key: &InodeKey, mode: u32) -> bool {
+        self.cfg.announce_submounts
+            && mode & libc::S_IFMT == libc::S_IFDIR
+            && (key.dev != parent.key.dev || key.mnt_id != parent.key.mnt_id)
     }
 
     /// Whether `fd` refers to the inode `data`.
@@ -531,6 +547,9 @@ impl FileSystem for PassthroughFs {
         }
         if self.cfg.writeback {
             want |= init::WRITEBACK_CACHE;
+        }
+        if self.cfg.announce_submounts {
+            want |= init::SUBMOUNTS;
         }
         if self.cfg.allow_mmap && matches!(self.cfg.cache, CacheMode::Never | CacheMode::Metadata) {
             // Files are served with direct I/O; let the guest mmap them all the same.

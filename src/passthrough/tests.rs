@@ -1511,3 +1511,26 @@ fn whiteout_left_by_rename_belongs_to_the_caller() {
     assert_eq!(m.mode() & libc::S_IFMT, libc::S_IFCHR);
     assert_eq!((m.uid(), m.gid()), (1000, 1001));
 }
+
+#[test]
+fn mount_points_are_announced_only_when_asked() {
+    let Some(m) = NoFiletypeMount::new() else {
+        eprintln!("skipped: needs root, mkfs.ext4 and a loop device");
+        return;
+    };
+    let share = m.dir.path();
+    std::fs::create_dir(share.join("plain")).unwrap();
+    let submount = crate::fuse::abi::ATTR_SUBMOUNT;
+    let fs = fs_with(share, |c| c.announce_submounts = true);
+    assert_eq!(
+        fs.init(u64::MAX).unwrap() & init::SUBMOUNTS,
+        init::SUBMOUNTS
+    );
+    assert_eq!(lookup(&fs, "mnt").attr_flags & submount, submount);
+    assert_eq!(lookup(&fs, "plain").attr_flags & submount, 0);
+    // Inside the submount, its own directories are not mount points.
+    assert_eq!(lookup(&fs, "mnt/lost+found").attr_flags & submount, 0);
+    let quiet = new_fs(share);
+    assert_eq!(quiet.init(u64::MAX).unwrap() & init::SUBMOUNTS, 0);
+    assert_eq!(lookup(&quiet, "mnt").attr_flags & submount, 0);
+}

@@ -402,7 +402,7 @@ boot() {
     mkdir -p "$share"
     prepare_share "$share"
     [ "$suite" = main ] && prepare_tree "$share/fixtures/tree30k"
-    [ "$suite" = main ] && prepare_nofiletype "$share/fixtures/nofiletype"
+    prepare_nofiletype "$share/fixtures/nofiletype"
     [ "$suite" = readonly ] && fingerprint "$share" > "$dir/before.txt"
 
     echo "# boot: kernel $k, $bname (guest suite $suite), daemon flags: ${flags[*]}"
@@ -674,7 +674,7 @@ for k in $KERNELS; do
     for s in $SUITES; do
         case "$s" in
             main) boot "$k" main main --xattr --cache auto ;;
-            readonly) boot "$k" readonly readonly --readonly --xattr ;;
+            readonly) boot "$k" readonly readonly --readonly --xattr --announce-submounts ;;
             cache-never) boot "$k" cache-never main --xattr --cache never --thread-pool-size 4 ;;
             writeback) boot "$k" writeback main --xattr --cache always --writeback ;;
         esac

@@ -289,6 +289,7 @@ t_nofiletype_dtypes() {
 }
 t dtype-on-host-fs-without-filetype t_nofiletype_dtypes
 
+
 t_stat_types() {
     eq "$(stat -c %F $F/bigdir/d)" "directory" "d"
     eq "$(stat -c %F $F/bigdir/l)" "symbolic link" "l"

@@ -51,3 +51,16 @@ t_ro_unchanged() {
     [ ! -e /mnt/new-file ] && [ ! -e /mnt/new-dir ] && [ ! -e $F/new-link ] || fail "something was created"
 }
 t ro-nothing-changed t_ro_unchanged
+# The read-only boot runs the daemon with --announce-submounts: the host mount point under the share
+# is a submount in the guest, with a device number of its own.
+t_submount() {
+    D=$F/nofiletype
+    [ -e $D/MOUNT-FAILED ] && fail "the host could not mount the fixture: $(cat $D/MOUNT-FAILED)"
+    a=$(stat -c %d /mnt)
+    b=$(stat -c %d $D)
+    [ "$a" != "$b" ] || fail "$D has the share's device number $a: not announced as a submount"
+    grep -q " $D virtiofs " /proc/mounts || fail "no virtiofs submount at $D: $(grep virtiofs /proc/mounts | tr '\n' ';')"
+    # Unmount it so that the final unmount of /mnt is clean.
+    umount $D
+}
+t host-mount-point-is-a-guest-submount t_submount
