@@ -490,7 +490,8 @@ impl PassthroughFs {
             }
         };
         let entry = self.register(st, mnt_id, source);
-        let handle = self.open_handle(entry.inode, HandleData::file(entry.inode, file));
+        let node = self.inode(entry.inode)?;
+        let handle = self.open_handle(&node, HandleData::file(entry.inode, file));
         let opened = Opened {
             handle: Some(handle),
             open_flags: self.file_open_flags(),
@@ -498,15 +499,13 @@ impl PassthroughFs {
         Ok((entry, opened))
     }
 
-    /// Registers an open handle of `inode`, remembered by the inode for when its name is gone.
-    fn open_handle(&self, inode: u64, data: HandleData) -> u64 {
+    /// Registers an open handle of `node`, remembered by the node for when its name is gone.
+    fn open_handle(&self, node: &InodeData, data: HandleData) -> u64 {
         let (id, h) = self.handles.insert(data);
-        if let Some(node) = self.inodes.get(inode) {
-            *node
-                .last_open
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&h);
-        }
+        *node
+            .last_open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&h);
         id
     }
 
@@ -807,7 +806,7 @@ impl FileSystem for PassthroughFs {
         if fuse_flags & crate::fuse::abi::OPEN_KILL_SUIDGID != 0 && flags & libc::O_TRUNC != 0 {
             Self::kill_suidgid_fd(file.as_fd())?;
         }
-        let handle = self.open_handle(inode, HandleData::file(inode, file));
+        let handle = self.open_handle(&data, HandleData::file(inode, file));
         Ok(Opened {
             handle: Some(handle),
             open_flags: self.file_open_flags(),
@@ -954,7 +953,7 @@ impl FileSystem for PassthroughFs {
         }
         let file = self.open_node(&data, libc::O_RDONLY | libc::O_DIRECTORY)?;
         let open_flags = self.dir_open_flags(&data, file.as_fd());
-        let handle = self.open_handle(inode, HandleData::dir(inode, file));
+        let handle = self.open_handle(&data, HandleData::dir(inode, file));
         Ok(Opened {
             handle: Some(handle),
             open_flags,
