@@ -46,6 +46,37 @@ impl CacheMode {
     }
 }
 
+/// When inodes are referenced by file handle rather than by descriptor
+/// (`--inode-file-handles`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InodeFileHandles {
+    /// Every inode the daemon needed a descriptor of keeps an `O_PATH` descriptor.
+    Never,
+    /// Inodes other than directories keep a file handle instead of a descriptor where the
+    /// host file system gives handles and the daemon may open them; a descriptor otherwise.
+    #[default]
+    Prefer,
+    /// As `Prefer`, but a file without a handle is refused (lookups fail) and the daemon does
+    /// not start when it cannot open handles.
+    Mandatory,
+}
+
+impl FromStr for InodeFileHandles {
+    type Err = String;
+
+    /// Parses a mode; "fallback" (the reference's deprecated alias) is "prefer".
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "never" => Ok(InodeFileHandles::Never),
+            "prefer" | "fallback" => Ok(InodeFileHandles::Prefer),
+            "mandatory" => Ok(InodeFileHandles::Mandatory),
+            _ => Err(format!(
+                "invalid value '{s}': expected one of never, prefer, mandatory"
+            )),
+        }
+    }
+}
+
 /// Configuration of a [`super::PassthroughFs`].
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -72,6 +103,8 @@ pub struct Config {
     /// Keep `O_NOATIME` from the guest (`--preserve-noatime`); otherwise it is dropped from
     /// the flags host files are opened with.
     pub preserve_noatime: bool,
+    /// File handles instead of descriptors for inodes (`--inode-file-handles`).
+    pub inode_file_handles: InodeFileHandles,
     /// Entry timeout; defaults from `cache`.
     pub entry_timeout: Duration,
     /// Attribute timeout; defaults from `cache`.
@@ -92,6 +125,7 @@ impl Config {
             allow_direct_io: false,
             allow_mmap: false,
             preserve_noatime: false,
+            inode_file_handles: InodeFileHandles::default(),
             entry_timeout: cache.timeout(),
             attr_timeout: cache.timeout(),
         }
@@ -115,6 +149,19 @@ mod tests {
         assert_eq!("metadata".parse::<CacheMode>(), Ok(CacheMode::Metadata));
         assert_eq!("auto".parse::<CacheMode>(), Ok(CacheMode::Auto));
         assert_eq!("always".parse::<CacheMode>(), Ok(CacheMode::Always));
+    }
+
+    #[test]
+    fn inode_file_handles_parse_with_the_deprecated_alias() {
+        let p = |s: &str| s.parse::<InodeFileHandles>();
+        assert_eq!(p("never"), Ok(InodeFileHandles::Never));
+        assert_eq!(p("prefer"), Ok(InodeFileHandles::Prefer));
+        assert_eq!(p("fallback"), Ok(InodeFileHandles::Prefer));
+        assert_eq!(p("mandatory"), Ok(InodeFileHandles::Mandatory));
+        assert!(p("always")
+            .unwrap_err()
+            .contains("never, prefer, mandatory"));
+        assert_eq!(InodeFileHandles::default(), InodeFileHandles::Prefer);
     }
 
     #[test]

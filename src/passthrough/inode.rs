@@ -1,5 +1,5 @@
-//! The inode store: node ids handed to the guest, each backed by an `O_PATH | O_NOFOLLOW`
-//! descriptor of a host file.
+//! The inode store: node ids handed to the guest, each backed by a host file reached through
+//! its parent and name, an `O_PATH | O_NOFOLLOW` descriptor, or a file handle.
 //!
 //! A host file is identified by (`st_dev`, `st_ino`, mount id); looking up a file already known
 //! returns its node id and adds a reference, so one host file has one node id at a time. The
@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 
 use super::dircache::Stamp;
+use super::file_handle::FileHandle;
 use super::handle::HandleData;
 
 use crate::fuse::abi::ROOT_ID;
@@ -52,6 +53,24 @@ pub enum Source {
     Found(Origin),
 }
 
+/// An `O_PATH` descriptor of an inode: the one the inode keeps, or one opened for a single
+/// operation (closed when dropped). Use it through [`AsFd`], and keep it alive as long as a
+/// `/proc/self/fd/N` name made from it is used.
+#[derive(Debug)]
+pub enum PathFd<'a> {
+    Kept(BorrowedFd<'a>),
+    Owned(OwnedFd),
+}
+
+impl AsFd for PathFd<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            PathFd::Kept(fd) => fd.as_fd(),
+            PathFd::Owned(fd) => fd.as_fd(),
+        }
+    }
+}
+
 /// One host file the guest holds references on.
 ///
 /// Most inodes come from a lookup or a directory listing and are never used for more than a
@@ -59,12 +78,18 @@ pub enum Source {
 /// filesystem opens an `O_PATH` descriptor the first time an operation needs one, checking
 /// that the name still leads to the same file (else `ESTALE`). That keeps a tree walk to one
 /// `statx` per entry and the daemon's descriptors bounded by what the guest really uses.
+///
+/// With file handles (`--inode-file-handles=prefer|mandatory`) an inode other than a directory
+/// keeps a file handle instead of that descriptor, taken the first time a descriptor is needed
+/// (at lookup with `mandatory`), and each operation opens a descriptor for its own use.
 #[derive(Debug)]
 pub struct InodeData {
     pub id: u64,
     pub key: InodeKey,
-    /// `O_PATH | O_NOFOLLOW` descriptor of the file, once opened.
+    /// `O_PATH | O_NOFOLLOW` descriptor of the file, once opened and kept.
     fd: OnceLock<OwnedFd>,
+    /// File handle of the file, once taken (file handle modes only).
+    handle: OnceLock<FileHandle>,
     /// Parent and name, for inodes found by name (updated when found again by another name).
     origin: Mutex<Option<Origin>>,
     /// The handle this inode was last opened with, to stat it after its name is gone.
@@ -87,6 +112,7 @@ impl InodeData {
             id,
             key,
             fd,
+            handle: OnceLock::new(),
             origin: Mutex::new(origin),
             last_open: Mutex::new(Weak::new()),
             kind,
@@ -137,6 +163,16 @@ impl InodeData {
             Some(fd) => fd.as_fd(),
             None => unreachable!("OnceLock::set above leaves a value"),
         }
+    }
+
+    /// The file handle, if one was taken.
+    pub fn file_handle(&self) -> Option<&FileHandle> {
+        self.handle.get()
+    }
+
+    /// Keeps `h` as this inode's file handle (unless one is kept already).
+    pub fn keep_file_handle(&self, h: FileHandle) {
+        let _ = self.handle.set(h);
     }
 
     pub fn is_dir(&self) -> bool {

@@ -12,6 +12,7 @@
 //!
 //! # Layout
 //! - `inode`: node id ↔ host file table with lookup counts;
+//! - `file_handle`: file handles, kept instead of descriptors with `--inode-file-handles`;
 //! - `handle`: open files and directories;
 //! - `dir`: directory snapshots served by READDIR / READDIRPLUS;
 //! - `sys`: thin wrappers over the syscalls;
@@ -21,6 +22,7 @@ pub mod config;
 mod credentials;
 mod dir;
 mod dircache;
+mod file_handle;
 mod handle;
 mod inode;
 mod sys;
@@ -34,7 +36,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-pub use config::{CacheMode, Config};
+pub use config::{CacheMode, Config, InodeFileHandles};
 pub use credentials::drop_supplementary_groups;
 
 use crate::filesystem::{
@@ -44,8 +46,9 @@ use crate::fuse::abi::{fopen, init, ROOT_ID};
 use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
 use dir::DirSnapshot;
 use dircache::{DirCache, Stamp};
+use file_handle::{FileHandle, MountFds};
 use handle::{HandleData, HandleStore};
-use inode::{InodeData, InodeKey, InodeStore, Origin, Source};
+use inode::{InodeData, InodeKey, InodeStore, Origin, PathFd, Source};
 use sys::{error, ProcName};
 
 /// Longest name of a directory entry.
@@ -64,6 +67,10 @@ pub struct PassthroughFs {
     proc_self_fd: OwnedFd,
     /// Whether the daemon runs as root (and so creates files as the caller).
     as_root: bool,
+    /// File handle mode in effect (`Never` when `prefer` found handles unusable at start).
+    fh_mode: InodeFileHandles,
+    /// A descriptor per mount, to open file handles through.
+    mounts: MountFds,
 }
 
 /// Refuses names that are empty, contain `/`, or are longer than `NAME_MAX`.
@@ -146,8 +153,12 @@ impl PassthroughFs {
         let root = open_path_dir(&cfg.root_dir)?;
         let proc_self_fd = open_path_dir(std::path::Path::new("/proc/self/fd"))?;
         let (st, mnt_id) = sys::stat_fd_mnt(root.as_fd())?;
+        let mounts = MountFds::default();
+        let fh_mode = file_handle::probe(cfg.inode_file_handles, root.as_fd(), &mounts)?;
         Ok(PassthroughFs {
             inodes: InodeStore::new(root, &st, mnt_id),
+            fh_mode,
+            mounts,
             handles: HandleStore::default(),
             dircache: DirCache::new(dircache::DEFAULT_CAP),
             proc_self_fd,
@@ -199,9 +210,11 @@ impl PassthroughFs {
     }
 
     /// Looks `name` up in `parent` without following a symlink and takes one reference. One
-    /// `statx`; a new inode gets no descriptor until an operation needs one.
+    /// `statx`; a new inode gets no descriptor until an operation needs one. With
+    /// `--inode-file-handles=mandatory` a new inode gets its file handle here, and the lookup
+    /// fails when the host file system cannot give one.
     fn do_lookup(&self, parent: &Arc<InodeData>, name: &CStr) -> io::Result<Entry> {
-        let (st, mnt_id) = sys::stat_at_mnt(self.path_fd(parent)?, name)?;
+        let (st, mnt_id) = sys::stat_at_mnt(self.path_fd(parent)?.as_fd(), name)?;
         let key = InodeKey::new(&st, mnt_id);
         let mut entry = match self.inodes.ref_known(&key) {
             Some(known) => {
@@ -209,11 +222,19 @@ impl PassthroughFs {
                 self.entry(known.id, st)
             }
             None => {
+                let handle = match self.fh_mode {
+                    InodeFileHandles::Mandatory => Some(self.handle_by_name(parent, name, &key)?),
+                    _ => None,
+                };
                 let origin = Origin {
                     parent: parent.clone(),
                     name: name.to_owned(),
                 };
-                self.register(st, mnt_id, Source::Found(origin))
+                let entry = self.register(st, mnt_id, Source::Found(origin));
+                if let (Some(h), Some(node)) = (handle, self.inodes.get(entry.inode)) {
+                    node.keep_file_handle(h);
+                }
+                entry
             }
         };
         if self.is_submount(parent, &key, st.st_mode) {
@@ -236,36 +257,126 @@ impl PassthroughFs {
         Ok(InodeKey::new(&st, mnt_id) == data.key)
     }
 
-    /// The `O_PATH` descriptor of `data`, opened through its parent and name on first need and
-    /// kept from then on. When the name no longer leads to the same file, the handle the inode
-    /// was last opened with is used; failing that, the inode is stale (`ESTALE`).
-    fn path_fd<'a>(&self, data: &'a InodeData) -> io::Result<BorrowedFd<'a>> {
+    /// Whether `data` keeps a file handle rather than an `O_PATH` descriptor: in the file
+    /// handle modes, every inode but directories. Directories keep their descriptors: they are
+    /// the parents every lookup, creation and removal goes through, and a guest holds few of
+    /// them next to its files.
+    fn uses_file_handle(&self, data: &InodeData) -> bool {
+        self.fh_mode != InodeFileHandles::Never && !data.is_dir()
+    }
+
+    /// An `O_PATH` descriptor of `data`.
+    ///
+    /// The first time, it is opened through the parent and name (checking that the name still
+    /// leads to the same file). Without file handles (and for directories) that descriptor is
+    /// kept from then on. With file handles, a file handle is taken from it instead and each
+    /// call opens a descriptor for its caller: through the name while it leads to the file,
+    /// else through the handle (the file was renamed or moved on the host). In `prefer` mode a
+    /// file whose file system gives no handles keeps its descriptor. When neither works (the
+    /// file was removed), the handle the inode was last opened with is used; failing that,
+    /// the inode is stale (`ESTALE`).
+    fn path_fd<'a>(&self, data: &'a InodeData) -> io::Result<PathFd<'a>> {
         if let Some(fd) = data.opened_fd() {
-            return Ok(fd);
+            return Ok(PathFd::Kept(fd));
         }
-        let by_name = match data.origin() {
+        let origin = data.origin();
+        let by_name = match &origin {
             Some((parent, name)) => {
-                match sys::openat(self.path_fd(&parent)?, &name, open_path_flags(), 0) {
+                match sys::openat(self.path_fd(parent)?.as_fd(), name, open_path_flags(), 0) {
                     Ok(fd) if Self::is_inode(fd.as_fd(), data)? => Some(fd),
                     _ => None,
                 }
             }
             None => None,
         };
-        let fd = match by_name {
-            Some(fd) => fd,
-            None => {
-                let open = data
-                    .last_open
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .upgrade();
-                let h = open.ok_or_else(|| error(libc::ESTALE))?;
-                let name = ProcName::new(h.fd().as_raw_fd());
-                sys::openat(self.proc_self_fd.as_fd(), name.name(), libc::O_PATH, 0)?
+        if !self.uses_file_handle(data) {
+            let fd = match by_name {
+                Some(fd) => fd,
+                None => self.last_open_fd(data)?,
+            };
+            return Ok(PathFd::Kept(data.keep_fd(fd)));
+        }
+        if let Some(fd) = by_name {
+            if data.file_handle().is_some() {
+                return Ok(PathFd::Owned(fd));
             }
-        };
-        Ok(data.keep_fd(fd))
+            let parent = origin.as_ref().map(|(p, _)| p.as_ref());
+            return match self.handle_of(fd.as_fd(), parent) {
+                Ok(h) => {
+                    data.keep_file_handle(h);
+                    Ok(PathFd::Owned(fd))
+                }
+                Err(e) if self.fh_mode == InodeFileHandles::Mandatory => Err(e),
+                Err(e) => {
+                    file_handle::note_fallback(data.key.mnt_id, &e);
+                    Ok(PathFd::Kept(data.keep_fd(fd)))
+                }
+            };
+        }
+        if let Ok(fd) = self.last_open_fd(data) {
+            return Ok(PathFd::Owned(fd));
+        }
+        if let Some(h) = data.file_handle() {
+            if let Ok(fd) = self.mounts.open(h, open_path_flags()) {
+                if Self::is_inode(fd.as_fd(), data)? {
+                    return Ok(PathFd::Owned(fd));
+                }
+            }
+        }
+        Err(error(libc::ESTALE))
+    }
+
+    /// An `O_PATH` descriptor of `data` through the handle it was last opened with, which
+    /// still reaches it when its name is gone; `ESTALE` when it has none open.
+    fn last_open_fd(&self, data: &InodeData) -> io::Result<OwnedFd> {
+        let open = data
+            .last_open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .upgrade();
+        let h = open.ok_or_else(|| error(libc::ESTALE))?;
+        let name = ProcName::new(h.fd().as_raw_fd());
+        sys::openat(self.proc_self_fd.as_fd(), name.name(), libc::O_PATH, 0)
+    }
+
+    /// The file handle of the file `fd` (a descriptor verified to be the inode's), with a
+    /// descriptor of its mount recorded to open it through. `parent` is the directory it was
+    /// found in, which is opened for that when on the same mount; a file on another mount
+    /// than its parent is that mount's root, and only a directory can be opened for it
+    /// (`EOPNOTSUPP` for a file mounted on its own).
+    fn handle_of(&self, fd: BorrowedFd<'_>, parent: Option<&InodeData>) -> io::Result<FileHandle> {
+        let h = FileHandle::of_fd(fd)?;
+        self.mounts.ensure(h.mnt_id, || {
+            let dir = parent
+                .filter(|p| p.key.mnt_id == h.mnt_id)
+                .and_then(|p| p.opened_fd());
+            match dir {
+                Some(dir) => file_handle::open_dir(dir),
+                None if sys::stat_fd(fd)?.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+                    file_handle::open_dir(fd)
+                }
+                None => Err(error(libc::EOPNOTSUPP)),
+            }
+        })?;
+        Ok(h)
+    }
+
+    /// The file handle of `name` in `parent`, checked to be the file identified by `key`
+    /// (`ESTALE` when the name changed since it was looked at).
+    fn handle_by_name(
+        &self,
+        parent: &InodeData,
+        name: &CStr,
+        key: &InodeKey,
+    ) -> io::Result<FileHandle> {
+        let fd = sys::openat(self.path_fd(parent)?.as_fd(), name, open_path_flags(), 0)?;
+        let (st, mnt_id) = sys::stat_fd_mnt(fd.as_fd())?;
+        if InodeKey::new(&st, mnt_id) != *key {
+            return Err(error(libc::ESTALE));
+        }
+        self.handle_of(fd.as_fd(), Some(parent)).inspect_err(|e| {
+            log::debug!("no file handle for node in directory {}: {e}", parent.id);
+        })
     }
 
     /// Attributes of `data`: one `statx` through its parent and name when it has no descriptor.
@@ -274,13 +385,13 @@ impl PassthroughFs {
             return sys::stat_fd(fd);
         }
         if let Some((parent, name)) = data.origin() {
-            if let Ok((st, mnt_id)) = sys::stat_at_mnt(self.path_fd(&parent)?, &name) {
+            if let Ok((st, mnt_id)) = sys::stat_at_mnt(self.path_fd(&parent)?.as_fd(), &name) {
                 if InodeKey::new(&st, mnt_id) == data.key {
                     return Ok(st);
                 }
             }
         }
-        sys::stat_fd(self.path_fd(data)?)
+        sys::stat_fd(self.path_fd(data)?.as_fd())
     }
 
     /// Opens `data` for I/O with `flags`: through its parent and name when it has no descriptor
@@ -296,6 +407,7 @@ impl PassthroughFs {
                     | libc::O_NONBLOCK
                     | libc::O_CLOEXEC;
                 let pfd = self.path_fd(&parent)?;
+                let pfd = pfd.as_fd();
                 let opened = match sys::openat(pfd, &name, f, 0) {
                     Err(e) if e.raw_os_error() == Some(libc::EINVAL) && f & libc::O_DIRECT != 0 => {
                         sys::openat(pfd, &name, f & !libc::O_DIRECT, 0)
@@ -309,14 +421,14 @@ impl PassthroughFs {
                 }
             }
         }
-        self.reopen_fd(self.path_fd(data)?, flags)
+        self.reopen_fd(self.path_fd(data)?.as_fd(), flags)
     }
 
     /// Looks up `..` of a directory other than the root. The parent of a directory the guest
     /// holds is one the guest looked up on its way down; a parent the table does not know means
     /// the directory was moved out of the shared directory on the host, and is refused.
     fn lookup_parent(&self, dir: &InodeData, dotdot: &CStr) -> io::Result<Entry> {
-        let (st, mnt_id) = sys::stat_at_mnt(self.path_fd(dir)?, dotdot)?;
+        let (st, mnt_id) = sys::stat_at_mnt(self.path_fd(dir)?.as_fd(), dotdot)?;
         match self.inodes.ref_known(&InodeKey::new(&st, mnt_id)) {
             Some(known) => Ok(self.entry(known.id, st)),
             None => {
@@ -460,7 +572,7 @@ impl PassthroughFs {
         let p = self.inode(parent)?;
         {
             let _creds = credentials::switch_to(self.as_root, ctx)?;
-            make(self.path_fd(&p)?)?;
+            make(self.path_fd(&p)?.as_fd())?;
         }
         self.do_lookup(&p, name)
     }
@@ -624,7 +736,9 @@ impl FileSystem for PassthroughFs {
         self.check_writable()?;
         let data = self.inode(inode)?;
         let h = handle.and_then(|h| self.handles.get(h, inode).ok());
-        let proc = ProcName::new(self.path_fd(&data)?.as_raw_fd());
+        // Kept open until the end: `proc` names it.
+        let pfd = self.path_fd(&data)?;
+        let proc = ProcName::new(pfd.as_fd().as_raw_fd());
 
         if let Some(mode) = attr.mode {
             match &h {
@@ -636,7 +750,7 @@ impl FileSystem for PassthroughFs {
         if attr.uid.is_some() || attr.gid.is_some() {
             let uid = attr.uid.unwrap_or(u32::MAX);
             let gid = attr.gid.unwrap_or(u32::MAX);
-            sys::fchown_fd(self.path_fd(&data)?, uid, gid)?;
+            sys::fchown_fd(pfd.as_fd(), uid, gid)?;
         }
         if let Some(size) = attr.size {
             match &h {
@@ -660,12 +774,12 @@ impl FileSystem for PassthroughFs {
             }
         }
         if attr.kill_suidgid && attr.mode.is_none() && data.kind == libc::S_IFREG {
-            let st = sys::stat_fd(self.path_fd(&data)?)?;
+            let st = sys::stat_fd(pfd.as_fd())?;
             if let Some(m) = killed_suidgid(st.st_mode) {
                 sys::fchmodat(self.proc_self_fd.as_fd(), proc.name(), m)?;
             }
         }
-        Ok((sys::stat_fd(self.path_fd(&data)?)?, self.cfg.attr_timeout))
+        Ok((sys::stat_fd(pfd.as_fd())?, self.cfg.attr_timeout))
     }
 
     fn readlink(&self, _ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
@@ -673,7 +787,7 @@ impl FileSystem for PassthroughFs {
         if !data.is_symlink() {
             return Err(error(libc::EINVAL));
         }
-        sys::readlink_fd(self.path_fd(&data)?)
+        sys::readlink_fd(self.path_fd(&data)?.as_fd())
     }
 
     fn symlink(&self, ctx: &Context, target: &CStr, parent: u64, name: &CStr) -> io::Result<Entry> {
@@ -711,14 +825,14 @@ impl FileSystem for PassthroughFs {
         self.check_writable()?;
         check_new_name(name)?;
         let p = self.inode(parent)?;
-        sys::unlinkat(self.path_fd(&p)?, name, 0)
+        sys::unlinkat(self.path_fd(&p)?.as_fd(), name, 0)
     }
 
     fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         self.check_writable()?;
         check_new_name(name)?;
         let p = self.inode(parent)?;
-        sys::unlinkat(self.path_fd(&p)?, name, libc::AT_REMOVEDIR)
+        sys::unlinkat(self.path_fd(&p)?.as_fd(), name, libc::AT_REMOVEDIR)
     }
 
     fn rename(
@@ -738,7 +852,8 @@ impl FileSystem for PassthroughFs {
         check_new_name(newname)?;
         let old = self.inode(olddir)?;
         let new = self.inode(newdir)?;
-        let (old_fd, new_fd) = (self.path_fd(&old)?, self.path_fd(&new)?);
+        let (old_pfd, new_pfd) = (self.path_fd(&old)?, self.path_fd(&new)?);
+        let (old_fd, new_fd) = (old_pfd.as_fd(), new_pfd.as_fd());
         // Inodes the guest holds that are reached by name follow the rename.
         let known = |dir: BorrowedFd<'_>, name: &CStr| {
             let (st, mnt_id) = sys::stat_at_mnt(dir, name).ok()?;
@@ -784,11 +899,12 @@ impl FileSystem for PassthroughFs {
         }
         // Following the magic link reaches the inode itself (a symlink is linked, not its
         // target) and needs no privilege, unlike `AT_EMPTY_PATH`.
-        let proc = ProcName::new(self.path_fd(&src)?.as_raw_fd());
+        let src_fd = self.path_fd(&src)?;
+        let proc = ProcName::new(src_fd.as_fd().as_raw_fd());
         sys::linkat(
             self.proc_self_fd.as_fd(),
             proc.name(),
-            self.path_fd(&np)?,
+            self.path_fd(&np)?.as_fd(),
             newname,
             libc::AT_SYMLINK_FOLLOW,
         )?;
@@ -837,7 +953,7 @@ impl FileSystem for PassthroughFs {
         loop {
             let created = {
                 let _creds = credentials::switch_to(self.as_root, ctx)?;
-                sys::openat(self.path_fd(&p)?, name, oflags | libc::O_EXCL, mode)
+                sys::openat(self.path_fd(&p)?.as_fd(), name, oflags | libc::O_EXCL, mode)
             };
             match created {
                 Ok(file) => {
@@ -852,7 +968,7 @@ impl FileSystem for PassthroughFs {
             }
             // The name exists: open it as OPEN would, so that an existing device node, FIFO or
             // socket is never opened on the host.
-            match sys::openat(self.path_fd(&p)?, name, open_path_flags(), 0) {
+            match sys::openat(self.path_fd(&p)?.as_fd(), name, open_path_flags(), 0) {
                 Ok(path_fd) => {
                     let st = sys::stat_fd(path_fd.as_fd())?;
                     match st.st_mode & libc::S_IFMT {
@@ -889,7 +1005,7 @@ impl FileSystem for PassthroughFs {
         let mode = mode & !umask & 0o7777;
         let file = {
             let _creds = credentials::switch_to(self.as_root, ctx)?;
-            sys::openat(self.path_fd(&p)?, c".", oflags, mode)?
+            sys::openat(self.path_fd(&p)?.as_fd(), c".", oflags, mode)?
         };
         self.register_open(file, None, direct)
     }
@@ -1066,7 +1182,7 @@ impl FileSystem for PassthroughFs {
 
     fn statfs(&self, _ctx: &Context, inode: u64) -> io::Result<libc::statvfs64> {
         let data = self.inode(inode)?;
-        sys::fstatvfs(self.path_fd(&data)?)
+        sys::fstatvfs(self.path_fd(&data)?.as_fd())
     }
 
     fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
@@ -1117,7 +1233,8 @@ impl FileSystem for PassthroughFs {
         self.xattr_enabled()?;
         self.check_writable()?;
         let data = self.inode(inode)?;
-        let proc = ProcName::new(self.path_fd(&data)?.as_raw_fd());
+        let pfd = self.path_fd(&data)?;
+        let proc = ProcName::new(pfd.as_fd().as_raw_fd());
         sys::setxattr(proc.path(), name, value, flags as i32)
     }
 
@@ -1130,7 +1247,8 @@ impl FileSystem for PassthroughFs {
     ) -> io::Result<XattrReply> {
         self.xattr_enabled()?;
         let data = self.inode(inode)?;
-        let proc = ProcName::new(self.path_fd(&data)?.as_raw_fd());
+        let pfd = self.path_fd(&data)?;
+        let proc = ProcName::new(pfd.as_fd().as_raw_fd());
         if size == 0 {
             let n = sys::getxattr(proc.path(), name, &mut [])?;
             return Ok(XattrReply::Size(n as u32));
@@ -1144,7 +1262,8 @@ impl FileSystem for PassthroughFs {
     fn listxattr(&self, _ctx: &Context, inode: u64, size: u32) -> io::Result<XattrReply> {
         self.xattr_enabled()?;
         let data = self.inode(inode)?;
-        let proc = ProcName::new(self.path_fd(&data)?.as_raw_fd());
+        let pfd = self.path_fd(&data)?;
+        let proc = ProcName::new(pfd.as_fd().as_raw_fd());
         if size == 0 {
             let n = sys::listxattr(proc.path(), &mut [])?;
             return Ok(XattrReply::Size(n as u32));
@@ -1159,7 +1278,8 @@ impl FileSystem for PassthroughFs {
         self.xattr_enabled()?;
         self.check_writable()?;
         let data = self.inode(inode)?;
-        let proc = ProcName::new(self.path_fd(&data)?.as_raw_fd());
+        let pfd = self.path_fd(&data)?;
+        let proc = ProcName::new(pfd.as_fd().as_raw_fd());
         sys::removexattr(proc.path(), name)
     }
 
