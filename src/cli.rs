@@ -4,7 +4,7 @@
 //! A flag is either supported (it does what it says) or refused at start with exit status 2 and
 //! a message that names it and says it is not implemented yet; none is silently ignored. The
 //! flags whose default differs from the reference's (`--sandbox`, `--seccomp`,
-//! `--inode-file-handles`, `--announce-submounts`) say so in `--help`.
+//! `--announce-submounts`) say so in `--help`.
 //! `doc/configuration.md` describes each flag; `tests/cli.rs` checks both against the binary.
 
 use std::ffi::CString;
@@ -104,17 +104,21 @@ pub struct Args {
     #[arg(long = "no-announce-submounts", overrides_with = "announce_submounts")]
     pub no_announce_submounts: bool,
 
-    /// When to reference inodes by file handle (never, prefer, mandatory); only "never" is
-    /// available in this version, and it is the default here (the reference defaults to
-    /// "prefer")
+    /// When to reference inodes by file handle instead of a kept O_PATH file descriptor
+    /// (never, prefer, mandatory)
     ///
-    /// With "never", inodes the guest only looks up or stats hold no file descriptor; one is
-    /// opened only while an operation needs it.
+    /// Inodes the guest only looks up or stats hold no file descriptor in any mode. "never": an
+    /// inode keeps the O_PATH descriptor opened for it the first time an operation needs one.
+    /// "prefer": inodes other than directories keep a file handle instead and open a descriptor
+    /// only for the operation; files on file systems without handles keep descriptors, and so
+    /// does every inode when the daemon may not open handles (CAP_DAC_READ_SEARCH). "mandatory":
+    /// as "prefer", but a lookup fails when no handle can be had, and the daemon refuses to
+    /// start when it cannot open handles. ("fallback" is a deprecated alias for "prefer".)
     #[arg(
         long = "inode-file-handles",
         value_name = "MODE",
         require_equals = true,
-        default_value = "never"
+        default_value = "prefer"
     )]
     pub inode_file_handles: String,
 
@@ -593,6 +597,16 @@ impl Args {
         fs.allow_direct_io = self.allow_direct_io;
         fs.allow_mmap = self.allow_mmap;
         fs.preserve_noatime = self.preserve_noatime;
+        fs.inode_file_handles = self
+            .inode_file_handles
+            .parse()
+            .map_err(|e| usage(format!("--inode-file-handles: {e}")))?;
+        if self.inode_file_handles == "fallback" {
+            warnings.push(deprecated(
+                "--inode-file-handles=fallback",
+                "use --inode-file-handles=prefer",
+            ));
+        }
         Ok(Command::Run(Box::new(Settings {
             daemon: DaemonConfig {
                 fs,
@@ -628,12 +642,6 @@ impl Args {
             &self.seccomp,
             &["none"],
             &["kill", "log", "trap"],
-        )?;
-        choice(
-            "--inode-file-handles",
-            &self.inode_file_handles,
-            &["never"],
-            &["prefer", "fallback", "mandatory"],
         )?;
         choice(
             "--posix-acl",
@@ -791,11 +799,6 @@ mod tests {
             ("--sandbox=namespace", "--sandbox=namespace"),
             ("--sandbox=chroot", "--sandbox=chroot"),
             ("--seccomp=kill", "--seccomp=kill"),
-            ("--inode-file-handles=prefer", "--inode-file-handles=prefer"),
-            (
-                "--inode-file-handles=mandatory",
-                "--inode-file-handles=mandatory",
-            ),
             ("--posix-acl", "--posix-acl=always"),
             ("--posix-acl=auto", "--posix-acl=auto"),
             ("--security-label", "--security-label=always"),
@@ -835,6 +838,38 @@ mod tests {
         assert!(!off.unwrap().fs.announce_submounts);
         let default = parse(&["--shared-dir=/tmp", "--socket-path=/s"]).unwrap();
         assert!(!default.fs.announce_submounts);
+    }
+
+    #[test]
+    fn inode_file_handles_reach_the_filesystem_config() {
+        use crate::passthrough::InodeFileHandles;
+        let mode = |extra: &[&str]| {
+            let mut v = vec!["--shared-dir=/tmp", "--socket-path=/s"];
+            v.extend_from_slice(extra);
+            settings(&v).map(|s| (s.daemon.fs.inode_file_handles, s.warnings))
+        };
+        assert_eq!(mode(&[]).unwrap(), (InodeFileHandles::Prefer, vec![]));
+        for (arg, want) in [
+            ("--inode-file-handles=never", InodeFileHandles::Never),
+            ("--inode-file-handles=prefer", InodeFileHandles::Prefer),
+            (
+                "--inode-file-handles=mandatory",
+                InodeFileHandles::Mandatory,
+            ),
+        ] {
+            assert_eq!(mode(&[arg]).unwrap(), (want, vec![]), "{arg}");
+        }
+        let (m, warnings) = mode(&["--inode-file-handles=fallback"]).unwrap();
+        assert_eq!(m, InodeFileHandles::Prefer);
+        assert!(
+            warnings[0].contains("--inode-file-handles=prefer"),
+            "{warnings:?}"
+        );
+        let e = mode(&["--inode-file-handles=always"]).unwrap_err();
+        assert!(
+            e.0.starts_with("--inode-file-handles: invalid value 'always'"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -230,7 +230,6 @@ fn help_states_the_defaults_that_differ_from_the_reference() {
     for says in [
         "defaults to \"namespace\"",
         "defaults to \"kill\"",
-        "defaults to \"prefer\"",
         "[default here]",
     ] {
         assert!(text.contains(says), "--help does not say {says:?}");
@@ -281,6 +280,8 @@ fn supported_flags_are_accepted_and_the_daemon_serves() {
         &["--no-announce-submounts"],
         &["--announce-submounts"],
         &["--inode-file-handles=never"],
+        &["--inode-file-handles=prefer"],
+        &["--inode-file-handles=fallback"],
         &["--cache=never", "--allow-mmap"],
         &["--cache=metadata"],
         &["--cache=always", "--writeback"],
@@ -335,18 +336,6 @@ fn unimplemented_flags_are_refused_saying_so() {
         (&["--security-label"], "--security-label=always"),
         (&["--security-label=auto"], "--security-label=auto"),
         (&["--xattrmap=:map::user.virtiofs.:"], "--xattrmap"),
-        (
-            &["--inode-file-handles=prefer"],
-            "--inode-file-handles=prefer",
-        ),
-        (
-            &["--inode-file-handles=fallback"],
-            "--inode-file-handles=fallback",
-        ),
-        (
-            &["--inode-file-handles=mandatory"],
-            "--inode-file-handles=mandatory",
-        ),
         (&["--modcaps=+sys_admin"], "--modcaps"),
         (&["--killpriv-v2"], "--killpriv-v2"),
         (

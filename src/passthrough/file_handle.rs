@@ -226,6 +226,7 @@ pub fn note_fallback(mnt_id: u64, e: &io::Error) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     fn open_path(p: &std::path::Path) -> OwnedFd {
         use std::os::unix::fs::OpenOptionsExt;
@@ -280,6 +281,38 @@ mod tests {
         let root = open_dir(open_path(tmp.path()).as_fd()).unwrap();
         let e = h.open(root.as_fd(), libc::O_PATH).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    }
+
+    /// A file unlinked while still open: ext4 and tmpfs (Linux 6.x) still open it by handle,
+    /// and any file system must give either that inode or `ESTALE`; the passthrough code tries
+    /// the handle the guest has open first anyway.
+    #[test]
+    fn handle_of_an_unlinked_open_file_is_that_file_or_stale() {
+        if !running_as_root() {
+            return;
+        }
+        for base in [std::env::temp_dir(), "/dev/shm".into()] {
+            let Ok(tmp) = tempfile::tempdir_in(&base) else {
+                continue;
+            };
+            std::fs::write(tmp.path().join("a"), b"x").unwrap();
+            let keep = std::fs::File::open(tmp.path().join("a")).unwrap();
+            let ino = keep.metadata().unwrap().ino();
+            let h = FileHandle::of_fd(keep.as_fd()).unwrap();
+            std::fs::remove_file(tmp.path().join("a")).unwrap();
+            let root = open_dir(open_path(tmp.path()).as_fd()).unwrap();
+            match h.open(root.as_fd(), libc::O_PATH) {
+                Ok(fd) => {
+                    let st = sys::stat_fd(fd.as_fd()).unwrap();
+                    assert_eq!((st.st_ino, st.st_nlink), (ino, 0), "{}", base.display());
+                }
+                Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}"),
+            }
+            drop(keep);
+            // Closed and unlinked: gone.
+            let e = h.open(root.as_fd(), libc::O_PATH).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{}", base.display());
+        }
     }
 
     #[test]

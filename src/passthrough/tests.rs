@@ -1,6 +1,8 @@
 //! Behaviour tests of [`PassthroughFs`] on temporary directories, through the [`FileSystem`]
 //! trait only (plus a peek at the inode table for lookup counts).
 
+mod file_handles;
+
 use super::*;
 use crate::fuse::io::{SliceReader, VecWriter};
 use std::collections::BTreeSet;
