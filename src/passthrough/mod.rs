@@ -603,6 +603,16 @@ impl PassthroughFs {
         };
         let entry = self.register(st, mnt_id, source);
         let node = self.inode(entry.inode)?;
+        if self.fh_mode == InodeFileHandles::Mandatory
+            && node.opened_fd().is_none()
+            && node.file_handle().is_none()
+        {
+            // As a lookup would; a failure shows when an operation needs the handle.
+            let parent = node.origin().map(|(p, _)| p);
+            if let Ok(h) = self.handle_of(file.as_fd(), parent.as_deref()) {
+                node.keep_file_handle(h);
+            }
+        }
         let handle = self.open_handle(&node, HandleData::file(entry.inode, file));
         let opened = Opened {
             handle: Some(handle),

@@ -185,6 +185,16 @@ fn mandatory_takes_the_handle_at_lookup() {
     let fh = fs.open(&ctx(), f.inode, libc::O_RDONLY as u32, 0).unwrap();
     assert_eq!(read_at(&fs, f.inode, fh.handle.unwrap(), 10, 0), b"abc");
 
+    // A file the guest created is reached after a host rename as well.
+    let (c, cfh) = create(&fs, ROOT_ID, "c", 0o644);
+    fs.release(&ctx(), c.inode, 0, cfh).unwrap();
+    assert_eq!(kept(&fs, c.inode), (false, true));
+    std::fs::rename(tmp.path().join("c"), tmp.path().join("d/c2")).unwrap();
+    assert_eq!(
+        fs.getattr(&ctx(), c.inode, None).unwrap().0.st_ino,
+        c.attr.st_ino
+    );
+
     // With prefer the handle is taken on first need only: the same rename makes it stale.
     std::fs::write(tmp.path().join("p"), b"x").unwrap();
     let fs = fs_mode(tmp.path(), InodeFileHandles::Prefer);
