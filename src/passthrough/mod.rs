@@ -2,7 +2,9 @@
 //!
 //! # Security model
 //! The guest is untrusted. Every operation is performed relative to a descriptor under the shared
-//! directory: node ids map to `O_PATH | O_NOFOLLOW` descriptors (`inode`), names from the guest
+//! directory: node ids map to host files reached by parent and name, `O_PATH | O_NOFOLLOW`
+//! descriptors, or file handles the daemon took itself from such descriptors and never takes
+//! from the guest (`inode`, `file_handle`), names from the guest
 //! are single components (no `/`, not empty, at most 255 bytes; `.` and `..` are refused by the
 //! calls that create or remove names), and no host path is ever built from guest names. Symlinks
 //! are never followed on the host: lookups use `O_NOFOLLOW`, stat and chown use
@@ -271,10 +273,10 @@ impl PassthroughFs {
     /// leads to the same file). Without file handles (and for directories) that descriptor is
     /// kept from then on. With file handles, a file handle is taken from it instead and each
     /// call opens a descriptor for its caller: through the name while it leads to the file,
-    /// else through the handle (the file was renamed or moved on the host). In `prefer` mode a
-    /// file whose file system gives no handles keeps its descriptor. When neither works (the
-    /// file was removed), the handle the inode was last opened with is used; failing that,
-    /// the inode is stale (`ESTALE`).
+    /// else through the handle the guest last opened it with (the file may be unlinked), else
+    /// through the file handle (the file was renamed or moved on the host). In `prefer` mode a
+    /// file whose file system gives no handles keeps its descriptor. When nothing reaches the
+    /// file, the inode is stale (`ESTALE`).
     fn path_fd<'a>(&self, data: &'a InodeData) -> io::Result<PathFd<'a>> {
         if let Some(fd) = data.opened_fd() {
             return Ok(PathFd::Kept(fd));
