@@ -1377,6 +1377,16 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// Held by tests that count this process's descriptors and by tests that open many: tests run
+/// in parallel threads of one process.
+static FD_COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn fd_counting() -> std::sync::MutexGuard<'static, ()> {
+    FD_COUNTING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn lookup_of_a_file_opens_no_descriptor_until_needed() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1400,6 +1410,7 @@ fn readdirplus_over_many_files_holds_no_descriptor_per_file() {
     }
     let fs = new_fs(tmp.path());
     let h = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
+    let _counting = fd_counting();
     let before = open_fds();
     let mut ids = Vec::new();
     let mut offset = 0;

@@ -57,6 +57,7 @@ fn operations_on_many_files_hold_no_descriptor_per_file() {
     }
     let fs = fs_mode(tmp.path(), InodeFileHandles::Prefer);
     assert_eq!(fs.fh_mode, InodeFileHandles::Prefer);
+    let _counting = fd_counting();
     let before = open_fds();
     let mut ids = Vec::new();
     for i in 0..FILES {
@@ -96,6 +97,7 @@ fn never_keeps_a_descriptor_per_file_used_as_before() {
     for i in 0..200 {
         std::fs::write(tmp.path().join(format!("f{i}")), b"").unwrap();
     }
+    let _many = fd_counting();
     let fs = fs_mode(tmp.path(), InodeFileHandles::Never);
     let mut ids = Vec::new();
     for i in 0..200 {
