@@ -259,3 +259,111 @@ impl PassthroughFs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::filesystem::FileSystem;
+    use crate::fuse::abi::ROOT_ID;
+    use crate::passthrough::{CacheMode, Config};
+    use std::ffi::CString;
+
+    fn fs_on(dir: &std::path::Path) -> PassthroughFs {
+        let mut cfg = Config::new(dir, CacheMode::Auto);
+        cfg.xattr = true;
+        cfg.xattrmap =
+            Some(XattrMap::parse(":prefix:all:trusted.:trusted.vm.: :ok:all:::").unwrap());
+        PassthroughFs::new(cfg).unwrap()
+    }
+
+    fn ctx() -> crate::filesystem::Context {
+        crate::filesystem::Context::default()
+    }
+
+    /// The size of the host attribute `name` of `p` (not following a symlink), if any.
+    fn host_size(p: &std::path::Path, name: &CStr) -> Option<isize> {
+        let c = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: NUL-terminated strings; a size probe with no buffer.
+        let n = unsafe { libc::lgetxattr(c.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+        (n >= 0).then_some(n)
+    }
+
+    /// Hides `/proc` from the calling thread: its own mount namespace with an empty tmpfs on
+    /// `/proc`. `false` when that is not permitted (not root).
+    fn hide_proc() -> bool {
+        // SAFETY: plain system calls on literal, NUL-terminated strings; results checked.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return false;
+            }
+            let none = std::ptr::null();
+            assert_eq!(
+                libc::mount(
+                    none,
+                    c"/".as_ptr(),
+                    none,
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    none.cast()
+                ),
+                0
+            );
+            assert_eq!(
+                libc::mount(
+                    c"none".as_ptr(),
+                    c"/proc".as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    0,
+                    none.cast()
+                ),
+                0
+            );
+        }
+        true
+    }
+
+    #[test]
+    fn xattrs_of_every_kind_of_file_work_without_proc_mounted() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("f"), b"x").unwrap();
+        std::fs::create_dir(d.path().join("d")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", d.path().join("l")).unwrap();
+        let fifo = CString::new(d.path().join("p").as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path; checked.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let fs = fs_on(d.path());
+        let path = d.path().to_owned();
+        std::thread::spawn(move || {
+            if !hide_proc() {
+                eprintln!("skipped: hiding /proc needs CAP_SYS_ADMIN");
+                return;
+            }
+            assert!(
+                !std::path::Path::new("/proc/self/fd").exists(),
+                "/proc still there"
+            );
+            for name in ["f", "d", "l", "p"] {
+                let cname = CString::new(name).unwrap();
+                let e = fs.lookup(&ctx(), ROOT_ID, &cname).unwrap();
+                fs.setxattr(&ctx(), e.inode, c"trusted.t", b"v", 0, 0)
+                    .unwrap_or_else(|err| panic!("{name}: {err}"));
+                let Ok(XattrReply::Data(v)) = fs.getxattr(&ctx(), e.inode, c"trusted.t", 16) else {
+                    panic!("{name}: getxattr")
+                };
+                assert_eq!(v, b"v");
+                let Ok(XattrReply::Data(l)) = fs.listxattr(&ctx(), e.inode, 256) else {
+                    panic!("{name}: listxattr")
+                };
+                assert_eq!(l, b"trusted.t\0", "{name}");
+                // The host name followed the map.
+                assert_eq!(
+                    host_size(&path.join(name), c"trusted.vm.trusted.t"),
+                    Some(1)
+                );
+                fs.removexattr(&ctx(), e.inode, c"trusted.t").unwrap();
+                assert_eq!(host_size(&path.join(name), c"trusted.vm.trusted.t"), None);
+            }
+        })
+        .join()
+        .unwrap();
+    }
+}
