@@ -11,7 +11,10 @@
 //! The first time a thread needs either, it gets its own copy of these attributes with
 //! `unshare(CLONE_FS)`; from then on `fchdir` and `umask` affect that thread only. Should the
 //! unshare fail (a seccomp policy that forbids it), a process-wide lock serialises every user of
-//! the shared attributes instead, and each restores them before letting go.
+//! the shared attributes instead, and each restores them before letting go. (A thread started
+//! by a thread that has its own copy shares that copy until it makes its own; the threads that
+//! serve requests are all started by threads that serve none.) A seccomp policy must allow
+//! `unshare(CLONE_FS)`, `fchdir` and `umask`.
 
 use std::cell::RefCell;
 use std::io;
