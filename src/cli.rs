@@ -15,7 +15,8 @@ use clap::Parser;
 
 use crate::daemon::{DaemonConfig, ProcessOptions, SocketSpec};
 use crate::idmap::Translation;
-use crate::passthrough::{CacheMode, Config};
+use crate::passthrough::xattrmap::XattrMap;
+use crate::passthrough::{CacheMode, Config, Negotiate};
 use crate::userns::{self, IdMapRange};
 
 /// vhost-user virtio-fs daemon: serves a host directory to a guest.
@@ -65,7 +66,12 @@ pub struct Args {
     #[arg(long = "xattr")]
     pub xattr: bool,
 
-    /// POSIX ACL support; only "never" is available in this version
+    /// POSIX ACL support (never, auto, always; alone: always); implies --xattr
+    ///
+    /// With ACLs the guest enforces them and the guest's umask applies only where the parent
+    /// directory has no default ACL. "auto" goes on without ACLs when the guest kernel lacks
+    /// support, "always" then refuses the session. Cannot be combined with --translate-uid or
+    /// --translate-gid. Off by default.
     #[arg(
         long = "posix-acl",
         value_name = "never|auto|always",
@@ -76,7 +82,8 @@ pub struct Args {
     )]
     pub posix_acl: String,
 
-    /// Rules translating extended attribute names between guest and host [not implemented yet]
+    /// Rules translating extended attribute names between guest and host, e.g.
+    /// :map::user.virtiofs.: (see doc/configuration.md); implies --xattr
     #[arg(long = "xattrmap", value_name = "RULES")]
     pub xattrmap: Option<String>,
 
@@ -177,7 +184,8 @@ pub struct Args {
     #[arg(long = "no-killpriv-v2")]
     pub no_killpriv_v2: bool,
 
-    /// Enable KILLPRIV_V2 [not implemented yet]
+    /// Enable KILLPRIV_V2: the daemon clears set-user-id/set-group-id bits on writes,
+    /// truncations and ownership changes by guest callers without CAP_FSETID
     #[arg(long = "killpriv-v2", overrides_with = "no_killpriv_v2")]
     pub killpriv_v2: bool,
 
@@ -185,7 +193,10 @@ pub struct Args {
     #[arg(short = 'f')]
     pub compat_foreground: bool,
 
-    /// Security label support; only "never" is available in this version
+    /// Security labels (never, auto, always; alone: always); implies --xattr
+    ///
+    /// The security context (e.g. the SELinux label) the guest kernel sends with each creation
+    /// is stored on the new file; a label the host refuses fails the creation.
     #[arg(
         long = "security-label",
         value_name = "never|auto|always",
@@ -225,7 +236,8 @@ pub struct Args {
     ///   with EPERM
     ///
     /// Uids no rule covers are passed unchanged. Rules may not overlap in the same direction.
-    /// While any translation is active, POSIX ACL attributes are refused (EOPNOTSUPP).
+    /// While any translation is active, POSIX ACL attributes are refused (EOPNOTSUPP); cannot
+    /// be combined with --posix-acl=auto|always.
     #[arg(
         long = "translate-uid",
         value_name = "RULE",
@@ -406,12 +418,13 @@ pub enum Command {
 }
 
 /// The vhost-user backend capabilities printed by `--print-capabilities`: the JSON libvirt
-/// reads from a vhost-user description. Lists only what this version supports:
-/// "separate-options" (the flags can be given one by one, not only with `-o`). Not listed:
-/// "migrate-precopy" (no migration), and the ACL and security label negotiation modes (only
-/// "never").
-pub const CAPABILITIES: &str =
-    "{\n  \"type\": \"fs\",\n  \"features\": [\n    \"separate-options\"\n  ]\n}\n";
+/// reads from a vhost-user description. Lists only what this version supports: the
+/// never/auto/always values of `--posix-acl` and `--security-label`, and "separate-options"
+/// (the flags can be given one by one, not only with `-o`). Not listed: "migrate-precopy" (no
+/// migration).
+pub const CAPABILITIES: &str = "{\n  \"type\": \"fs\",\n  \"features\": [\n    \
+     \"posix-acl-negotiation-mode\",\n    \"security-label-negotiation-mode\",\n    \
+     \"separate-options\"\n  ]\n}\n";
 
 /// The deprecation warning for flag spellings kept only for old command lines.
 fn deprecated(what: &str, instead: &str) -> String {
@@ -464,7 +477,12 @@ impl Args {
                 )?;
                 self.sandbox = kind.to_owned();
             }
-            Some(("xattrmap" | "modcaps", _)) => return Err(not_yet(&flag, "")),
+            Some(("xattrmap", rules)) => {
+                XattrMap::parse(rules)
+                    .map_err(|e| usage(format!("{}: {e}", value_for("xattrmap"))))?;
+                self.xattrmap = Some(rules.to_owned());
+            }
+            Some(("modcaps", _)) => return Err(not_yet(&flag, "")),
             Some(("timeout", _)) => {
                 return Err(usage(format!(
                     "{flag}: not supported (an option of the old C virtiofsd); use --cache to \
@@ -481,15 +499,19 @@ impl Args {
                 "no_writeback" => self.writeback = false,
                 "allow_direct_io" => self.allow_direct_io = true,
                 "no_allow_direct_io" => self.allow_direct_io = false,
+                "killpriv_v2" => {
+                    self.killpriv_v2 = true;
+                    self.no_killpriv_v2 = false;
+                }
                 "no_killpriv_v2" => self.killpriv_v2 = false,
+                "posix_acl" => self.posix_acl = "always".into(),
                 "no_posix_acl" => self.posix_acl = "never".into(),
+                "security_label" => self.security_label = "always".into(),
                 "no_security_label" => self.security_label = "never".into(),
                 // No locks are offered to the guest: these ask for what already happens.
                 "no_posix_lock" | "no_flock" => {}
                 "announce_submounts" => self.announce_submounts = true,
-                "killpriv_v2" | "posix_acl" | "security_label" | "posix_lock" | "flock" => {
-                    return Err(not_yet(&flag, ""))
-                }
+                "posix_lock" | "flock" => return Err(not_yet(&flag, "")),
                 "norace" => {
                     return Err(usage(format!(
                         "{flag}: not supported (an option of the old C virtiofsd)"
@@ -582,14 +604,43 @@ impl Args {
             ));
         }
 
-        // No --posix-acl other than "never" exists in this version, so there is no combination
-        // with the translation to refuse; the translating filesystem refuses the ACL attributes.
         let translate =
             Translation::parse(&self.translate_uid, &self.translate_gid).map_err(usage)?;
+        let posix_acl: Negotiate = self
+            .posix_acl
+            .parse()
+            .map_err(|e| usage(format!("--posix-acl: {e}")))?;
+        let security_label: Negotiate = self
+            .security_label
+            .parse()
+            .map_err(|e| usage(format!("--security-label: {e}")))?;
+        if posix_acl != Negotiate::Never && !translate.is_empty() {
+            // An ACL stores raw ids, which the translation cannot reach.
+            return Err(usage(format!(
+                "--posix-acl={}: cannot be used together with --translate-uid or \
+                 --translate-gid (translating ids would break POSIX ACLs); use \
+                 --posix-acl=never",
+                self.posix_acl
+            )));
+        }
+        let xattrmap = self
+            .xattrmap
+            .as_deref()
+            .map(XattrMap::parse)
+            .transpose()
+            .map_err(|e| usage(format!("--xattrmap: {e}")))?;
         let uid_map = id_maps("--uid-map", &self.uid_map)?;
         let gid_map = id_maps("--gid-map", &self.gid_map)?;
         let mut fs = Config::new(shared_dir, cache);
-        fs.xattr = self.xattr;
+        // Each of these needs extended attributes, and turns them on (as the reference does).
+        fs.xattr = self.xattr
+            || xattrmap.is_some()
+            || posix_acl != Negotiate::Never
+            || security_label != Negotiate::Never;
+        fs.xattrmap = xattrmap;
+        fs.posix_acl = posix_acl;
+        fs.security_label = security_label;
+        fs.killpriv_v2 = self.killpriv_v2 && !self.no_killpriv_v2;
         fs.readonly = self.readonly;
         fs.readdirplus = !self.no_readdirplus;
         fs.writeback = self.writeback;
@@ -644,18 +695,6 @@ impl Args {
             &["kill", "log", "trap"],
         )?;
         choice(
-            "--posix-acl",
-            &self.posix_acl,
-            &["never"],
-            &["auto", "always"],
-        )?;
-        choice(
-            "--security-label",
-            &self.security_label,
-            &["never"],
-            &["auto", "always"],
-        )?;
-        choice(
             "--migration-mode",
             &self.migration_mode,
             &["find-paths"],
@@ -668,12 +707,6 @@ impl Args {
             &["guest-error"],
         )?;
         let refused = [
-            (
-                self.killpriv_v2,
-                "--killpriv-v2",
-                "; --no-killpriv-v2 is the default",
-            ),
-            (self.xattrmap.is_some(), "--xattrmap", ""),
             (self.modcaps.is_some(), "--modcaps", ""),
             (
                 self.migration_verify_handles,
@@ -697,8 +730,8 @@ fn unknown_compat(flag: &str) -> UsageError {
     usage(format!(
         "{flag}: unknown legacy option; expected source=DIR, cache=MODE, loglevel=LEVEL, \
          sandbox=none, announce_submounts, xattr, no_xattr, readdirplus, no_readdirplus, \
-         writeback, no_writeback, allow_direct_io, no_allow_direct_io, no_killpriv_v2, no_posix_acl, no_security_label, \
-         no_posix_lock or no_flock"
+         writeback, no_writeback, allow_direct_io, no_allow_direct_io, [no_]killpriv_v2, \
+         [no_]posix_acl, [no_]security_label, xattrmap=RULES, no_posix_lock or no_flock"
     ))
 }
 
@@ -799,11 +832,6 @@ mod tests {
             ("--sandbox=namespace", "--sandbox=namespace"),
             ("--sandbox=chroot", "--sandbox=chroot"),
             ("--seccomp=kill", "--seccomp=kill"),
-            ("--posix-acl", "--posix-acl=always"),
-            ("--posix-acl=auto", "--posix-acl=auto"),
-            ("--security-label", "--security-label=always"),
-            ("--killpriv-v2", "--killpriv-v2"),
-            ("--xattrmap=:map::user.virtiofs.:", "--xattrmap"),
             ("--modcaps=+sys_admin", "--modcaps"),
             (
                 "--migration-mode=file-handles",
@@ -1015,9 +1043,7 @@ mod tests {
         for (opt, says) in [
             ("flock", "not implemented yet"),
             ("posix_lock", "not implemented yet"),
-            ("posix_acl", "not implemented yet"),
-            ("killpriv_v2", "not implemented yet"),
-            ("xattrmap=:map::a.:", "not implemented yet"),
+            ("xattrmap=:map::a.", "incomplete"),
             ("sandbox=namespace", "not implemented yet"),
             ("timeout=5", "not supported"),
             ("norace", "not supported"),
@@ -1030,6 +1056,81 @@ mod tests {
             assert!(e.0.starts_with(&format!("-o {key}")), "{opt}: {e}");
             assert!(e.0.contains(says), "{opt}: {e}");
         }
+    }
+
+    #[test]
+    fn xattr_features_reach_the_config_and_imply_xattr() {
+        let c = parse(&["--shared-dir=/tmp", "--socket-path=/s"]).unwrap();
+        assert!(c.fs.xattrmap.is_none() && !c.fs.killpriv_v2);
+        assert_eq!(c.fs.posix_acl, Negotiate::Never);
+        assert_eq!(c.fs.security_label, Negotiate::Never);
+        for (flag, check) in [
+            (
+                "--posix-acl",
+                (|c: &Config| c.posix_acl == Negotiate::Always) as fn(&Config) -> bool,
+            ),
+            ("--posix-acl=auto", |c| c.posix_acl == Negotiate::Auto),
+            ("--security-label", |c| {
+                c.security_label == Negotiate::Always
+            }),
+            ("--security-label=auto", |c| {
+                c.security_label == Negotiate::Auto
+            }),
+            ("--xattrmap=:map::user.virtiofs.:", |c| c.xattrmap.is_some()),
+        ] {
+            let c = parse(&["--shared-dir=/tmp", "--socket-path=/s", flag]).unwrap();
+            assert!(check(&c.fs), "{flag}");
+            assert!(c.fs.xattr, "{flag} implies --xattr");
+        }
+        let c = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--killpriv-v2"]).unwrap();
+        assert!(c.fs.killpriv_v2 && !c.fs.xattr);
+        let legacy = "source=/tmp,killpriv_v2,posix_acl,security_label,xattrmap=/ok/all///";
+        let c = parse(&["--socket-path=/s", "-o", legacy]).unwrap();
+        assert!(c.fs.killpriv_v2 && c.fs.xattr && c.fs.xattrmap.is_some());
+        assert_eq!(c.fs.posix_acl, Negotiate::Always);
+        assert_eq!(c.fs.security_label, Negotiate::Always);
+        let c = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "-o",
+            "no_killpriv_v2",
+        ]);
+        assert!(!c.unwrap().fs.killpriv_v2);
+    }
+
+    #[test]
+    fn bad_xattrmap_and_acl_with_translation_are_refused_naming_the_flag() {
+        let e = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--xattrmap=:frob:all:::",
+        ]);
+        let e = e.unwrap_err();
+        assert!(
+            e.0.starts_with("--xattrmap: rule 1: unknown type 'frob'"),
+            "{e}"
+        );
+        let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--xattrmap="]).unwrap_err();
+        assert!(e.0.starts_with("--xattrmap: no rules"), "{e}");
+        let e = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--posix-acl=auto",
+            "--translate-uid=map:0:1000:10",
+        ])
+        .unwrap_err();
+        assert!(
+            e.0.starts_with("--posix-acl=auto: cannot be used together"),
+            "{e}"
+        );
+        // Never is fine with a translation.
+        parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--posix-acl=never",
+            "--translate-gid=map:0:1000:10",
+        ])
+        .unwrap();
     }
 
     #[test]

@@ -291,7 +291,17 @@ fn supported_flags_are_accepted_and_the_daemon_serves() {
         &["--syslog"],
         &["--rlimit-nofile=0"],
         &["--no-killpriv-v2"],
+        &["--killpriv-v2"],
         &["--security-label=never"],
+        &["--security-label"],
+        &["--security-label=auto"],
+        &["--posix-acl"],
+        &["--posix-acl=auto"],
+        &["--xattrmap=:map::user.virtiofs.:"],
+        &[
+            "-o",
+            "posix_acl,security_label,killpriv_v2,xattrmap=/ok/all///",
+        ],
         &["--translate-uid=map:0:0:1", "--translate-gid=map:0:0:1"],
         &["--preserve-noatime"],
         &["--migration-mode=find-paths", "--migration-on-error=abort"],
@@ -331,13 +341,7 @@ fn unimplemented_flags_are_refused_saying_so() {
         (&["--seccomp=kill"], "--seccomp=kill"),
         (&["--seccomp=log"], "--seccomp=log"),
         (&["--seccomp=trap"], "--seccomp=trap"),
-        (&["--posix-acl"], "--posix-acl=always"),
-        (&["--posix-acl=auto"], "--posix-acl=auto"),
-        (&["--security-label"], "--security-label=always"),
-        (&["--security-label=auto"], "--security-label=auto"),
-        (&["--xattrmap=:map::user.virtiofs.:"], "--xattrmap"),
         (&["--modcaps=+sys_admin"], "--modcaps"),
-        (&["--killpriv-v2"], "--killpriv-v2"),
         (
             &["--migration-mode=file-handles"],
             "--migration-mode=file-handles",
@@ -353,12 +357,8 @@ fn unimplemented_flags_are_refused_saying_so() {
         (&["--migration-confirm-paths"], "--migration-confirm-paths"),
         (&["-o", "flock"], "-o flock"),
         (&["-o", "posix_lock"], "-o posix_lock"),
-        (&["-o", "posix_acl"], "-o posix_acl"),
-        (&["-o", "security_label"], "-o security_label"),
-        (&["-o", "killpriv_v2"], "-o killpriv_v2"),
         (&["-o", "sandbox=chroot"], "-o sandbox=chroot"),
         (&["-o", "modcaps=+sys_admin"], "-o modcaps"),
-        (&["-o", "xattrmap=:map::user.virtiofs.:"], "-o xattrmap"),
     ];
     for (extra, names) in cases {
         assert_refused(
@@ -383,6 +383,13 @@ fn bad_values_exit_2_naming_the_flag() {
         (&["--inode-file-handles", "never"], "--inode-file-handles"),
         (&["--posix-acl=maybe"], "--posix-acl"),
         (&["--security-label=maybe"], "--security-label"),
+        (&["--xattrmap=:map::a."], "--xattrmap"),
+        (&["--xattrmap=:nope:all:::"], "--xattrmap"),
+        (
+            &["--posix-acl", "--translate-uid=map:0:1000:10"],
+            "--posix-acl=always",
+        ),
+        (&["-o", "xattrmap=:ok"], "-o xattrmap"),
         (&["--migration-mode=teleport"], "--migration-mode"),
         (&["--migration-on-error=shrug"], "--migration-on-error"),
         (&["--log-level=loud"], "--log-level"),
@@ -572,14 +579,15 @@ fn print_capabilities_is_the_vhost_user_json_and_needs_nothing_else() {
         })
         .collect();
     assert!(features.contains(&"separate-options"), "{text}");
-    // Not supported: no migration, ACLs and security labels only "never".
-    for absent in [
-        "migrate-precopy",
+    // The negotiation modes of --posix-acl and --security-label are supported.
+    for present in [
         "posix-acl-negotiation-mode",
         "security-label-negotiation-mode",
     ] {
-        assert!(!features.contains(&absent), "{text}");
+        assert!(features.contains(&present), "{text}");
     }
+    // Not supported: no migration.
+    assert!(!features.contains(&"migrate-precopy"), "{text}");
 }
 
 #[test]

@@ -104,6 +104,15 @@ impl Default for SetAttr {
     }
 }
 
+/// A security context the guest kernel sends with a creating request (`FUSE_SECURITY_CTX`):
+/// an extended attribute (for example `security.selinux`) the new file must carry before the
+/// guest sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SecCtx<'a> {
+    pub name: &'a CStr,
+    pub value: &'a [u8],
+}
+
 /// The answer to OPEN / OPENDIR: an optional handle and `FOPEN_*` flags for the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Opened {
@@ -173,10 +182,21 @@ pub trait FileSystem: Send + Sync {
         enosys()
     }
 
-    fn symlink(&self, ctx: &Context, target: &CStr, parent: u64, name: &CStr) -> io::Result<Entry> {
+    /// `secctx`: the security contexts to set on the new node (empty unless
+    /// `FUSE_SECURITY_CTX` was negotiated); the same for the other creating methods.
+    fn symlink(
+        &self,
+        ctx: &Context,
+        target: &CStr,
+        parent: u64,
+        name: &CStr,
+        secctx: &[SecCtx<'_>],
+    ) -> io::Result<Entry> {
         enosys()
     }
 
+    /// `umask` is the caller's umask; unless `FUSE_DONT_MASK` was negotiated the kernel has
+    /// applied it to `mode` already.
     fn mknod(
         &self,
         ctx: &Context,
@@ -185,6 +205,7 @@ pub trait FileSystem: Send + Sync {
         mode: u32,
         rdev: u32,
         umask: u32,
+        secctx: &[SecCtx<'_>],
     ) -> io::Result<Entry> {
         enosys()
     }
@@ -196,6 +217,7 @@ pub trait FileSystem: Send + Sync {
         name: &CStr,
         mode: u32,
         umask: u32,
+        secctx: &[SecCtx<'_>],
     ) -> io::Result<Entry> {
         enosys()
     }
@@ -240,6 +262,7 @@ pub trait FileSystem: Send + Sync {
         flags: u32,
         umask: u32,
         fuse_flags: u32,
+        secctx: &[SecCtx<'_>],
     ) -> io::Result<(Entry, Opened)> {
         enosys()
     }
@@ -252,6 +275,7 @@ pub trait FileSystem: Send + Sync {
         mode: u32,
         flags: u32,
         umask: u32,
+        secctx: &[SecCtx<'_>],
     ) -> io::Result<(Entry, Opened)> {
         enosys()
     }
@@ -349,6 +373,8 @@ pub trait FileSystem: Send + Sync {
         enosys()
     }
 
+    /// `flags` are `setxattr(2)` flags; `setxattr_flags` the `FUSE_SETXATTR_*` flags
+    /// (`SETXATTR_ACL_KILL_SGID`), 0 unless `FUSE_SETXATTR_EXT` was negotiated.
     fn setxattr(
         &self,
         ctx: &Context,
@@ -356,6 +382,7 @@ pub trait FileSystem: Send + Sync {
         name: &CStr,
         value: &[u8],
         flags: u32,
+        setxattr_flags: u32,
     ) -> io::Result<()> {
         enosys()
     }

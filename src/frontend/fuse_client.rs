@@ -289,6 +289,23 @@ pub fn build_request(unique: u64, opcode: u32, nodeid: u64, ctx: Ctx, args: &[&[
     v
 }
 
+/// A security context request extension as Linux builds it (`FUSE_SECURITY_CTX`): header with
+/// the count 1 as type, `fuse_secctx`, the name with its NUL, the value, padded to 8 bytes.
+pub fn secctx_extension(name: &[u8], value: &[u8]) -> Vec<u8> {
+    let len = 8 + 8 + name.len() + 1 + value.len();
+    let size = len.div_ceil(8) * 8;
+    let mut ext = Vec::with_capacity(size);
+    ext.extend_from_slice(&(size as u32).to_le_bytes());
+    ext.extend_from_slice(&1u32.to_le_bytes());
+    ext.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    ext.extend_from_slice(&0u32.to_le_bytes());
+    ext.extend_from_slice(name);
+    ext.push(0);
+    ext.extend_from_slice(value);
+    ext.resize(size, 0);
+    ext
+}
+
 /// `name` followed by a NUL byte, as the kernel sends names.
 pub fn cstr(name: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(name.len() + 1);
@@ -1444,6 +1461,148 @@ impl FuseClient {
             };
             self.call_empty(opcode::SETXATTR, nodeid, &[arg.as_bytes(), &n, value])
         }
+    }
+
+    /// FUSE_SETXATTR in the extended format (as after `SETXATTR_EXT`) with `setxattr_flags`
+    /// (e.g. `SETXATTR_ACL_KILL_SGID`).
+    pub fn setxattr_ext(
+        &mut self,
+        nodeid: u64,
+        name: impl AsRef<[u8]>,
+        value: &[u8],
+        flags: u32,
+        setxattr_flags: u32,
+    ) -> std::result::Result<(), i32> {
+        let arg = abi::SetxattrIn {
+            size: value.len() as u32,
+            flags,
+            setxattr_flags,
+            padding: 0,
+        };
+        let n = cstr(name.as_ref());
+        self.call_empty(opcode::SETXATTR, nodeid, &[arg.as_bytes(), &n, value])
+    }
+
+    /// Sends `op` with request extensions `ext` (whole 8-byte records, see
+    /// [`secctx_extension`]) after the arguments, `total_extlen` set as the kernel does; returns
+    /// the reply body or the errno.
+    pub fn call_with_ext(
+        &mut self,
+        op: u32,
+        nodeid: u64,
+        args: &[&[u8]],
+        ext: &[u8],
+        reply_cap: usize,
+    ) -> std::result::Result<Vec<u8>, i32> {
+        assert_eq!(ext.len() % 8, 0, "extensions come in 8-byte units");
+        let mut all = args.to_vec();
+        all.push(ext);
+        let unique = self.next_unique();
+        let mut hdr = self.header(unique, op, nodeid, &all, self.ctx());
+        hdr.total_extlen = (ext.len() / 8) as u16;
+        match self.request_with_header(hdr, &all, reply_cap) {
+            Ok(r) => r.into_result(),
+            Err(e) => panic!("{} on nodeid {nodeid} failed: {e}", opcode_name(op)),
+        }
+    }
+
+    /// FUSE_MKDIR with request extensions.
+    pub fn mkdir_ext(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+        mode: u32,
+        umask: u32,
+        ext: &[u8],
+    ) -> std::result::Result<abi::EntryOut, i32> {
+        let arg = abi::MkdirIn { mode, umask };
+        let n = cstr(name.as_ref());
+        let es = std::mem::size_of::<abi::EntryOut>();
+        let body = self.call_with_ext(opcode::MKDIR, parent, &[arg.as_bytes(), &n], ext, es)?;
+        Ok(Self::exact(opcode::MKDIR, &body))
+    }
+
+    /// FUSE_MKNOD with request extensions.
+    pub fn mknod_ext(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+        ext: &[u8],
+    ) -> std::result::Result<abi::EntryOut, i32> {
+        let arg = abi::MknodIn {
+            mode,
+            rdev,
+            umask,
+            padding: 0,
+        };
+        let n = cstr(name.as_ref());
+        let es = std::mem::size_of::<abi::EntryOut>();
+        let body = self.call_with_ext(opcode::MKNOD, parent, &[arg.as_bytes(), &n], ext, es)?;
+        Ok(Self::exact(opcode::MKNOD, &body))
+    }
+
+    /// FUSE_SYMLINK with request extensions.
+    pub fn symlink_ext(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+        target: impl AsRef<[u8]>,
+        ext: &[u8],
+    ) -> std::result::Result<abi::EntryOut, i32> {
+        let n = cstr(name.as_ref());
+        let t = cstr(target.as_ref());
+        let es = std::mem::size_of::<abi::EntryOut>();
+        let body = self.call_with_ext(opcode::SYMLINK, parent, &[&n, &t], ext, es)?;
+        Ok(Self::exact(opcode::SYMLINK, &body))
+    }
+
+    /// FUSE_CREATE with `open_flags` (`FUSE_OPEN_KILL_SUIDGID`) and request extensions.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_ext(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+        flags: u32,
+        mode: u32,
+        umask: u32,
+        open_flags: u32,
+        ext: &[u8],
+    ) -> std::result::Result<(abi::EntryOut, abi::OpenOut), i32> {
+        let arg = abi::CreateIn {
+            flags,
+            mode,
+            umask,
+            open_flags,
+        };
+        let n = cstr(name.as_ref());
+        let es = std::mem::size_of::<abi::EntryOut>();
+        let os = std::mem::size_of::<abi::OpenOut>();
+        let body =
+            self.call_with_ext(opcode::CREATE, parent, &[arg.as_bytes(), &n], ext, es + os)?;
+        assert_eq!(
+            body.len(),
+            es + os,
+            "CREATE: reply body is {} bytes",
+            body.len()
+        );
+        Ok((
+            abi::EntryOut::from_prefix(&body).expect("sized"),
+            abi::OpenOut::from_prefix(&body[es..]).expect("sized"),
+        ))
+    }
+
+    /// FUSE_OPEN with `open_flags` (`FUSE_OPEN_KILL_SUIDGID`).
+    pub fn open_with(
+        &mut self,
+        nodeid: u64,
+        flags: u32,
+        open_flags: u32,
+    ) -> std::result::Result<abi::OpenOut, i32> {
+        let arg = abi::OpenIn { flags, open_flags };
+        self.call_obj(opcode::OPEN, nodeid, &[arg.as_bytes()])
     }
 
     /// FUSE_GETXATTR: with `size` 0 the size probe, else the value (at most `size` bytes).

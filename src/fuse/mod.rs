@@ -2,5 +2,6 @@
 //! dispatcher ([`server`]). Nothing in this module knows about virtio or vhost-user.
 
 pub mod abi;
+pub mod ext;
 pub mod io;
 pub mod server;

@@ -18,7 +18,9 @@ use log::{debug, warn};
 
 use super::abi::{self, opcode, Pod};
 use super::io::{Reader, Writer};
-use crate::filesystem::{Context, DirEntry, Entry, FileSystem, SetAttr, SetTime, XattrReply};
+use crate::filesystem::{
+    Context, DirEntry, Entry, FileSystem, SecCtx, SetAttr, SetTime, XattrReply,
+};
 
 /// Largest WRITE (and READ) payload offered to the client.
 pub const MAX_WRITE_SIZE: u32 = 1 << 20;
@@ -205,28 +207,6 @@ fn need_room<W: Writer>(w: &W, size: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// The first supplementary group in the request extensions `ext` (`FUSE_EXT_GROUPS`), if
-/// any. Malformed extensions are refused with `EINVAL`.
-fn supp_group(mut ext: &[u8]) -> io::Result<Option<u32>> {
-    let mut group = None;
-    while !ext.is_empty() {
-        let hdr = abi::ExtHeader::from_prefix(ext).ok_or_else(einval)?;
-        let size = hdr.size as usize;
-        if size < size_of::<abi::ExtHeader>() || size % 8 != 0 || size > ext.len() {
-            return Err(einval());
-        }
-        let body = &ext[size_of::<abi::ExtHeader>()..size];
-        if hdr.typ == abi::EXT_GROUPS {
-            let count = u32::from_prefix(body).ok_or_else(einval)?;
-            if count > 0 {
-                group = Some(u32::from_prefix(&body[4..]).ok_or_else(einval)?);
-            }
-        }
-        ext = &ext[size..];
-    }
-    Ok(group)
-}
-
 /// Whether `ctx` names a caller: neither id is [`abi::INVALID_UIDGID`].
 fn has_identity(ctx: &Context) -> bool {
     ctx.uid != abi::INVALID_UIDGID && ctx.gid != abi::INVALID_UIDGID
@@ -336,13 +316,19 @@ impl<F: FileSystem> Server<F> {
                 // Request extensions follow the arguments.
                 let ext = usize::from(h.total_extlen) * 8;
                 let args_len = body_len.checked_sub(ext).ok_or_else(einval)?;
-                let group = supp_group(&buf[args_len..])?;
+                let ext = super::ext::parse(&buf[args_len..])?;
                 // A group only goes with a caller identity.
-                ctx.supp_group = group.filter(|_| has_identity(&ctx));
+                ctx.supp_group = ext.supp_group.filter(|_| has_identity(&ctx));
+                // Security contexts only when agreed (the kernel sends none otherwise).
+                let secctx = if self.options() & abi::init::SECURITY_CTX != 0 {
+                    &ext.secctx[..]
+                } else {
+                    &[]
+                };
                 let args = Args {
                     bytes: &buf[..args_len],
                 };
-                self.dispatch(&ctx, &h, args, &mut w)
+                self.dispatch(&ctx, &h, args, secctx, &mut w)
             })
         };
 
@@ -358,6 +344,7 @@ impl<F: FileSystem> Server<F> {
         ctx: &Context,
         h: &abi::InHeader,
         mut a: Args<'_>,
+        secctx: &[SecCtx<'_>],
         w: &mut W,
     ) -> io::Result<Outcome> {
         let fs = &self.fs;
@@ -439,21 +426,21 @@ impl<F: FileSystem> Server<F> {
                 need_room(w, ENTRY_REPLY_SIZE)?;
                 let name = a.name()?;
                 let target = a.cstr(PATH_MAX)?;
-                let e = fs.symlink(ctx, target, node, name)?;
+                let e = fs.symlink(ctx, target, node, name, secctx)?;
                 self.ok(w, h, &[entry_out(&e).as_bytes()])
             }
             opcode::MKNOD => {
                 need_room(w, ENTRY_REPLY_SIZE)?;
                 let m: abi::MknodIn = a.take()?;
                 let name = a.name()?;
-                let e = fs.mknod(ctx, node, name, m.mode, m.rdev, m.umask)?;
+                let e = fs.mknod(ctx, node, name, m.mode, m.rdev, m.umask, secctx)?;
                 self.ok(w, h, &[entry_out(&e).as_bytes()])
             }
             opcode::MKDIR => {
                 need_room(w, ENTRY_REPLY_SIZE)?;
                 let m: abi::MkdirIn = a.take()?;
                 let name = a.name()?;
-                let e = fs.mkdir(ctx, node, name, m.mode, m.umask)?;
+                let e = fs.mkdir(ctx, node, name, m.mode, m.umask, secctx)?;
                 self.ok(w, h, &[entry_out(&e).as_bytes()])
             }
             opcode::UNLINK => {
@@ -502,8 +489,16 @@ impl<F: FileSystem> Server<F> {
                 need_room(w, CREATE_REPLY_SIZE)?;
                 let c: abi::CreateIn = a.take()?;
                 let name = a.name()?;
-                let (e, opened) =
-                    fs.create(ctx, node, name, c.mode, c.flags, c.umask, c.open_flags)?;
+                let (e, opened) = fs.create(
+                    ctx,
+                    node,
+                    name,
+                    c.mode,
+                    c.flags,
+                    c.umask,
+                    c.open_flags,
+                    secctx,
+                )?;
                 self.ok(
                     w,
                     h,
@@ -513,7 +508,7 @@ impl<F: FileSystem> Server<F> {
             opcode::TMPFILE => {
                 need_room(w, CREATE_REPLY_SIZE)?;
                 let c: abi::CreateIn = a.take()?;
-                let (e, opened) = fs.tmpfile(ctx, node, c.mode, c.flags, c.umask)?;
+                let (e, opened) = fs.tmpfile(ctx, node, c.mode, c.flags, c.umask, secctx)?;
                 self.ok(
                     w,
                     h,
@@ -563,19 +558,20 @@ impl<F: FileSystem> Server<F> {
                 self.ok(w, h, &[])
             }
             opcode::SETXATTR => {
-                let (size, flags) = if self.options() & abi::init::SETXATTR_EXT != 0 {
+                let (size, flags, setxattr_flags) = if self.options() & abi::init::SETXATTR_EXT != 0
+                {
                     let s: abi::SetxattrIn = a.take()?;
-                    (s.size, s.flags)
+                    (s.size, s.flags, s.setxattr_flags)
                 } else {
                     let s: abi::SetxattrInCompat = a.take()?;
-                    (s.size, s.flags)
+                    (s.size, s.flags, 0)
                 };
                 if size > XATTR_SIZE_MAX {
                     return Err(errno(libc::E2BIG));
                 }
                 let name = a.name()?;
                 let value = a.bytes(size as usize)?;
-                fs.setxattr(ctx, node, name, value, flags)?;
+                fs.setxattr(ctx, node, name, value, flags, setxattr_flags)?;
                 self.ok(w, h, &[])
             }
             opcode::GETXATTR => {
@@ -948,6 +944,8 @@ mod tests {
         want: u64,
         /// (operation, context, mask or flags) of every lookup, mkdir, rename and access.
         seen: Mutex<Vec<(&'static str, Context, u32)>>,
+        /// The security contexts (name, value) the last MKDIR carried.
+        last_secctx: Mutex<Vec<(Vec<u8>, Vec<u8>)>>,
     }
 
     impl FakeFs {
@@ -1000,7 +998,12 @@ mod tests {
             _name: &CStr,
             _mode: u32,
             _umask: u32,
+            secctx: &[SecCtx<'_>],
         ) -> io::Result<Entry> {
+            *self.last_secctx.lock().unwrap() = secctx
+                .iter()
+                .map(|c| (c.name.to_bytes().to_vec(), c.value.to_vec()))
+                .collect();
             *self.last_ctx.lock().unwrap() = Some(*ctx);
             self.saw("mkdir", ctx, 0);
             Err(errno(libc::EEXIST))
@@ -1400,6 +1403,70 @@ mod tests {
         assert_eq!(out_header(&reply).error, -libc::EEXIST);
         let ctx = srv.filesystem().last_ctx.lock().unwrap().unwrap();
         assert_eq!(ctx.supp_group, Some(4242));
+    }
+
+    /// A security context extension with one context, as Linux sends it.
+    fn secctx_extension(name: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut body = (value.len() as u32).to_le_bytes().to_vec();
+        body.extend_from_slice(&[0; 4]);
+        body.extend_from_slice(name);
+        body.push(0);
+        body.extend_from_slice(value);
+        let size = (8 + body.len()).div_ceil(8) * 8;
+        let mut ext = abi::ExtHeader {
+            size: size as u32,
+            typ: 1,
+        }
+        .as_bytes()
+        .to_vec();
+        ext.extend_from_slice(&body);
+        ext.resize(size, 0);
+        ext
+    }
+
+    #[test]
+    fn security_context_reaches_the_filesystem_only_when_agreed() {
+        let mut ext = secctx_extension(b"security.selinux", b"label_t\0");
+        ext.extend_from_slice(
+            abi::ExtHeader {
+                size: 16,
+                typ: abi::EXT_GROUPS,
+            }
+            .as_bytes(),
+        );
+        ext.extend_from_slice(&1u32.to_le_bytes());
+        ext.extend_from_slice(&77u32.to_le_bytes());
+        let offered = abi::init::ASYNC_READ | abi::init::INIT_EXT | abi::init::SECURITY_CTX;
+        for (want, passed) in [(abi::init::SECURITY_CTX, true), (0, false)] {
+            let srv = Server::new(FakeFs {
+                want,
+                ..Default::default()
+            });
+            let (_, reply) = send(&srv, &init_request_ext(40, offered), 4096);
+            assert_eq!(out_header(&reply).error, 0);
+            let (_, reply) = send(&srv, &mkdir_with_extension(&ext), 4096);
+            assert_eq!(out_header(&reply).error, -libc::EEXIST);
+            let got = srv.filesystem().last_secctx.lock().unwrap().clone();
+            if passed {
+                assert_eq!(got, [(b"security.selinux".to_vec(), b"label_t\0".to_vec())]);
+            } else {
+                assert!(got.is_empty());
+            }
+            let ctx = srv.filesystem().last_ctx.lock().unwrap().unwrap();
+            assert_eq!(ctx.supp_group, Some(77));
+        }
+    }
+
+    #[test]
+    fn truncated_security_context_gets_einval() {
+        let ext = secctx_extension(b"security.selinux", b"a-long-label-value");
+        let srv = initialized();
+        // Claim one context but cut its value short (header size kept consistent).
+        let mut cut = ext[..24].to_vec();
+        cut[0..4].copy_from_slice(&24u32.to_le_bytes());
+        let (_, reply) = send(&srv, &mkdir_with_extension(&cut), 4096);
+        assert_eq!(out_header(&reply).error, -libc::EINVAL);
+        assert!(srv.filesystem().last_ctx.lock().unwrap().is_none());
     }
 
     #[test]

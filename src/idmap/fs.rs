@@ -22,7 +22,9 @@ use std::io;
 use std::time::Duration;
 
 use super::Translation;
-use crate::filesystem::{Context, DirEntry, Entry, FileSystem, Opened, SetAttr, XattrReply};
+use crate::filesystem::{
+    Context, DirEntry, Entry, FileSystem, Opened, SecCtx, SetAttr, XattrReply,
+};
 use crate::fuse::abi::init;
 use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
 
@@ -202,10 +204,17 @@ impl<F: FileSystem> FileSystem for MappedFs<F> {
         self.inner.readlink(&self.ctx(ctx), inode)
     }
 
-    fn symlink(&self, ctx: &Context, target: &CStr, parent: u64, name: &CStr) -> io::Result<Entry> {
+    fn symlink(
+        &self,
+        ctx: &Context,
+        target: &CStr,
+        parent: u64,
+        name: &CStr,
+        secctx: &[SecCtx<'_>],
+    ) -> io::Result<Entry> {
         let e = self
             .inner
-            .symlink(&self.creator(ctx)?, target, parent, name)?;
+            .symlink(&self.creator(ctx)?, target, parent, name, secctx)?;
         Ok(self.entry_to_guest(e))
     }
 
@@ -217,10 +226,11 @@ impl<F: FileSystem> FileSystem for MappedFs<F> {
         mode: u32,
         rdev: u32,
         umask: u32,
+        secctx: &[SecCtx<'_>],
     ) -> io::Result<Entry> {
         let e = self
             .inner
-            .mknod(&self.creator(ctx)?, parent, name, mode, rdev, umask)?;
+            .mknod(&self.creator(ctx)?, parent, name, mode, rdev, umask, secctx)?;
         Ok(self.entry_to_guest(e))
     }
 
@@ -231,10 +241,11 @@ impl<F: FileSystem> FileSystem for MappedFs<F> {
         name: &CStr,
         mode: u32,
         umask: u32,
+        secctx: &[SecCtx<'_>],
     ) -> io::Result<Entry> {
         let e = self
             .inner
-            .mkdir(&self.creator(ctx)?, parent, name, mode, umask)?;
+            .mkdir(&self.creator(ctx)?, parent, name, mode, umask, secctx)?;
         Ok(self.entry_to_guest(e))
     }
 
@@ -285,6 +296,7 @@ impl<F: FileSystem> FileSystem for MappedFs<F> {
         flags: u32,
         umask: u32,
         fuse_flags: u32,
+        secctx: &[SecCtx<'_>],
     ) -> io::Result<(Entry, Opened)> {
         let (e, o) = self.inner.create(
             &self.creator(ctx)?,
@@ -294,6 +306,7 @@ impl<F: FileSystem> FileSystem for MappedFs<F> {
             flags,
             umask,
             fuse_flags,
+            secctx,
         )?;
         Ok((self.entry_to_guest(e), o))
     }
@@ -305,10 +318,11 @@ impl<F: FileSystem> FileSystem for MappedFs<F> {
         mode: u32,
         flags: u32,
         umask: u32,
+        secctx: &[SecCtx<'_>],
     ) -> io::Result<(Entry, Opened)> {
         let (e, o) = self
             .inner
-            .tmpfile(&self.creator(ctx)?, parent, mode, flags, umask)?;
+            .tmpfile(&self.creator(ctx)?, parent, mode, flags, umask, secctx)?;
         Ok((self.entry_to_guest(e), o))
     }
 
@@ -410,10 +424,11 @@ impl<F: FileSystem> FileSystem for MappedFs<F> {
         name: &CStr,
         value: &[u8],
         flags: u32,
+        setxattr_flags: u32,
     ) -> io::Result<()> {
         self.refuse_acl(name)?;
         self.inner
-            .setxattr(&self.ctx(ctx), inode, name, value, flags)
+            .setxattr(&self.ctx(ctx), inode, name, value, flags, setxattr_flags)
     }
 
     fn getxattr(

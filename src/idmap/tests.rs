@@ -7,7 +7,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::*;
-use crate::filesystem::{Context, DirEntry, Entry, FileSystem, Opened, SetAttr, XattrReply};
+use crate::filesystem::{
+    Context, DirEntry, Entry, FileSystem, Opened, SecCtx, SetAttr, XattrReply,
+};
 use crate::fuse::abi::init;
 use crate::fuse::io::{SliceReader, VecWriter, ZeroCopyReader, ZeroCopyWriter};
 
@@ -430,15 +432,39 @@ impl FileSystem for Fake {
         self.log("readlink", ctx);
         Ok(b"t".to_vec())
     }
-    fn symlink(&self, ctx: &Context, _: &CStr, _: u64, _: &CStr) -> io::Result<Entry> {
+    fn symlink(
+        &self,
+        ctx: &Context,
+        _: &CStr,
+        _: u64,
+        _: &CStr,
+        _: &[SecCtx],
+    ) -> io::Result<Entry> {
         self.log("symlink", ctx);
         Ok(Fake::entry())
     }
-    fn mknod(&self, ctx: &Context, _: u64, _: &CStr, _: u32, _: u32, _: u32) -> io::Result<Entry> {
+    fn mknod(
+        &self,
+        ctx: &Context,
+        _: u64,
+        _: &CStr,
+        _: u32,
+        _: u32,
+        _: u32,
+        _: &[SecCtx],
+    ) -> io::Result<Entry> {
         self.log("mknod", ctx);
         Ok(Fake::entry())
     }
-    fn mkdir(&self, ctx: &Context, _: u64, _: &CStr, _: u32, _: u32) -> io::Result<Entry> {
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        _: u64,
+        _: &CStr,
+        _: u32,
+        _: u32,
+        _: &[SecCtx],
+    ) -> io::Result<Entry> {
         self.log("mkdir", ctx);
         Ok(Fake::entry())
     }
@@ -471,6 +497,7 @@ impl FileSystem for Fake {
         _: u32,
         _: u32,
         _: u32,
+        _: &[SecCtx],
     ) -> io::Result<(Entry, Opened)> {
         self.log("create", ctx);
         Ok((Fake::entry(), opened()))
@@ -482,6 +509,7 @@ impl FileSystem for Fake {
         _: u32,
         _: u32,
         _: u32,
+        _: &[SecCtx],
     ) -> io::Result<(Entry, Opened)> {
         self.log("tmpfile", ctx);
         Ok((Fake::entry(), opened()))
@@ -585,7 +613,15 @@ impl FileSystem for Fake {
         self.log("access", ctx);
         Ok(())
     }
-    fn setxattr(&self, ctx: &Context, _: u64, _: &CStr, _: &[u8], _: u32) -> io::Result<()> {
+    fn setxattr(
+        &self,
+        ctx: &Context,
+        _: u64,
+        _: &CStr,
+        _: &[u8],
+        _: u32,
+        _: u32,
+    ) -> io::Result<()> {
         self.log("setxattr", ctx);
         Ok(())
     }
@@ -661,19 +697,20 @@ fn call_everything(fs: &dyn FileSystem, ctx: &Context) -> Vec<&'static str> {
         fs.setattr(ctx, 2, SetAttr::default(), None).is_ok(),
     );
     check("readlink", fs.readlink(ctx, 2).is_ok());
-    check("symlink", fs.symlink(ctx, &n, 1, &n).is_ok());
+    check("symlink", fs.symlink(ctx, &n, 1, &n, &[]).is_ok());
     check(
         "mknod",
-        fs.mknod(ctx, 1, &n, libc::S_IFIFO | 0o600, 0, 0).is_ok(),
+        fs.mknod(ctx, 1, &n, libc::S_IFIFO | 0o600, 0, 0, &[])
+            .is_ok(),
     );
-    check("mkdir", fs.mkdir(ctx, 1, &n, 0o755, 0).is_ok());
+    check("mkdir", fs.mkdir(ctx, 1, &n, 0o755, 0, &[]).is_ok());
     check("unlink", fs.unlink(ctx, 1, &n).is_ok());
     check("rmdir", fs.rmdir(ctx, 1, &n).is_ok());
     check("rename", fs.rename(ctx, 1, &n, 1, &n, 0).is_ok());
     check("link", fs.link(ctx, 2, 1, &n).is_ok());
     check("open", fs.open(ctx, 2, 0, 0).is_ok());
-    check("create", fs.create(ctx, 1, &n, 0o644, 0, 0, 0).is_ok());
-    check("tmpfile", fs.tmpfile(ctx, 1, 0o644, 0, 0).is_ok());
+    check("create", fs.create(ctx, 1, &n, 0o644, 0, 0, 0, &[]).is_ok());
+    check("tmpfile", fs.tmpfile(ctx, 1, 0o644, 0, 0, &[]).is_ok());
     let mut w = VecWriter::new(16);
     check("read", fs.read(ctx, 2, 1, &mut w, 1, 0).is_ok());
     let mut r = SliceReader::new(b"x");
@@ -697,7 +734,7 @@ fn call_everything(fs: &dyn FileSystem, ctx: &Context) -> Vec<&'static str> {
     check("access", fs.access(ctx, 1, 0).is_ok());
     check(
         "setxattr",
-        fs.setxattr(ctx, 2, &cs("user.a"), b"v", 0).is_ok(),
+        fs.setxattr(ctx, 2, &cs("user.a"), b"v", 0, 0).is_ok(),
     );
     check("getxattr", fs.getxattr(ctx, 2, &cs("user.a"), 16).is_ok());
     check("listxattr", fs.listxattr(ctx, 2, 0).is_ok());
@@ -807,15 +844,21 @@ fn attributes_going_back_are_translated_to_guest_ids() {
         ids(&fs.setattr(&ctx, 2, SetAttr::default(), None).unwrap().0),
         (1, 2)
     );
-    assert_eq!(ids(&fs.symlink(&ctx, &n, 1, &n).unwrap().attr), (1, 2));
-    assert_eq!(ids(&fs.mknod(&ctx, 1, &n, 0, 0, 0).unwrap().attr), (1, 2));
-    assert_eq!(ids(&fs.mkdir(&ctx, 1, &n, 0, 0).unwrap().attr), (1, 2));
-    assert_eq!(ids(&fs.link(&ctx, 2, 1, &n).unwrap().attr), (1, 2));
+    assert_eq!(ids(&fs.symlink(&ctx, &n, 1, &n, &[]).unwrap().attr), (1, 2));
     assert_eq!(
-        ids(&fs.create(&ctx, 1, &n, 0, 0, 0, 0).unwrap().0.attr),
+        ids(&fs.mknod(&ctx, 1, &n, 0, 0, 0, &[]).unwrap().attr),
         (1, 2)
     );
-    assert_eq!(ids(&fs.tmpfile(&ctx, 1, 0, 0, 0).unwrap().0.attr), (1, 2));
+    assert_eq!(ids(&fs.mkdir(&ctx, 1, &n, 0, 0, &[]).unwrap().attr), (1, 2));
+    assert_eq!(ids(&fs.link(&ctx, 2, 1, &n).unwrap().attr), (1, 2));
+    assert_eq!(
+        ids(&fs.create(&ctx, 1, &n, 0, 0, 0, 0, &[]).unwrap().0.attr),
+        (1, 2)
+    );
+    assert_eq!(
+        ids(&fs.tmpfile(&ctx, 1, 0, 0, 0, &[]).unwrap().0.attr),
+        (1, 2)
+    );
     let mut seen = Vec::new();
     fs.readdirplus(&ctx, 1, 1, 4096, 0, &mut |d, e| {
         seen.push((d.ino, ids(&e.attr)));
@@ -879,12 +922,12 @@ fn creating_as_a_forbidden_id_is_refused_before_the_inner_filesystem() {
             ..guest_ctx()
         },
     ] {
-        eperm(fs.symlink(&ctx, &n, 1, &n).map(drop));
-        eperm(fs.mknod(&ctx, 1, &n, 0, 0, 0).map(drop));
-        eperm(fs.mkdir(&ctx, 1, &n, 0, 0).map(drop));
+        eperm(fs.symlink(&ctx, &n, 1, &n, &[]).map(drop));
+        eperm(fs.mknod(&ctx, 1, &n, 0, 0, 0, &[]).map(drop));
+        eperm(fs.mkdir(&ctx, 1, &n, 0, 0, &[]).map(drop));
         eperm(fs.link(&ctx, 2, 1, &n).map(drop));
-        eperm(fs.create(&ctx, 1, &n, 0, 0, 0, 0).map(drop));
-        eperm(fs.tmpfile(&ctx, 1, 0, 0, 0).map(drop));
+        eperm(fs.create(&ctx, 1, &n, 0, 0, 0, 0, &[]).map(drop));
+        eperm(fs.tmpfile(&ctx, 1, 0, 0, 0, &[]).map(drop));
         eperm(fs.rename(&ctx, 1, &n, 1, &cs("m"), super::fs::RENAME_WHITEOUT));
         assert!(fs.inner().calls().is_empty());
         // Requests that create nothing go through with the id as it is.
@@ -902,7 +945,7 @@ fn creating_as_a_forbidden_id_is_refused_before_the_inner_filesystem() {
         supp_group: Some(7),
         ..guest_ctx()
     };
-    fs.mkdir(&ctx, 1, &n, 0, 0).unwrap();
+    fs.mkdir(&ctx, 1, &n, 0, 0, &[]).unwrap();
     assert_eq!(fs.inner().calls()[0].1.supp_group, None);
 }
 
@@ -915,7 +958,7 @@ fn acl_xattrs_are_refused_only_while_translating() {
     let ctx = guest_ctx();
     let plain = mapped(&[], &[]);
     for a in &acl {
-        plain.setxattr(&ctx, 2, a, b"x", 0).unwrap();
+        plain.setxattr(&ctx, 2, a, b"x", 0, 0).unwrap();
         plain.getxattr(&ctx, 2, a, 0).unwrap();
         plain.removexattr(&ctx, 2, a).unwrap();
     }
@@ -924,12 +967,12 @@ fn acl_xattrs_are_refused_only_while_translating() {
         |r: io::Result<()>| assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EOPNOTSUPP));
     fs.inner().calls();
     for a in &acl {
-        eopnotsupp(fs.setxattr(&ctx, 2, a, b"x", 0));
+        eopnotsupp(fs.setxattr(&ctx, 2, a, b"x", 0, 0));
         eopnotsupp(fs.getxattr(&ctx, 2, a, 0).map(drop));
         eopnotsupp(fs.removexattr(&ctx, 2, a));
     }
     assert!(fs.inner().calls().is_empty());
-    fs.setxattr(&ctx, 2, &cs("system.posix_acl_other"), b"x", 0)
+    fs.setxattr(&ctx, 2, &cs("system.posix_acl_other"), b"x", 0, 0)
         .unwrap();
     fs.getxattr(&ctx, 2, &cs("user.posix_acl_access"), 0)
         .unwrap();
@@ -1005,6 +1048,6 @@ fn the_invalid_id_is_never_translated() {
         pid: 1,
         supp_group: None,
     };
-    fs.mkdir(&ctx, 1, &cs("n"), 0, 0).unwrap();
+    fs.mkdir(&ctx, 1, &cs("n"), 0, 0, &[]).unwrap();
     assert_eq!(fs.inner().calls()[0].1, ctx);
 }

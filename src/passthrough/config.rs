@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use super::xattrmap::XattrMap;
+
 /// How much the guest may cache (`--cache`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CacheMode {
@@ -77,6 +79,34 @@ impl FromStr for InodeFileHandles {
     }
 }
 
+/// Whether to enable a feature the guest kernel must agree to (`--posix-acl`,
+/// `--security-label`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Negotiate {
+    /// Not offered.
+    #[default]
+    Never,
+    /// Enabled when the guest kernel supports it; without it the session goes on without.
+    Auto,
+    /// Enabled; a guest kernel without support fails FUSE_INIT (`EPROTO`).
+    Always,
+}
+
+impl FromStr for Negotiate {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "never" => Ok(Negotiate::Never),
+            "auto" => Ok(Negotiate::Auto),
+            "always" => Ok(Negotiate::Always),
+            _ => Err(format!(
+                "invalid value '{s}': expected one of never, auto, always"
+            )),
+        }
+    }
+}
+
 /// Configuration of a [`super::PassthroughFs`].
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -105,6 +135,16 @@ pub struct Config {
     pub preserve_noatime: bool,
     /// File handles instead of descriptors for inodes (`--inode-file-handles`).
     pub inode_file_handles: InodeFileHandles,
+    /// Rules translating extended attribute names (`--xattrmap`).
+    pub xattrmap: Option<XattrMap>,
+    /// POSIX ACLs (`--posix-acl`): `FUSE_POSIX_ACL`, with the guest's umask applied by the host
+    /// only where no default ACL is inherited. Needs `xattr`.
+    pub posix_acl: Negotiate,
+    /// Security labels of new files (`--security-label`): `FUSE_SECURITY_CTX`. Needs `xattr`.
+    pub security_label: Negotiate,
+    /// The daemon clears set-user-id / set-group-id bits itself on writes, truncations and
+    /// ownership changes the guest marks (`--killpriv-v2`: `FUSE_HANDLE_KILLPRIV_V2`).
+    pub killpriv_v2: bool,
     /// Entry timeout; defaults from `cache`.
     pub entry_timeout: Duration,
     /// Attribute timeout; defaults from `cache`.
@@ -126,6 +166,10 @@ impl Config {
             allow_mmap: false,
             preserve_noatime: false,
             inode_file_handles: InodeFileHandles::default(),
+            xattrmap: None,
+            posix_acl: Negotiate::Never,
+            security_label: Negotiate::Never,
+            killpriv_v2: false,
             entry_timeout: cache.timeout(),
             attr_timeout: cache.timeout(),
         }

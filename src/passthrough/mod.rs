@@ -30,19 +30,23 @@ mod inode;
 mod sys;
 #[cfg(test)]
 mod tests;
+mod threadfs;
+mod xattr;
+pub mod xattrmap;
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-pub use config::{CacheMode, Config, InodeFileHandles};
+pub use config::{CacheMode, Config, InodeFileHandles, Negotiate};
 pub use credentials::drop_supplementary_groups;
 
 use crate::filesystem::{
-    Context, DirEntry, Entry, FileSystem, Opened, SetAttr, SetTime, XattrReply,
+    Context, DirEntry, Entry, FileSystem, Opened, SecCtx, SetAttr, SetTime, XattrReply,
 };
 use crate::fuse::abi::{fopen, init, ROOT_ID};
 use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
@@ -73,6 +77,12 @@ pub struct PassthroughFs {
     fh_mode: InodeFileHandles,
     /// A descriptor per mount, to open file handles through.
     mounts: MountFds,
+    /// POSIX ACLs enabled in this session (`--posix-acl`, agreed at INIT).
+    posix_acl_on: AtomicBool,
+    /// Security contexts of creations applied in this session (`--security-label`, agreed).
+    security_ctx_on: AtomicBool,
+    /// The host name of `security.capability` when `--xattrmap` renames it.
+    cap_xattr: Option<CString>,
 }
 
 /// Refuses names that are empty, contain `/`, or are longer than `NAME_MAX`.
@@ -165,6 +175,9 @@ impl PassthroughFs {
             dircache: DirCache::new(dircache::DEFAULT_CAP),
             proc_self_fd,
             as_root: credentials::running_as_root(),
+            posix_acl_on: AtomicBool::new(false),
+            security_ctx_on: AtomicBool::new(false),
+            cap_xattr: xattr::remapped_capability(cfg.xattrmap.as_ref()),
             cfg,
         })
     }
@@ -561,12 +574,16 @@ impl PassthroughFs {
         }
     }
 
-    /// Makes a node with `make(parent_fd)` as the caller, then looks it up.
+    /// Makes a node with `make(parent_fd)` as the caller (with the guest's `umask` when
+    /// given, see [`Self::with_guest_umask`]), labels it with `secctx`, then looks it up. A node
+    /// that cannot be labelled is removed again and the creation fails.
     fn make_node(
         &self,
         ctx: &Context,
         parent: u64,
         name: &CStr,
+        umask: Option<u32>,
+        secctx: &[SecCtx<'_>],
         make: impl FnOnce(BorrowedFd<'_>) -> io::Result<()>,
     ) -> io::Result<Entry> {
         self.check_writable()?;
@@ -574,7 +591,30 @@ impl PassthroughFs {
         let p = self.inode(parent)?;
         {
             let _creds = credentials::switch_to(self.as_root, ctx)?;
-            make(self.path_fd(&p)?.as_fd())?;
+            let pfd = self.path_fd(&p)?;
+            let pfd = pfd.as_fd();
+            match umask {
+                Some(m) => self.with_guest_umask(m, || make(pfd))?,
+                None => make(pfd)?,
+            }
+        }
+        if self.labels_enabled() && !secctx.is_empty() {
+            let pfd = self.path_fd(&p)?;
+            let pfd = pfd.as_fd();
+            let labelled = sys::openat(pfd, name, open_path_flags(), 0)
+                .and_then(|fd| self.label_path_fd(fd.as_fd(), secctx).map(|()| fd));
+            if let Err(e) = labelled {
+                log::warn!("security context of a new node refused by the host: {e}");
+                let kind = sys::fstatat(pfd, name, libc::AT_SYMLINK_NOFOLLOW)
+                    .map_or(0, |st| st.st_mode & libc::S_IFMT);
+                let flags = if kind == libc::S_IFDIR {
+                    libc::AT_REMOVEDIR
+                } else {
+                    0
+                };
+                let _ = sys::unlinkat(pfd, name, flags);
+                return Err(e);
+            }
         }
         self.do_lookup(&p, name)
     }
@@ -633,15 +673,72 @@ impl PassthroughFs {
         id
     }
 
-    /// Clears set-user-id / set-group-id on the open file `fd` as an unprivileged write would.
-    fn kill_suidgid_fd(fd: BorrowedFd<'_>) -> io::Result<()> {
-        let st = sys::stat_fd(fd)?;
-        if st.st_mode & libc::S_IFMT == libc::S_IFREG {
-            if let Some(m) = killed_suidgid(st.st_mode) {
-                sys::fchmod(fd, m)?;
+    /// After an open with `O_TRUNC`: clears set-user-id / set-group-id when the guest asks
+    /// (`FUSE_OPEN_KILL_SUIDGID`), and a remapped `security.capability` in any case.
+    fn truncated_on_open(&self, fd: BorrowedFd<'_>, fuse_flags: u32) -> io::Result<()> {
+        if fuse_flags & crate::fuse::abi::OPEN_KILL_SUIDGID != 0 {
+            self.kill_priv(fd)
+        } else {
+            self.drop_remapped_capability(fd)
+        }
+    }
+
+    /// The INIT flags of `--posix-acl`, `--security-label` and `--killpriv-v2` the guest kernel
+    /// (offering `capable`) agrees to; records which are on. `EPROTO` when an `always` feature
+    /// is not offered.
+    fn negotiate_xattr_features(&self, capable: u64) -> io::Result<u64> {
+        let mut want = 0;
+        let xattr = self.cfg.xattr;
+        let acl_flags = init::POSIX_ACL | init::DONT_MASK | init::SETXATTR_EXT;
+        let acl = match self.cfg.posix_acl {
+            Negotiate::Never => false,
+            _ if xattr && capable & acl_flags == acl_flags => true,
+            Negotiate::Always => {
+                log::error!(
+                    "--posix-acl=always: the guest kernel does not offer POSIX ACLs \
+                     (FUSE_POSIX_ACL, FUSE_DONT_MASK and FUSE_SETXATTR_EXT); session refused"
+                );
+                return Err(error(libc::EPROTO));
+            }
+            Negotiate::Auto => {
+                log::warn!("--posix-acl=auto: the guest kernel does not offer POSIX ACLs; off");
+                false
+            }
+        };
+        if acl {
+            want |= acl_flags;
+        }
+        self.posix_acl_on.store(acl, Ordering::Relaxed);
+        let labels = match self.cfg.security_label {
+            Negotiate::Never => false,
+            _ if xattr && capable & init::SECURITY_CTX != 0 => true,
+            Negotiate::Always => {
+                log::error!(
+                    "--security-label=always: the guest kernel does not offer \
+                     FUSE_SECURITY_CTX; session refused"
+                );
+                return Err(error(libc::EPROTO));
+            }
+            Negotiate::Auto => {
+                log::warn!(
+                    "--security-label=auto: the guest kernel does not offer FUSE_SECURITY_CTX; \
+                     off"
+                );
+                false
+            }
+        };
+        if labels {
+            want |= init::SECURITY_CTX;
+        }
+        self.security_ctx_on.store(labels, Ordering::Relaxed);
+        if self.cfg.killpriv_v2 {
+            if capable & init::HANDLE_KILLPRIV_V2 != 0 {
+                want |= init::HANDLE_KILLPRIV_V2;
+            } else {
+                log::warn!("--killpriv-v2: the guest kernel does not offer it; off");
             }
         }
-        Ok(())
+        Ok(want)
     }
 
     fn dir_handle(&self, inode: u64, handle: u64) -> io::Result<Arc<HandleData>> {
@@ -687,10 +784,13 @@ impl FileSystem for PassthroughFs {
             // them for nothing but creating (ACCESS is answered by the server without them).
             want |= init::ALLOW_IDMAP;
         }
+        want |= self.negotiate_xattr_features(capable)?;
         Ok(want & capable)
     }
 
     fn destroy(&self) {
+        self.posix_acl_on.store(false, Ordering::Relaxed);
+        self.security_ctx_on.store(false, Ordering::Relaxed);
         self.dircache.clear();
         self.handles.clear();
         self.inodes.clear();
@@ -785,11 +885,12 @@ impl FileSystem for PassthroughFs {
                 None => sys::utimensat(self.proc_self_fd.as_fd(), proc.name(), &times)?,
             }
         }
-        if attr.kill_suidgid && attr.mode.is_none() && data.kind == libc::S_IFREG {
-            let st = sys::stat_fd(pfd.as_fd())?;
-            if let Some(m) = killed_suidgid(st.st_mode) {
-                sys::fchmodat(self.proc_self_fd.as_fd(), proc.name(), m)?;
-            }
+        if attr.kill_suidgid && attr.mode.is_none() {
+            // FATTR_KILL_SUIDGID (--killpriv-v2): the truncation or ownership change was made
+            // by a guest caller without CAP_FSETID.
+            self.kill_priv(self.path_fd(&data)?.as_fd())?;
+        } else if attr.size.is_some() || attr.uid.is_some() || attr.gid.is_some() {
+            self.drop_remapped_capability(self.path_fd(&data)?.as_fd())?;
         }
         Ok((sys::stat_fd(pfd.as_fd())?, self.cfg.attr_timeout))
     }
@@ -802,8 +903,17 @@ impl FileSystem for PassthroughFs {
         sys::readlink_fd(self.path_fd(&data)?.as_fd())
     }
 
-    fn symlink(&self, ctx: &Context, target: &CStr, parent: u64, name: &CStr) -> io::Result<Entry> {
-        self.make_node(ctx, parent, name, |dir| sys::symlinkat(target, dir, name))
+    fn symlink(
+        &self,
+        ctx: &Context,
+        target: &CStr,
+        parent: u64,
+        name: &CStr,
+        secctx: &[SecCtx<'_>],
+    ) -> io::Result<Entry> {
+        self.make_node(ctx, parent, name, None, secctx, |dir| {
+            sys::symlinkat(target, dir, name)
+        })
     }
 
     fn mknod(
@@ -814,9 +924,10 @@ impl FileSystem for PassthroughFs {
         mode: u32,
         rdev: u32,
         umask: u32,
+        secctx: &[SecCtx<'_>],
     ) -> io::Result<Entry> {
-        let mode = mode & !(umask & 0o7777);
-        self.make_node(ctx, parent, name, |dir| {
+        let mode = (mode & libc::S_IFMT) | self.create_mode(mode, umask);
+        self.make_node(ctx, parent, name, Some(umask), secctx, |dir| {
             sys::mknodat(dir, name, mode, u64::from(rdev))
         })
     }
@@ -828,9 +939,12 @@ impl FileSystem for PassthroughFs {
         name: &CStr,
         mode: u32,
         umask: u32,
+        secctx: &[SecCtx<'_>],
     ) -> io::Result<Entry> {
-        let mode = mode & !umask & 0o7777;
-        self.make_node(ctx, parent, name, |dir| sys::mkdirat(dir, name, mode))
+        let mode = self.create_mode(mode, umask);
+        self.make_node(ctx, parent, name, Some(umask), secctx, |dir| {
+            sys::mkdirat(dir, name, mode)
+        })
     }
 
     fn unlink(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
@@ -931,8 +1045,8 @@ impl FileSystem for PassthroughFs {
         let data = self.inode(inode)?;
         check_openable(data.kind)?;
         let file = self.open_node(&data, self.host_open_flags(flags))?;
-        if fuse_flags & crate::fuse::abi::OPEN_KILL_SUIDGID != 0 && flags & libc::O_TRUNC != 0 {
-            Self::kill_suidgid_fd(file.as_fd())?;
+        if flags & libc::O_TRUNC != 0 {
+            self.truncated_on_open(file.as_fd(), fuse_flags)?;
         }
         let handle = self.open_handle(&data, HandleData::file(inode, file));
         Ok(Opened {
@@ -949,7 +1063,8 @@ impl FileSystem for PassthroughFs {
         mode: u32,
         flags: u32,
         umask: u32,
-        _fuse_flags: u32,
+        fuse_flags: u32,
+        secctx: &[SecCtx<'_>],
     ) -> io::Result<(Entry, Opened)> {
         self.check_writable()?;
         check_new_name(name)?;
@@ -960,15 +1075,26 @@ impl FileSystem for PassthroughFs {
         // (the host may refuse it, and the file must not be created twice).
         let oflags =
             (self.host_open_flags(flags) & !libc::O_DIRECT) | libc::O_CREAT | libc::O_NOFOLLOW;
-        let mode = mode & !umask & 0o7777;
+        let mode = self.create_mode(mode, umask);
         let mut tries = 0;
         loop {
             let created = {
                 let _creds = credentials::switch_to(self.as_root, ctx)?;
-                sys::openat(self.path_fd(&p)?.as_fd(), name, oflags | libc::O_EXCL, mode)
+                let pfd = self.path_fd(&p)?;
+                let pfd = pfd.as_fd();
+                self.with_guest_umask(umask, || {
+                    sys::openat(pfd, name, oflags | libc::O_EXCL, mode)
+                })
             };
             match created {
                 Ok(file) => {
+                    if self.labels_enabled() && !secctx.is_empty() {
+                        if let Err(e) = self.label_fd(file.as_fd(), secctx) {
+                            log::warn!("security context of a new file refused by the host: {e}");
+                            let _ = sys::unlinkat(self.path_fd(&p)?.as_fd(), name, 0);
+                            return Err(e);
+                        }
+                    }
                     let origin = Origin {
                         parent: p.clone(),
                         name: name.to_owned(),
@@ -988,6 +1114,9 @@ impl FileSystem for PassthroughFs {
                         kind => check_openable(kind)?,
                     }
                     let file = self.reopen_fd(path_fd.as_fd(), self.host_open_flags(flags))?;
+                    if flags & libc::O_TRUNC != 0 {
+                        self.truncated_on_open(file.as_fd(), fuse_flags)?;
+                    }
                     let origin = Origin {
                         parent: p.clone(),
                         name: name.to_owned(),
@@ -1008,17 +1137,24 @@ impl FileSystem for PassthroughFs {
         mode: u32,
         flags: u32,
         umask: u32,
+        secctx: &[SecCtx<'_>],
     ) -> io::Result<(Entry, Opened)> {
         self.check_writable()?;
         let p = self.inode(parent)?;
         let flags = flags as i32;
         let direct = self.host_open_flags(flags) & libc::O_DIRECT != 0;
         let oflags = (self.host_open_flags(flags) & !libc::O_DIRECT) | libc::O_TMPFILE;
-        let mode = mode & !umask & 0o7777;
+        let mode = self.create_mode(mode, umask);
         let file = {
             let _creds = credentials::switch_to(self.as_root, ctx)?;
-            sys::openat(self.path_fd(&p)?.as_fd(), c".", oflags, mode)?
+            let pfd = self.path_fd(&p)?;
+            let pfd = pfd.as_fd();
+            self.with_guest_umask(umask, || sys::openat(pfd, c".", oflags, mode))?
         };
+        if self.labels_enabled() && !secctx.is_empty() {
+            // Unnamed: closing it is all the removal it needs.
+            self.label_fd(file.as_fd(), secctx)?;
+        }
         self.register_open(file, None, direct)
     }
 
@@ -1051,7 +1187,9 @@ impl FileSystem for PassthroughFs {
         sys::to_off(offset)?;
         let h = self.handles.get(handle, inode)?;
         if kill_priv {
-            Self::kill_suidgid_fd(h.fd())?;
+            self.kill_priv(h.fd())?;
+        } else {
+            self.drop_remapped_capability(h.fd())?;
         }
         // The reader keeps writing until `size` bytes are written or the file refuses more.
         r.write_to_file_at(h.fd(), size as usize, offset)
@@ -1241,13 +1379,12 @@ impl FileSystem for PassthroughFs {
         name: &CStr,
         value: &[u8],
         flags: u32,
+        setxattr_flags: u32,
     ) -> io::Result<()> {
         self.xattr_enabled()?;
         self.check_writable()?;
         let data = self.inode(inode)?;
-        let pfd = self.path_fd(&data)?;
-        let proc = ProcName::new(pfd.as_fd().as_raw_fd());
-        sys::setxattr(proc.path(), name, value, flags as i32)
+        self.do_setxattr(&data, name, value, flags, setxattr_flags)
     }
 
     fn getxattr(
@@ -1259,40 +1396,20 @@ impl FileSystem for PassthroughFs {
     ) -> io::Result<XattrReply> {
         self.xattr_enabled()?;
         let data = self.inode(inode)?;
-        let pfd = self.path_fd(&data)?;
-        let proc = ProcName::new(pfd.as_fd().as_raw_fd());
-        if size == 0 {
-            let n = sys::getxattr(proc.path(), name, &mut [])?;
-            return Ok(XattrReply::Size(n as u32));
-        }
-        let mut buf = vec![0u8; (size as usize).min(XATTR_MAX)];
-        let n = sys::getxattr(proc.path(), name, &mut buf)?;
-        buf.truncate(n);
-        Ok(XattrReply::Data(buf))
+        self.do_getxattr(&data, name, size)
     }
 
     fn listxattr(&self, _ctx: &Context, inode: u64, size: u32) -> io::Result<XattrReply> {
         self.xattr_enabled()?;
         let data = self.inode(inode)?;
-        let pfd = self.path_fd(&data)?;
-        let proc = ProcName::new(pfd.as_fd().as_raw_fd());
-        if size == 0 {
-            let n = sys::listxattr(proc.path(), &mut [])?;
-            return Ok(XattrReply::Size(n as u32));
-        }
-        let mut buf = vec![0u8; (size as usize).min(XATTR_MAX)];
-        let n = sys::listxattr(proc.path(), &mut buf)?;
-        buf.truncate(n);
-        Ok(XattrReply::Data(buf))
+        self.do_listxattr(&data, size)
     }
 
     fn removexattr(&self, _ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> {
         self.xattr_enabled()?;
         self.check_writable()?;
         let data = self.inode(inode)?;
-        let pfd = self.path_fd(&data)?;
-        let proc = ProcName::new(pfd.as_fd().as_raw_fd());
-        sys::removexattr(proc.path(), name)
+        self.do_removexattr(&data, name)
     }
 
     fn fallocate(

@@ -2,9 +2,10 @@
 //!
 //! Every wrapper takes borrowed descriptors and NUL-terminated names, returns owned descriptors,
 //! and turns a `-1` into the thread's `errno` as an [`io::Error`]. None of them builds a host path
-//! from guest names: names are always resolved relative to a directory descriptor. The only
-//! absolute path used is `/proc/self/fd/N` (see [`ProcName`]), for the few calls that have no
-//! `*at` form (the `*xattr` family).
+//! from guest names: names are always resolved relative to a directory descriptor, or, for the
+//! `*xattr` family that has no `*at` form, as the name `N` (see [`ProcName`]) relative to the
+//! `/proc/self/fd` directory made this thread's working directory (see `threadfs`). No absolute
+//! path is used.
 
 use std::ffi::CStr;
 use std::io;
@@ -55,50 +56,33 @@ fn owned(fd: libc::c_int) -> OwnedFd {
 }
 
 /// A descriptor number as a NUL-terminated decimal name, to resolve under `/proc/self/fd`
-/// without allocating. [`ProcName::path`] gives the absolute `/proc/self/fd/N` form.
+/// without allocating.
 pub struct ProcName {
-    buf: [u8; 32],
+    buf: [u8; 16],
     /// Where the decimal number starts in `buf`.
     start: usize,
-    /// Length of `buf` including the terminating NUL.
-    len: usize,
 }
-
-const PROC_PREFIX: &[u8] = b"/proc/self/fd/";
 
 impl ProcName {
     pub fn new(fd: RawFd) -> Self {
-        let mut digits = [0u8; 10];
+        // Ten digits at most, then the NUL.
+        let mut buf = [0u8; 16];
         let mut n = fd.unsigned_abs();
-        let mut i = digits.len();
+        let mut i = 10;
         loop {
             i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
+            buf[i] = b'0' + (n % 10) as u8;
             n /= 10;
             if n == 0 {
                 break;
             }
         }
-        let digits = &digits[i..];
-        let mut buf = [0u8; 32];
-        buf[..PROC_PREFIX.len()].copy_from_slice(PROC_PREFIX);
-        let end = PROC_PREFIX.len() + digits.len();
-        buf[PROC_PREFIX.len()..end].copy_from_slice(digits);
-        ProcName {
-            buf,
-            start: PROC_PREFIX.len(),
-            len: end + 1,
-        }
+        ProcName { buf, start: i }
     }
 
     /// `"N"`, to resolve relative to a `/proc/self/fd` directory descriptor.
     pub fn name(&self) -> &CStr {
-        CStr::from_bytes_with_nul(&self.buf[self.start..self.len]).unwrap_or(EMPTY)
-    }
-
-    /// `"/proc/self/fd/N"`.
-    pub fn path(&self) -> &CStr {
-        CStr::from_bytes_with_nul(&self.buf[..self.len]).unwrap_or(EMPTY)
+        CStr::from_bytes_with_nul(&self.buf[self.start..11]).unwrap_or(EMPTY)
     }
 }
 
@@ -438,7 +422,7 @@ pub fn getdents64(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     check_long(ret).map(|n| n as usize)
 }
 
-/// `getxattr(2)` on an absolute path (following the last component); `buf` empty asks the size.
+/// `getxattr(2)` on a path (following the last component); `buf` empty asks the size.
 pub fn getxattr(path: &CStr, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: the strings are NUL-terminated and `buf` is writable for `buf.len()` bytes (a null
     // pointer is never dereferenced when the length is 0); the result is checked.
@@ -453,7 +437,7 @@ pub fn getxattr(path: &CStr, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
     check_size(ret)
 }
 
-/// `listxattr(2)` on an absolute path; `buf` empty asks the size.
+/// `listxattr(2)` on a path; `buf` empty asks the size.
 pub fn listxattr(path: &CStr, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: the path is NUL-terminated and `buf` is writable for `buf.len()` bytes; checked.
     let ret = unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -465,6 +449,21 @@ pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: i32) -> io::Resul
     let ret = unsafe {
         libc::setxattr(
             path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    };
+    check(ret).map(drop)
+}
+
+/// `fsetxattr(2)` on an open (not `O_PATH`) descriptor.
+pub fn fsetxattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated and `value` is readable for its length; checked.
+    let ret = unsafe {
+        libc::fsetxattr(
+            fd.as_raw_fd(),
             name.as_ptr(),
             value.as_ptr().cast(),
             value.len(),
@@ -514,9 +513,9 @@ mod tests {
     #[test]
     fn proc_name_formats_descriptor_numbers() {
         assert_eq!(ProcName::new(0).name(), c"0");
-        assert_eq!(ProcName::new(7).path(), c"/proc/self/fd/7");
+        assert_eq!(ProcName::new(7).name(), c"7");
         assert_eq!(ProcName::new(1234567).name(), c"1234567");
-        assert_eq!(ProcName::new(i32::MAX).path(), c"/proc/self/fd/2147483647");
+        assert_eq!(ProcName::new(i32::MAX).name(), c"2147483647");
     }
 
     #[test]

@@ -64,7 +64,16 @@ fn write_at(fs: &PassthroughFs, inode: u64, fh: u64, data: &[u8], off: u64) -> u
 
 fn create(fs: &PassthroughFs, parent: u64, name: &str, mode: u32) -> (Entry, u64) {
     let (e, o) = fs
-        .create(&ctx(), parent, &cs(name), mode, libc::O_RDWR as u32, 0, 0)
+        .create(
+            &ctx(),
+            parent,
+            &cs(name),
+            mode,
+            libc::O_RDWR as u32,
+            0,
+            0,
+            &[],
+        )
         .unwrap();
     (e, o.handle.unwrap())
 }
@@ -188,7 +197,10 @@ fn unknown_node_ids_are_ebadf() {
     assert_eq!(errno(fs.getattr(&ctx(), 42, None)), libc::EBADF);
     assert_eq!(errno(fs.lookup(&ctx(), 42, c"x")), libc::EBADF);
     assert_eq!(errno(fs.open(&ctx(), 42, 0, 0)), libc::EBADF);
-    assert_eq!(errno(fs.mkdir(&ctx(), 42, c"d", 0o755, 0)), libc::EBADF);
+    assert_eq!(
+        errno(fs.mkdir(&ctx(), 42, c"d", 0o755, 0, &[])),
+        libc::EBADF
+    );
     fs.forget(&ctx(), 42, 1);
 }
 
@@ -220,7 +232,7 @@ fn symlink_pointing_outside_is_not_followed_by_open() {
     );
     assert_eq!(errno(fs.opendir(&ctx(), dirlink.inode, 0)), libc::ENOTDIR);
     assert_eq!(
-        errno(fs.mkdir(&ctx(), dirlink.inode, c"new", 0o755, 0)),
+        errno(fs.mkdir(&ctx(), dirlink.inode, c"new", 0o755, 0, &[])),
         libc::ENOTDIR
     );
     assert!(!outside.path().join("new").exists());
@@ -233,7 +245,16 @@ fn create_through_dangling_symlink_does_not_escape() {
     std::os::unix::fs::symlink(outside.path().join("planted"), tmp.path().join("esc")).unwrap();
     let fs = new_fs(tmp.path());
     assert!(fs
-        .create(&ctx(), ROOT_ID, c"esc", 0o644, libc::O_WRONLY as u32, 0, 0)
+        .create(
+            &ctx(),
+            ROOT_ID,
+            c"esc",
+            0o644,
+            libc::O_WRONLY as u32,
+            0,
+            0,
+            &[]
+        )
         .is_err());
     assert!(fs
         .create(
@@ -243,7 +264,8 @@ fn create_through_dangling_symlink_does_not_escape() {
             0o644,
             (libc::O_WRONLY | libc::O_EXCL) as u32,
             0,
-            0
+            0,
+            &[]
         )
         .is_err());
     assert!(!outside.path().join("planted").exists());
@@ -254,7 +276,16 @@ fn create_then_read_back() {
     let tmp = tempfile::tempdir().unwrap();
     let fs = new_fs(tmp.path());
     let (e, fh) = fs
-        .create(&ctx(), ROOT_ID, c"f", 0o666, libc::O_RDWR as u32, 0o022, 0)
+        .create(
+            &ctx(),
+            ROOT_ID,
+            c"f",
+            0o666,
+            libc::O_RDWR as u32,
+            0o022,
+            0,
+            &[],
+        )
         .map(|(e, o)| (e, o.handle.unwrap()))
         .unwrap();
     assert_eq!(e.attr.st_mode, libc::S_IFREG | 0o644);
@@ -278,7 +309,7 @@ fn create_excl_refuses_existing_file() {
     let fs = new_fs(tmp.path());
     let flags = (libc::O_RDWR | libc::O_EXCL) as u32;
     assert_eq!(
-        errno(fs.create(&ctx(), ROOT_ID, c"f", 0o644, flags, 0, 0)),
+        errno(fs.create(&ctx(), ROOT_ID, c"f", 0o644, flags, 0, 0, &[])),
         libc::EEXIST
     );
     // Without O_EXCL it opens the existing file.
@@ -291,16 +322,16 @@ fn create_never_opens_an_existing_special_file_or_directory() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::create_dir(tmp.path().join("d")).unwrap();
     let fs = new_fs(tmp.path());
-    fs.mknod(&ctx(), ROOT_ID, c"fifo", libc::S_IFIFO | 0o666, 0, 0)
+    fs.mknod(&ctx(), ROOT_ID, c"fifo", libc::S_IFIFO | 0o666, 0, 0, &[])
         .unwrap();
     // Opening a FIFO for writing would block; a device node would reach the host device.
     let flags = libc::O_WRONLY as u32;
     assert_eq!(
-        errno(fs.create(&ctx(), ROOT_ID, c"fifo", 0o644, flags, 0, 0)),
+        errno(fs.create(&ctx(), ROOT_ID, c"fifo", 0o644, flags, 0, 0, &[])),
         libc::ENXIO
     );
     assert_eq!(
-        errno(fs.create(&ctx(), ROOT_ID, c"d", 0o644, 0, 0, 0)),
+        errno(fs.create(&ctx(), ROOT_ID, c"d", 0o644, 0, 0, 0, &[])),
         libc::EISDIR
     );
     assert_eq!(fs.handles.len(), 0);
@@ -321,21 +352,22 @@ fn create_as_uid_1000_is_owned_by_1000_on_the_host() {
         ..Context::default()
     };
     let (e, _) = fs
-        .create(&user, ROOT_ID, c"f", 0o644, libc::O_RDWR as u32, 0, 0)
+        .create(&user, ROOT_ID, c"f", 0o644, libc::O_RDWR as u32, 0, 0, &[])
         .unwrap();
     assert_eq!((e.attr.st_uid, e.attr.st_gid), (1000, 1000));
-    fs.mkdir(&user, ROOT_ID, c"d", 0o755, 0).unwrap();
-    fs.symlink(&user, c"f", ROOT_ID, c"l").unwrap();
+    fs.mkdir(&user, ROOT_ID, c"d", 0o755, 0, &[]).unwrap();
+    fs.symlink(&user, c"f", ROOT_ID, c"l", &[]).unwrap();
     for name in ["f", "d", "l"] {
         let md = std::fs::symlink_metadata(tmp.path().join(name)).unwrap();
         assert_eq!((md.uid(), md.gid()), (1000, 1000), "{name}");
     }
     // The thread is back to root afterwards: root-only directory still writable.
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    fs.mkdir(&ctx(), ROOT_ID, c"rootdir", 0o755, 0).unwrap();
+    fs.mkdir(&ctx(), ROOT_ID, c"rootdir", 0o755, 0, &[])
+        .unwrap();
     // And uid 1000 is refused in it.
     assert_eq!(
-        errno(fs.mkdir(&user, ROOT_ID, c"d2", 0o755, 0)),
+        errno(fs.mkdir(&user, ROOT_ID, c"d2", 0o755, 0, &[])),
         libc::EACCES
     );
 }
@@ -344,14 +376,14 @@ fn create_as_uid_1000_is_owned_by_1000_on_the_host() {
 fn mkdir_and_mknod_apply_umask() {
     let tmp = tempfile::tempdir().unwrap();
     let fs = new_fs(tmp.path());
-    let d = fs.mkdir(&ctx(), ROOT_ID, c"d", 0o777, 0o027).unwrap();
+    let d = fs.mkdir(&ctx(), ROOT_ID, c"d", 0o777, 0o027, &[]).unwrap();
     assert_eq!(d.attr.st_mode, libc::S_IFDIR | 0o750);
     let p = fs
-        .mknod(&ctx(), ROOT_ID, c"p", libc::S_IFIFO | 0o666, 0, 0o022)
+        .mknod(&ctx(), ROOT_ID, c"p", libc::S_IFIFO | 0o666, 0, 0o022, &[])
         .unwrap();
     assert_eq!(p.attr.st_mode, libc::S_IFIFO | 0o644);
     assert_eq!(
-        errno(fs.mkdir(&ctx(), ROOT_ID, c"d", 0o777, 0)),
+        errno(fs.mkdir(&ctx(), ROOT_ID, c"d", 0o777, 0, &[])),
         libc::EEXIST
     );
 }
@@ -361,7 +393,7 @@ fn open_refuses_special_files() {
     let tmp = tempfile::tempdir().unwrap();
     let fs = new_fs(tmp.path());
     let p = fs
-        .mknod(&ctx(), ROOT_ID, c"p", libc::S_IFIFO | 0o666, 0, 0)
+        .mknod(&ctx(), ROOT_ID, c"p", libc::S_IFIFO | 0o666, 0, 0, &[])
         .unwrap();
     assert_eq!(
         errno(fs.open(&ctx(), p.inode, libc::O_RDONLY as u32, 0)),
@@ -375,18 +407,21 @@ fn readonly_refuses_mkdir_with_erofs() {
     std::fs::write(tmp.path().join("f"), b"data").unwrap();
     let fs = fs_with(tmp.path(), |c| c.readonly = true);
     let c = ctx();
-    assert_eq!(errno(fs.mkdir(&c, ROOT_ID, c"d", 0o755, 0)), libc::EROFS);
     assert_eq!(
-        errno(fs.mknod(&c, ROOT_ID, c"n", libc::S_IFIFO, 0, 0)),
-        libc::EROFS
-    );
-    assert_eq!(errno(fs.symlink(&c, c"x", ROOT_ID, c"s")), libc::EROFS);
-    assert_eq!(
-        errno(fs.create(&c, ROOT_ID, c"g", 0o644, 0, 0, 0)),
+        errno(fs.mkdir(&c, ROOT_ID, c"d", 0o755, 0, &[])),
         libc::EROFS
     );
     assert_eq!(
-        errno(fs.tmpfile(&c, ROOT_ID, 0o644, libc::O_RDWR as u32, 0)),
+        errno(fs.mknod(&c, ROOT_ID, c"n", libc::S_IFIFO, 0, 0, &[])),
+        libc::EROFS
+    );
+    assert_eq!(errno(fs.symlink(&c, c"x", ROOT_ID, c"s", &[])), libc::EROFS);
+    assert_eq!(
+        errno(fs.create(&c, ROOT_ID, c"g", 0o644, 0, 0, 0, &[])),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno(fs.tmpfile(&c, ROOT_ID, 0o644, libc::O_RDWR as u32, 0, &[])),
         libc::EROFS
     );
     assert_eq!(errno(fs.unlink(&c, ROOT_ID, c"f")), libc::EROFS);
@@ -436,7 +471,10 @@ fn dot_and_dotdot_are_refused_as_names_to_change() {
     for name in [c".", c".."] {
         assert_eq!(errno(fs.unlink(&c, sub.inode, name)), libc::EINVAL);
         assert_eq!(errno(fs.rmdir(&c, sub.inode, name)), libc::EINVAL);
-        assert_eq!(errno(fs.mkdir(&c, sub.inode, name, 0o755, 0)), libc::EINVAL);
+        assert_eq!(
+            errno(fs.mkdir(&c, sub.inode, name, 0o755, 0, &[])),
+            libc::EINVAL
+        );
         assert_eq!(
             errno(fs.rename(&c, sub.inode, name, ROOT_ID, c"x", 0)),
             libc::EINVAL
@@ -447,7 +485,10 @@ fn dot_and_dotdot_are_refused_as_names_to_change() {
         );
         let f = lookup(&fs, "f");
         assert_eq!(errno(fs.link(&c, f.inode, ROOT_ID, name)), libc::EINVAL);
-        assert_eq!(errno(fs.symlink(&c, c"f", ROOT_ID, name)), libc::EINVAL);
+        assert_eq!(
+            errno(fs.symlink(&c, c"f", ROOT_ID, name, &[])),
+            libc::EINVAL
+        );
     }
     assert_eq!(errno(fs.unlink(&c, ROOT_ID, c"a/b")), libc::EINVAL);
     assert!(tmp.path().join("sub").is_dir());
@@ -624,7 +665,7 @@ fn xattr_round_trip() {
     std::fs::write(tmp.path().join("f"), b"").unwrap();
     let fs = fs_with(tmp.path(), |c| c.xattr = true);
     let f = lookup(&fs, "f");
-    match fs.setxattr(&ctx(), f.inode, c"user.test", b"value", 0) {
+    match fs.setxattr(&ctx(), f.inode, c"user.test", b"value", 0, 0) {
         Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return,
         r => r.unwrap(),
     }
@@ -653,7 +694,8 @@ fn xattr_round_trip() {
             f.inode,
             c"user.test",
             b"v",
-            libc::XATTR_CREATE as u32
+            libc::XATTR_CREATE as u32,
+            0
         )),
         libc::EEXIST
     );
@@ -664,7 +706,8 @@ fn xattr_round_trip() {
     );
 
     // On a directory, and on a symlink (trusted.* as root; user.* is not allowed there).
-    fs.setxattr(&ctx(), ROOT_ID, c"user.dir", b"d", 0).unwrap();
+    fs.setxattr(&ctx(), ROOT_ID, c"user.dir", b"d", 0, 0)
+        .unwrap();
     assert_eq!(
         fs.getxattr(&ctx(), ROOT_ID, c"user.dir", 8).unwrap(),
         XattrReply::Data(b"d".to_vec())
@@ -672,7 +715,10 @@ fn xattr_round_trip() {
     if credentials::running_as_root() {
         std::os::unix::fs::symlink("f", tmp.path().join("l")).unwrap();
         let l = lookup(&fs, "l");
-        if fs.setxattr(&ctx(), l.inode, c"trusted.t", b"s", 0).is_ok() {
+        if fs
+            .setxattr(&ctx(), l.inode, c"trusted.t", b"s", 0, 0)
+            .is_ok()
+        {
             assert_eq!(
                 fs.getxattr(&ctx(), l.inode, c"trusted.t", 8).unwrap(),
                 XattrReply::Data(b"s".to_vec())
@@ -694,7 +740,7 @@ fn xattr_disabled_is_enosys() {
     assert_eq!(errno(fs.getxattr(&c, ROOT_ID, c"user.x", 0)), libc::ENOSYS);
     assert_eq!(errno(fs.listxattr(&c, ROOT_ID, 0)), libc::ENOSYS);
     assert_eq!(
-        errno(fs.setxattr(&c, ROOT_ID, c"user.x", b"", 0)),
+        errno(fs.setxattr(&c, ROOT_ID, c"user.x", b"", 0, 0)),
         libc::ENOSYS
     );
     assert_eq!(errno(fs.removexattr(&c, ROOT_ID, c"user.x")), libc::ENOSYS);
@@ -736,7 +782,7 @@ fn tmpfile_creates_unnamed_file() {
     let tmp = tempfile::tempdir().unwrap();
     let fs = new_fs(tmp.path());
     let (e, o) = fs
-        .tmpfile(&ctx(), ROOT_ID, 0o666, libc::O_RDWR as u32, 0o077)
+        .tmpfile(&ctx(), ROOT_ID, 0o666, libc::O_RDWR as u32, 0o077, &[])
         .unwrap();
     let fh = o.handle.unwrap();
     assert_eq!(e.attr.st_mode, libc::S_IFREG | 0o600);
@@ -995,7 +1041,7 @@ fn readdir_reports_dtype_for_every_kind() {
     std::os::unix::fs::symlink("reg", tmp.path().join("lnk")).unwrap();
     let _sock = std::os::unix::net::UnixListener::bind(tmp.path().join("sock")).unwrap();
     let fs = new_fs(tmp.path());
-    fs.mknod(&ctx(), ROOT_ID, c"fifo", libc::S_IFIFO | 0o644, 0, 0)
+    fs.mknod(&ctx(), ROOT_ID, c"fifo", libc::S_IFIFO | 0o644, 0, 0, &[])
         .unwrap();
     let fh = fs.opendir(&ctx(), ROOT_ID, 0).unwrap().handle.unwrap();
     let entries = readdir(&fs, ROOT_ID, fh, 0, 100);

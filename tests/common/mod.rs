@@ -25,7 +25,8 @@ use virtiofsd::daemon::{self, DaemonConfig, DaemonError, SocketSpec};
 use virtiofsd::frontend::{FrontendConfig, FsFrontend, FuseClient};
 use virtiofsd::fuse::abi::{self, InitOut, ROOT_ID};
 use virtiofsd::idmap::{IdMap, Translation};
-use virtiofsd::passthrough::{CacheMode, Config};
+use virtiofsd::passthrough::xattrmap::XattrMap;
+use virtiofsd::passthrough::{CacheMode, Config, Negotiate};
 
 /// Content of `outside/secret`.
 pub const SECRET: &[u8] = b"host secret, never to be served\n";
@@ -57,6 +58,11 @@ pub struct Options {
     pub frontend: FrontendConfig,
     /// uid/gid translation (`--translate-uid`, `--translate-gid`); empty by default.
     pub translate: Translation,
+    /// `--xattrmap` rules (parsed when the daemon starts).
+    pub xattrmap: Option<String>,
+    pub posix_acl: Negotiate,
+    pub security_label: Negotiate,
+    pub killpriv_v2: bool,
 }
 
 impl Default for Options {
@@ -77,6 +83,10 @@ impl Default for Options {
                 ..Default::default()
             },
             translate: Translation::default(),
+            xattrmap: None,
+            posix_acl: Negotiate::Never,
+            security_label: Negotiate::Never,
+            killpriv_v2: false,
         }
     }
 }
@@ -147,6 +157,33 @@ impl Options {
         self
     }
 
+    /// `--xattrmap=RULES` (implies `--xattr`).
+    pub fn xattrmap(mut self, rules: &str) -> Self {
+        self.xattrmap = Some(rules.to_string());
+        self.xattr = true;
+        self
+    }
+
+    /// `--posix-acl=MODE` (implies `--xattr`).
+    pub fn posix_acl(mut self, mode: Negotiate) -> Self {
+        self.posix_acl = mode;
+        self.xattr = true;
+        self
+    }
+
+    /// `--security-label=MODE` (implies `--xattr`).
+    pub fn security_label(mut self, mode: Negotiate) -> Self {
+        self.security_label = mode;
+        self.xattr = true;
+        self
+    }
+
+    /// `--killpriv-v2`.
+    pub fn killpriv_v2(mut self) -> Self {
+        self.killpriv_v2 = true;
+        self
+    }
+
     /// How long the frontend waits for each reply.
     pub fn timeout(mut self, t: Duration) -> Self {
         self.frontend.timeout = t;
@@ -194,6 +231,13 @@ impl Daemon {
         fs_cfg.readonly = opts.readonly;
         fs_cfg.readdirplus = opts.readdirplus;
         fs_cfg.writeback = opts.writeback;
+        fs_cfg.xattrmap = opts
+            .xattrmap
+            .as_deref()
+            .map(|r| XattrMap::parse(r).unwrap_or_else(|e| panic!("--xattrmap: {e}")));
+        fs_cfg.posix_acl = opts.posix_acl;
+        fs_cfg.security_label = opts.security_label;
+        fs_cfg.killpriv_v2 = opts.killpriv_v2;
         let cfg = DaemonConfig {
             fs: fs_cfg,
             socket: SocketSpec::Path(socket.clone()),

@@ -13,7 +13,9 @@
 #                             cache-never the main suite, daemon --xattr --cache never
 #                                         --thread-pool-size 4
 #                             writeback   the main suite, daemon --xattr --cache always --writeback
-#                             all = main,readonly; full = all four
+#                             xattr       the xattr suite, daemon --posix-acl --security-label=auto
+#                                         --killpriv-v2 --xattrmap (ACLs passed, user.* prefixed)
+#                             all = main,readonly,xattr; full = all five
 #   --timeout SECONDS       kill a guest that has not powered off after this long (default 300)
 #   --accel auto|tcg|kvm    auto (default) uses KVM only if a short probe boot proves it works
 #   --daemon PATH           test this binary instead of building target/release/virtiofsd
@@ -31,7 +33,7 @@ CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests"
 
 KERNELS="6.12"
-SUITES="main readonly"
+SUITES="main readonly xattr"
 TIMEOUT=300
 ACCEL=auto
 DAEMON=""
@@ -61,15 +63,15 @@ while [ $# -gt 0 ]; do
 done
 [ "$KERNELS" = all ] && KERNELS="6.12 6.1"
 SUITES="${SUITES//,/ }"
-SUITES="${SUITES//full/main readonly cache-never writeback}"
-SUITES="${SUITES//all/main readonly}"
+SUITES="${SUITES//full/main readonly cache-never writeback xattr}"
+SUITES="${SUITES//all/main readonly xattr}"
 for k in $KERNELS; do
     case "$k" in 6.12|6.1) ;; *) echo "run.sh: --kernel must be 6.12, 6.1 or all" >&2; exit 2 ;; esac
 done
 for s in $SUITES; do
     case "$s" in
-        main|readonly|cache-never|writeback) ;;
-        *) echo "run.sh: --suite takes main, readonly, cache-never, writeback, all or full" >&2; exit 2 ;;
+        main|readonly|cache-never|writeback|xattr) ;;
+        *) echo "run.sh: --suite takes main, readonly, cache-never, writeback, xattr, all or full" >&2; exit 2 ;;
     esac
 done
 if [ "$(id -u)" -ne 0 ]; then
@@ -291,8 +293,11 @@ NOFT_MOUNTS=()
 prepare_nofiletype() {
     local d="$1" img="$1.img" why
     mkdir -p "$d"
-    if ! why=$(truncate -s 16M "$img" 2>&1 && mkfs.ext4 -q -F -O ^filetype "$img" 2>&1 \
-               && mount -o loop "$img" "$d" 2>&1); then
+    # No lazy inode table initialisation and no atime updates: nothing may write to the image
+    # in the background while a boot runs (the read-only boot compares the share's mtimes).
+    if ! why=$(truncate -s 16M "$img" 2>&1 \
+               && mkfs.ext4 -q -F -O ^filetype -E lazy_itable_init=0,lazy_journal_init=0 "$img" 2>&1 \
+               && mount -o loop,noatime "$img" "$d" 2>&1); then
         printf '%s\n' "$why" > "$d/MOUNT-FAILED"
         return
     fi
@@ -308,6 +313,8 @@ sk = socket.socket(socket.AF_UNIX); sk.bind(os.path.join(d, "sock")); sk.close()
 os.mknod(os.path.join(d, "chr"), 0o644 | 0o020000, os.makedev(1, 3))
 os.mknod(os.path.join(d, "blk"), 0o644 | 0o060000, os.makedev(7, 200))
 PY
+    sync -f "$d/file"
+    sync "$img"
 }
 
 unmount_nofiletype() {
@@ -668,6 +675,43 @@ host_checks_readonly() {
     fi
 }
 
+# The --xattrmap of the xattr boot: ACL attributes unchanged, guest user.* under user.guest.
+XATTR_MAP="/ok/all/system.posix_acl_/system.posix_acl_/ /map/user./user.guest./"
+
+host_checks_xattr() {
+    local k="$1" dir="$2" logs="$3" prefix="${4}host: "
+    local w="$dir/share/xw" c="$logs/console.log" flags
+    if ! grep -q '^#DONE' "$c"; then
+        result fail "${prefix}checks of the share" "skipped: the guest did not finish"
+        return
+    fi
+    # INIT agreed POSIX_ACL (bit 20), DONT_MASK (6), SETXATTR_EXT (29), HANDLE_KILLPRIV_V2 (28)
+    # and SECURITY_CTX (32).
+    flags="$(sed -n 's/.*FUSE session started: .*flags \(0x[0-9a-f]*\).*/\1/p' "$logs/daemon.log" | tail -n 1)"
+    local want=$(( (1 << 20) | (1 << 6) | (1 << 29) | (1 << 28) | (1 << 32) ))
+    if [ -n "$flags" ] && [ $(( flags & want )) = "$want" ]; then
+        result ok "${prefix}INIT agreed POSIX ACLs, KILLPRIV_V2 and SECURITY_CTX" "flags $flags"
+    else
+        result fail "${prefix}INIT agreed POSIX ACLs, KILLPRIV_V2 and SECURITY_CTX" \
+            "flags '$flags', wanted bits $(printf '%#x' "$want")"
+    fi
+    check "${prefix}guest user.color is stored as user.guest.user.color" \
+        "$(host_xattr "$w/f" user.guest.user.color)" blue value
+    check "${prefix}no unprefixed user.color on the host" \
+        "$(host_xattr "$w/f" user.color)" "error: No data available" value
+    check "${prefix}a guest name that looks prefixed is prefixed again" \
+        "$(host_xattr "$w/f" user.guest.user.guest.user.sneaky) $(host_xattr "$w/f" user.guest.user.sneaky)" \
+        "v error: No data available" values
+    check "${prefix}default ACL stored on the host directory" \
+        "$(python3 -c 'import os,sys; print(len(os.getxattr(sys.argv[1], "system.posix_acl_default")))' "$w/acl" 2>&1)" \
+        28 "ACL length"
+    check "${prefix}file under the default ACL is mode 664" "$(host_stat %a "$w/acl/f")" 664 mode
+    check "${prefix}file without a default ACL is mode 644" "$(host_stat %a "$w/plain/f")" 644 mode
+    check "${prefix}unprivileged write cleared set-user-id" "$(host_stat %a "$w/suid")" 777 mode
+    check "${prefix}unprivileged truncate cleared set-group-id" "$(host_stat %a "$w/sgid")" 777 mode
+    check "${prefix}labelled creations exist" "$(ls "$w/label" 2>&1 | tr '\n' ' ')" "d f l p " names
+}
+
 # --- the boots ---------------------------------------------------------------------------------
 for k in $KERNELS; do
     [ -f "$WORK/initramfs-$k.cpio" ] || build_initramfs "$k" "$WORK/initramfs-$k.cpio"
@@ -677,6 +721,8 @@ for k in $KERNELS; do
             readonly) boot "$k" readonly readonly --readonly --xattr --announce-submounts ;;
             cache-never) boot "$k" cache-never main --xattr --cache never --thread-pool-size 4 ;;
             writeback) boot "$k" writeback main --xattr --cache always --writeback ;;
+            xattr) boot "$k" xattr xattr --posix-acl --security-label=auto --killpriv-v2 \
+                "--xattrmap=$XATTR_MAP" ;;
         esac
     done
 done

@@ -7,7 +7,9 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
-use virtiofsd::filesystem::{Context, DirEntry, Entry, FileSystem, Opened, SetAttr, XattrReply};
+use virtiofsd::filesystem::{
+    Context, DirEntry, Entry, FileSystem, Opened, SecCtx, SetAttr, XattrReply,
+};
 use virtiofsd::fuse::abi;
 use virtiofsd::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
 
@@ -92,7 +94,15 @@ impl FileSystem for FixedFs {
     fn readlink(&self, _: &Context, _: u64) -> io::Result<Vec<u8>> {
         Ok(vec![b'x'; 300])
     }
-    fn mkdir(&self, _: &Context, _: u64, _: &CStr, _: u32, _: u32) -> io::Result<Entry> {
+    fn mkdir(
+        &self,
+        _: &Context,
+        _: u64,
+        _: &CStr,
+        _: u32,
+        _: u32,
+        _: &[SecCtx],
+    ) -> io::Result<Entry> {
         Ok(entry(3))
     }
     fn create(
@@ -104,6 +114,7 @@ impl FileSystem for FixedFs {
         _: u32,
         _: u32,
         _: u32,
+        _: &[SecCtx],
     ) -> io::Result<(Entry, Opened)> {
         Ok((
             entry(4),

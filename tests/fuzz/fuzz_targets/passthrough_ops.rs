@@ -177,7 +177,7 @@ fn run(fs: &PassthroughFs, st: &mut State, op: &Op) {
         Op::Create { parent, name: n, mode, flags } => {
             let fl = [libc::O_RDWR, libc::O_WRONLY | libc::O_TRUNC, libc::O_RDONLY | libc::O_EXCL,
                 libc::O_RDWR | libc::O_APPEND, libc::O_RDWR | libc::O_DIRECTORY][flags as usize % 5];
-            if let Ok((e, o)) = fs.create(ctx, st.node(parent), name(n), u32::from(mode) | libc::S_IFREG, fl as u32, 0o022, 0) {
+            if let Ok((e, o)) = fs.create(ctx, st.node(parent), name(n), u32::from(mode) | libc::S_IFREG, fl as u32, 0o022, 0, &[]) {
                 st.nodes.push(e.inode);
                 if let Some(h) = o.handle {
                     st.handles.push((e.inode, h));
@@ -185,20 +185,20 @@ fn run(fs: &PassthroughFs, st: &mut State, op: &Op) {
             }
         }
         Op::Mkdir { parent, name: n, mode } => {
-            if let Ok(e) = fs.mkdir(ctx, st.node(parent), name(n), u32::from(mode & 0o7777), 0o022) {
+            if let Ok(e) = fs.mkdir(ctx, st.node(parent), name(n), u32::from(mode & 0o7777), 0o022, &[]) {
                 st.nodes.push(e.inode);
             }
         }
         Op::Mknod { parent, name: n, fifo } => {
             // Never device nodes: a bug must not hand the fuzzer a real device.
             let kind = if fifo { libc::S_IFIFO } else { libc::S_IFREG };
-            if let Ok(e) = fs.mknod(ctx, st.node(parent), name(n), kind | 0o644, 0, 0) {
+            if let Ok(e) = fs.mknod(ctx, st.node(parent), name(n), kind | 0o644, 0, 0, &[]) {
                 st.nodes.push(e.inode);
             }
         }
         Op::Symlink { parent, name: n, target } => {
             let t = TARGETS[target as usize % TARGETS.len()];
-            if let Ok(e) = fs.symlink(ctx, t, st.node(parent), name(n)) {
+            if let Ok(e) = fs.symlink(ctx, t, st.node(parent), name(n), &[]) {
                 st.nodes.push(e.inode);
             }
         }

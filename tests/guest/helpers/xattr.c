@@ -1,7 +1,7 @@
 /* xattr: setxattr/getxattr/listxattr/removexattr from the command line (busybox has no
  * setfattr/getfattr).
  *
- *   xattr set PATH NAME VALUE [create|replace]
+ *   xattr set PATH NAME VALUE [create|replace]   VALUE "hex:0102..." sets those bytes
  *   xattr get PATH NAME          prints the value (then a newline)
  *   xattr list PATH              prints one name per line
  *   xattr remove PATH NAME
@@ -29,6 +29,22 @@ static int fail(const char *op) {
     }
 }
 
+/* The bytes of VALUE: "hex:..." decoded (into a static buffer), anything else as is. */
+static const char *value_of(const char *v, size_t *len) {
+    static char bin[4096];
+    if (strncmp(v, "hex:", 4)) { *len = strlen(v); return v; }
+    v += 4;
+    size_t n = 0;
+    while (v[0] && v[1] && n < sizeof bin) {
+        unsigned b;
+        if (sscanf(v, "%2x", &b) != 1) break;
+        bin[n++] = (char)b;
+        v += 2;
+    }
+    *len = n;
+    return bin;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: xattr set|get|list|remove PATH [NAME [VALUE [create|replace]]]\n");
@@ -40,8 +56,10 @@ int main(int argc, char **argv) {
     if (!strcmp(op, "set") && argc >= 5) {
         int flags = 0;
         if (argc >= 6) flags = !strcmp(argv[5], "create") ? XATTR_CREATE : XATTR_REPLACE;
-        int r = l ? lsetxattr(path, argv[3], argv[4], strlen(argv[4]), flags)
-                  : setxattr(path, argv[3], argv[4], strlen(argv[4]), flags);
+        size_t len;
+        const char *val = value_of(argv[4], &len);
+        int r = l ? lsetxattr(path, argv[3], val, len, flags)
+                  : setxattr(path, argv[3], val, len, flags);
         return r ? fail("setxattr") : 0;
     }
     if (!strcmp(op, "get") && argc == 4) {
