@@ -23,6 +23,16 @@ use virtiofsd::frontend::virtqueue::VIRTQ_DESC_F_INDIRECT;
 use virtiofsd::frontend::{Buffer, Next, RawDesc};
 use virtiofsd::fuse::abi::{self, opcode, Pod, ROOT_ID};
 
+/// The tests of this file run one at a time: the 100,000-cycle test counts the descriptors and
+/// memory of the whole process, which a daemon of another test would disturb.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
@@ -39,6 +49,7 @@ fn rss_kib() -> u64 {
 
 #[test]
 fn hundred_thousand_lookup_forget_cycles_keep_descriptors_and_memory_bounded() {
+    let _serial = serial();
     let mut d = Daemon::start();
     for i in 0..50 {
         std::fs::write(d.host(format!("f{i}")), b"x").unwrap();
@@ -290,6 +301,7 @@ fn hostile_daemon(opts: Options) -> (Daemon, Canary) {
 /// Reading the canary the plain way does move its atime here (or the host is `noatime`).
 #[test]
 fn the_canary_notices_a_read() {
+    let _serial = serial();
     let (d, c) = hostile_daemon(Options::default());
     c.assert_untouched("nothing");
     let _ = fs::read(d.outside.join("secret")).unwrap();
@@ -312,6 +324,7 @@ fn the_canary_notices_a_read() {
 
 #[test]
 fn dotdot_chains_stop_at_the_root() {
+    let _serial = serial();
     let (mut d, canary) = hostile_daemon(Options::default());
     fs::create_dir_all(d.host("a/b/c")).unwrap();
     let share_ino = fs::metadata(&d.share).unwrap().ino();
@@ -351,6 +364,7 @@ fn dotdot_chains_stop_at_the_root() {
 /// as links: lookups through them, opens, attribute and xattr changes never reach the target.
 #[test]
 fn symlinks_out_of_the_share_are_never_followed() {
+    let _serial = serial();
     let (mut d, canary) = hostile_daemon(Options::default().xattr());
     let links = [
         ("toroot", "/".to_string()),
@@ -449,6 +463,7 @@ fn symlinks_out_of_the_share_are_never_followed() {
 /// rest, whatever it says, is never a path.
 #[test]
 fn names_with_a_nul_inside_never_reach_outside() {
+    let _serial = serial();
     let (mut d, canary) = hostile_daemon(Options::default());
     fs::write(d.host("probe"), b"probe").unwrap();
     let mk = abi::MkdirIn {
@@ -512,6 +527,7 @@ fn abi_name(op: u32) -> &'static str {
 
 #[test]
 fn xattr_and_listing_sizes_near_u32_max() {
+    let _serial = serial();
     let (mut d, canary) = hostile_daemon(Options::default().xattr());
     fs::write(d.host("probe"), b"probe").unwrap();
     host_setxattr(&d.host("probe"), b"user.a", b"value");
@@ -598,6 +614,7 @@ fn untouched(d: &Daemon, addr: u64, len: usize) -> bool {
 /// request and reply buffer gets at most a correct reply.
 #[test]
 fn descriptor_loops_inside_an_indirect_table() {
+    let _serial = serial();
     let (mut d, canary) = hostile_daemon(Options::default());
     let req = mkdir_req(&d, "made");
     let ra = put(&d, &req);
@@ -643,6 +660,7 @@ fn descriptor_loops_inside_an_indirect_table() {
 /// only read-only space is never written there.
 #[test]
 fn request_data_in_writable_descriptors_and_replies_in_readable_ones() {
+    let _serial = serial();
     let (mut d, canary) = hostile_daemon(Options::default());
     let req = mkdir_req(&d, "made");
     let ra = put(&d, &req);
@@ -691,6 +709,7 @@ fn request_data_in_writable_descriptors_and_replies_in_readable_ones() {
 /// session that serves again, with none of the old node ids or handles.
 #[test]
 fn requests_after_destroy_get_eio_until_a_new_init() {
+    let _serial = serial();
     let (mut d, canary) = hostile_daemon(Options::default());
     fs::write(d.host("probe"), b"probe").unwrap();
     let n = d.node("probe");
@@ -718,6 +737,7 @@ fn requests_after_destroy_get_eio_until_a_new_init() {
 /// beyond what the guest holds: ignored or clamped, never a panic; the root stays.
 #[test]
 fn forgets_of_unknown_nodes_and_huge_counts() {
+    let _serial = serial();
     let (mut d, canary) = hostile_daemon(Options::default());
     fs::write(d.host("probe"), b"probe").unwrap();
     for id in [0, 2, 3, 12345, 1 << 40, u64::MAX - 1, u64::MAX] {
@@ -754,6 +774,7 @@ fn forgets_of_unknown_nodes_and_huge_counts() {
 /// daemon kept serving throughout, and it exits 0 without a panic when the frontend goes.
 #[test]
 fn descriptor_exhaustion_gets_emfile_and_the_daemon_recovers() {
+    let _serial = serial();
     use std::process::{Command, Stdio};
     use virtiofsd::frontend::FsFrontend;
 
