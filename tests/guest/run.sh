@@ -293,8 +293,11 @@ NOFT_MOUNTS=()
 prepare_nofiletype() {
     local d="$1" img="$1.img" why
     mkdir -p "$d"
-    if ! why=$(truncate -s 16M "$img" 2>&1 && mkfs.ext4 -q -F -O ^filetype "$img" 2>&1 \
-               && mount -o loop "$img" "$d" 2>&1); then
+    # No lazy initialisation and noatime, and a sync once populated: the host kernel must not
+    # write to the image (and so change its mtime) after the read-only boot's fingerprint.
+    if ! why=$(truncate -s 16M "$img" 2>&1 \
+               && mkfs.ext4 -q -F -O ^filetype -E lazy_itable_init=0,lazy_journal_init=0 "$img" 2>&1 \
+               && mount -o loop,noatime "$img" "$d" 2>&1); then
         printf '%s\n' "$why" > "$d/MOUNT-FAILED"
         return
     fi
@@ -310,6 +313,7 @@ sk = socket.socket(socket.AF_UNIX); sk.bind(os.path.join(d, "sock")); sk.close()
 os.mknod(os.path.join(d, "chr"), 0o644 | 0o020000, os.makedev(1, 3))
 os.mknod(os.path.join(d, "blk"), 0o644 | 0o060000, os.makedev(7, 200))
 PY
+    sync -f "$d"
 }
 
 # prepare_escape DIR: the canary outside the share for the escape suite: DIR/canary, a small
