@@ -1,10 +1,37 @@
-//! A guest that hammers the daemon with lookups and forgets: descriptors and memory must stay
-//! bounded by what the guest holds, not by how many requests it sent.
+//! A hostile guest: escape attempts through `..`, symlinks and odd names, extreme sizes,
+//! descriptor loops, requests after DESTROY, forgets of nodes it never had, and 100,000
+//! LOOKUP/FORGET cycles. After each, the daemon still serves (a LOOKUP and GETATTR round trip)
+//! and nothing outside the share was changed or even read: the canary next to the share keeps
+//! its content, mode, times (atime included: it is set older than mtime, so on a `relatime` or
+//! `strictatime` host any read would move it) and listing. Descriptors and memory stay bounded
+//! by what the guest holds, not by how many requests it sent.
 
 mod common;
 
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
 use common::*;
-use virtiofsd::fuse::abi::ROOT_ID;
+use virtiofsd::frontend::fuse_client::{build_request, cstr};
+use virtiofsd::frontend::virtqueue::VIRTQ_DESC_F_INDIRECT;
+use virtiofsd::frontend::{Buffer, Next, RawDesc};
+use virtiofsd::fuse::abi::{self, opcode, Pod, ROOT_ID};
+
+/// The tests of this file run one at a time: the 100,000-cycle test counts the descriptors and
+/// memory of the whole process, which a daemon of another test would disturb.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
@@ -22,6 +49,7 @@ fn rss_kib() -> u64 {
 
 #[test]
 fn hundred_thousand_lookup_forget_cycles_keep_descriptors_and_memory_bounded() {
+    let _serial = serial();
     let mut d = Daemon::start();
     for i in 0..50 {
         std::fs::write(d.host(format!("f{i}")), b"x").unwrap();
@@ -69,4 +97,768 @@ fn hundred_thousand_lookup_forget_cycles_keep_descriptors_and_memory_bounded() {
     let e = d.c.lookup(ROOT_ID, "f0").unwrap();
     assert_eq!(d.c.getattr(e.nodeid, None).unwrap().attr.size, 1);
     d.finish();
+}
+
+// ---- the canary next to the share -------------------------------------------------------------
+
+/// Everything about one path under `outside/` and next to the share, atime included, read
+/// without touching atime (`O_NOATIME`).
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    mode: u32,
+    nlink: u64,
+    uid: u32,
+    size: u64,
+    atime: (i64, i64),
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    data: Vec<u8>,
+}
+
+/// The canary: `outside/secret`, `outside/dir/inner` and the base directory's listing.
+struct Canary {
+    base: PathBuf,
+    before: BTreeMap<PathBuf, Seen>,
+}
+
+fn no_atime_read(p: &Path) -> Vec<u8> {
+    let mut v = Vec::new();
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME)
+        .open(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .read_to_end(&mut v)
+        .unwrap();
+    v
+}
+
+fn no_atime_list(p: &Path) -> Vec<u8> {
+    // getdents on a descriptor opened with O_NOATIME does not touch the directory's atime (a
+    // reopen through /proc/self/fd would).
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `c` is NUL-terminated; the result is checked.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOATIME | libc::O_CLOEXEC,
+        )
+    };
+    assert!(fd >= 0, "open {}", p.display());
+    // SAFETY: `fd` is an open directory descriptor we own; fdopendir takes it over.
+    let dir = unsafe { libc::fdopendir(fd) };
+    assert!(!dir.is_null());
+    let mut names = Vec::new();
+    loop {
+        // SAFETY: `dir` is a valid directory stream until closedir below.
+        let e = unsafe { libc::readdir64(dir) };
+        if e.is_null() {
+            break;
+        }
+        // SAFETY: readdir64 returned a valid entry whose d_name is NUL-terminated.
+        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) };
+        names.push(name.to_bytes().to_vec());
+    }
+    // SAFETY: `dir` came from fdopendir and is closed once.
+    unsafe { libc::closedir(dir) };
+    names.sort();
+    names.join(&b'/')
+}
+
+/// Sets the atime of `p` (not following symlinks) an hour before its mtime.
+fn age_atime(p: &Path) {
+    let m = fs::symlink_metadata(p).unwrap();
+    let t = [
+        libc::timespec {
+            tv_sec: m.mtime() - 3600,
+            tv_nsec: 0,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+    ];
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `c` is NUL-terminated and `t` holds two timespecs.
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            t.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    assert_eq!(r, 0, "utimensat {}", p.display());
+}
+
+impl Canary {
+    /// Adds `outside/dir/inner`, ages every atime under `outside/` and records the state.
+    fn plant(d: &Daemon) -> Canary {
+        fs::create_dir(d.outside.join("dir")).unwrap();
+        fs::write(d.outside.join("dir/inner"), SECRET).unwrap();
+        host_setxattr(&d.outside.join("secret"), b"user.canary", b"outside");
+        for p in ["secret", "dir/inner", "dir", ""] {
+            age_atime(&d.outside.join(p));
+        }
+        let base = d.share.parent().unwrap().to_path_buf();
+        let c = Canary {
+            before: Self::look(&base),
+            base,
+        };
+        // This host's atime policy: reading through a plain open moves an aged atime unless the
+        // filesystem is mounted `noatime`, in which case the atime comparison proves nothing
+        // but stays harmless.
+        c
+    }
+
+    fn look(base: &Path) -> BTreeMap<PathBuf, Seen> {
+        let mut m = BTreeMap::new();
+        for rel in [
+            "outside",
+            "outside/secret",
+            "outside/dir",
+            "outside/dir/inner",
+        ] {
+            let p = base.join(rel);
+            let md = fs::symlink_metadata(&p).unwrap();
+            let data = if md.is_dir() {
+                no_atime_list(&p)
+            } else {
+                no_atime_read(&p)
+            };
+            m.insert(
+                PathBuf::from(rel),
+                Seen {
+                    mode: md.mode(),
+                    nlink: md.nlink(),
+                    uid: md.uid(),
+                    size: md.size(),
+                    atime: (md.atime(), md.atime_nsec()),
+                    mtime: (md.mtime(), md.mtime_nsec()),
+                    ctime: (md.ctime(), md.ctime_nsec()),
+                    data,
+                },
+            );
+        }
+        // Nothing new next to the share.
+        m.insert(
+            PathBuf::from("."),
+            Seen {
+                mode: 0,
+                nlink: 0,
+                uid: 0,
+                size: 0,
+                atime: (0, 0),
+                mtime: (0, 0),
+                ctime: (0, 0),
+                data: no_atime_list(base),
+            },
+        );
+        m
+    }
+
+    /// Panics if anything outside the share changed or was read.
+    fn assert_untouched(&self, what: &str) {
+        let now = Self::look(&self.base);
+        for (p, b) in &self.before {
+            assert_eq!(
+                Some(b),
+                now.get(p),
+                "{} changed or was read by {what}",
+                p.display()
+            );
+        }
+        assert_eq!(
+            host_getxattr(&self.base.join("outside/secret"), b"user.canary").as_deref(),
+            Some(&b"outside"[..]),
+            "{what}"
+        );
+    }
+}
+
+/// The daemon still answers LOOKUP and GETATTR on queue 0, and the canary is untouched.
+fn assert_serves(d: &mut Daemon, canary: &Canary, what: &str) {
+    fs::write(d.host("alive"), b"alive").unwrap();
+    let e =
+        d.c.lookup(ROOT_ID, "alive")
+            .unwrap_or_else(|e| panic!("LOOKUP after {what}: errno {e}"));
+    assert_eq!(e.attr.ino, fs::metadata(d.host("alive")).unwrap().ino());
+    let a =
+        d.c.getattr(e.nodeid, None)
+            .unwrap_or_else(|e| panic!("GETATTR after {what}: errno {e}"));
+    assert_eq!(a.attr.size, 5);
+    d.c.forget(e.nodeid, 1);
+    assert_eq!(d.c.in_flight(), 0);
+    canary.assert_untouched(what);
+}
+
+fn hostile_daemon(opts: Options) -> (Daemon, Canary) {
+    let d = Daemon::with(opts.timeout(Duration::from_secs(5)));
+    let c = Canary::plant(&d);
+    (d, c)
+}
+
+/// Reading the canary the plain way does move its atime here (or the host is `noatime`).
+#[test]
+fn the_canary_notices_a_read() {
+    let _serial = serial();
+    let (d, c) = hostile_daemon(Options::default());
+    c.assert_untouched("nothing");
+    let _ = fs::read(d.outside.join("secret")).unwrap();
+    let after = Canary::look(&c.base);
+    let noatime = fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .any(|l| l.contains(" noatime"));
+    if !noatime {
+        assert_ne!(
+            c.before[Path::new("outside/secret")].atime,
+            after[Path::new("outside/secret")].atime,
+            "a plain read did not move the aged atime: the canary cannot see reads"
+        );
+    }
+    d.finish();
+}
+
+// ---- `..` and symlinks -------------------------------------------------------------------------
+
+#[test]
+fn dotdot_chains_stop_at_the_root() {
+    let _serial = serial();
+    let (mut d, canary) = hostile_daemon(Options::default());
+    fs::create_dir_all(d.host("a/b/c")).unwrap();
+    let share_ino = fs::metadata(&d.share).unwrap().ino();
+    let a = d.c.lookup(ROOT_ID, "a").unwrap().nodeid;
+    let b = d.c.lookup(a, "b").unwrap().nodeid;
+    let mut n = d.c.lookup(b, "c").unwrap().nodeid;
+    // Ten `..` from three levels down: a, then the root, then the root again and again.
+    let mut inos = Vec::new();
+    for _ in 0..10 {
+        let e = d.c.lookup(n, "..").unwrap();
+        inos.push(e.attr.ino);
+        n = e.nodeid;
+    }
+    assert_eq!(inos[2], share_ino);
+    assert!(inos[2..].iter().all(|&i| i == share_ino), "{inos:?}");
+    assert_eq!(n, ROOT_ID);
+    // From there, nothing of the parent directory is visible.
+    for name in ["outside", "share", "secret"] {
+        assert_eq!(d.c.lookup(n, name).unwrap_err(), libc::ENOENT, "{name}");
+    }
+    let fh = d.c.opendir(n, 0).unwrap().fh;
+    let names: Vec<Vec<u8>> =
+        d.c.readdir(n, fh, 0, 4096)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+    assert!(!names.iter().any(|x| x == b"outside"), "{names:?}");
+    d.c.releasedir(n, fh, 0).unwrap();
+    // Creating `..`-relative names from the reached node stays refused.
+    assert!(d.c.mkdir(n, "..", 0o755, 0).is_err());
+    assert_serves(&mut d, &canary, "`..` chains");
+    d.finish();
+}
+
+/// Symlinks pointing out of the share (made on the host and by the guest) are only ever read
+/// as links: lookups through them, opens, attribute and xattr changes never reach the target.
+#[test]
+fn symlinks_out_of_the_share_are_never_followed() {
+    let _serial = serial();
+    let (mut d, canary) = hostile_daemon(Options::default().xattr());
+    let links = [
+        ("toroot", "/".to_string()),
+        ("up", "../..".to_string()),
+        ("out", "../outside".to_string()),
+        ("secretlink", "../outside/secret".to_string()),
+        (
+            "abs",
+            d.outside.join("secret").to_string_lossy().into_owned(),
+        ),
+    ];
+    for (name, target) in &links {
+        std::os::unix::fs::symlink(target, d.host(name)).unwrap();
+    }
+    // The same made by the guest.
+    for (name, target) in &links {
+        let g = format!("g{name}");
+        d.c.symlink(ROOT_ID, &g, target).unwrap();
+        assert_eq!(
+            fs::read_link(d.host(&g)).unwrap().to_string_lossy(),
+            target.as_str()
+        );
+    }
+    let names: Vec<String> = links
+        .iter()
+        .flat_map(|(n, _)| [n.to_string(), format!("g{n}")])
+        .collect();
+    let rw = libc::O_RDWR as u32;
+    for name in &names {
+        let e = d.c.lookup(ROOT_ID, name).unwrap();
+        assert_eq!(e.attr.mode & libc::S_IFMT, libc::S_IFLNK, "{name}");
+        let n = e.nodeid;
+        for inner in ["etc", "secret", "outside", "share", "dir", ".."] {
+            assert!(
+                d.c.lookup(n, inner).is_err(),
+                "lookup {inner} through {name} succeeded"
+            );
+        }
+        for flags in [
+            libc::O_RDONLY as u32,
+            rw,
+            (libc::O_WRONLY | libc::O_TRUNC) as u32,
+            (libc::O_RDONLY | libc::O_NOFOLLOW) as u32,
+        ] {
+            assert!(d.c.open(n, flags).is_err(), "open {name} {flags:#o}");
+        }
+        assert!(d.c.opendir(n, 0).is_err(), "opendir {name}");
+        assert!(
+            d.c.create(n, "new", (libc::O_CREAT | libc::O_RDWR) as u32, 0o644, 0)
+                .is_err(),
+            "create under {name}"
+        );
+        assert!(d.c.mkdir(n, "new", 0o755, 0).is_err(), "mkdir under {name}");
+        assert!(d.c.unlink(n, "secret").is_err(), "unlink under {name}");
+        assert!(d.c.symlink(n, "new", "/").is_err(), "symlink under {name}");
+        // Attribute changes on the link: a mode, a size, times, an owner. Whatever the answer,
+        // the target keeps its own (checked by the canary).
+        let mut s = setattr_in(abi::fattr::MODE);
+        s.mode = 0o777;
+        let _ = d.c.setattr(n, &s);
+        let mut s = setattr_in(abi::fattr::SIZE);
+        s.size = 0;
+        let _ = d.c.setattr(n, &s);
+        let mut s = setattr_in(abi::fattr::ATIME | abi::fattr::MTIME);
+        s.atime = 1;
+        s.mtime = 1;
+        let _ = d.c.setattr(n, &s);
+        let mut s = setattr_in(abi::fattr::UID | abi::fattr::GID);
+        s.uid = 4242;
+        s.gid = 4242;
+        let _ = d.c.setattr(n, &s);
+        let _ = d.c.setxattr(n, "user.evil", b"x", 0);
+        let _ = d.c.removexattr(n, "user.canary");
+        match d.c.getxattr(n, "user.canary", 4096) {
+            Err(_) => {}
+            Ok(v) => panic!("getxattr through {name} read the target's attribute: {v:?}"),
+        }
+        // A hard link to the link is a link to the link, never to the target.
+        let h = format!("hard-{name}");
+        if d.c.link(n, ROOT_ID, &h).is_ok() {
+            assert!(fs::symlink_metadata(d.host(&h)).unwrap().is_symlink());
+        }
+        assert!(
+            d.c.readlink(n).is_ok(),
+            "readlink {name} (the guest resolves it)"
+        );
+        canary.assert_untouched(name);
+    }
+    assert_serves(&mut d, &canary, "symlinks pointing out of the share");
+    d.finish();
+}
+
+// ---- names ------------------------------------------------------------------------------------
+
+/// Names with a NUL inside: the name ends at the first NUL (as the kernel sends it), so the
+/// rest, whatever it says, is never a path.
+#[test]
+fn names_with_a_nul_inside_never_reach_outside() {
+    let _serial = serial();
+    let (mut d, canary) = hostile_daemon(Options::default());
+    fs::write(d.host("probe"), b"probe").unwrap();
+    let mk = abi::MkdirIn {
+        mode: 0o755,
+        umask: 0,
+    };
+    let cr = abi::CreateIn {
+        flags: (libc::O_CREAT | libc::O_RDWR) as u32,
+        mode: 0o644,
+        umask: 0,
+        open_flags: 0,
+    };
+    let bodies: Vec<(u32, Vec<Vec<u8>>)> = vec![
+        (
+            opcode::LOOKUP,
+            vec![b"probe\0/../../outside/secret\0".to_vec()],
+        ),
+        (opcode::LOOKUP, vec![b"\0../outside\0".to_vec()]),
+        (
+            opcode::MKDIR,
+            vec![mk.as_bytes().to_vec(), b"x\0../outside/made\0".to_vec()],
+        ),
+        (
+            opcode::CREATE,
+            vec![cr.as_bytes().to_vec(), b"y\0/../../outside/new\0".to_vec()],
+        ),
+        (opcode::SYMLINK, vec![b"l\0/\0../outside\0".to_vec()]),
+        (opcode::UNLINK, vec![b"\0../outside/secret\0".to_vec()]),
+        (opcode::RMDIR, vec![b"\0../outside/dir\0".to_vec()]),
+        (
+            opcode::RENAME,
+            vec![
+                abi::RenameIn { newdir: ROOT_ID }.as_bytes().to_vec(),
+                b"probe\0../outside/x\0".to_vec(),
+            ],
+        ),
+    ];
+    for (op, body) in &bodies {
+        let args: Vec<&[u8]> = body.iter().map(|v| &v[..]).collect();
+        let r = d.c.request(*op, ROOT_ID, &args, 4096).unwrap();
+        if r.error == 0 && *op == opcode::LOOKUP {
+            let e = abi::EntryOut::from_prefix(&r.body).unwrap();
+            assert_eq!(e.attr.ino, fs::metadata(d.host("probe")).unwrap().ino());
+        }
+        canary.assert_untouched(abi_name(*op));
+    }
+    // Whatever was made is in the share, under the name before the NUL.
+    for e in fs::read_dir(&d.share).unwrap() {
+        let n = e.unwrap().file_name();
+        assert!(!n.as_bytes().contains(&b'/'), "{n:?}");
+    }
+    assert_serves(&mut d, &canary, "names with a NUL inside");
+    d.finish();
+}
+
+fn abi_name(op: u32) -> &'static str {
+    virtiofsd::frontend::fuse_client::opcode_name(op)
+}
+
+// ---- sizes -------------------------------------------------------------------------------------
+
+#[test]
+fn xattr_and_listing_sizes_near_u32_max() {
+    let _serial = serial();
+    let (mut d, canary) = hostile_daemon(Options::default().xattr());
+    fs::write(d.host("probe"), b"probe").unwrap();
+    host_setxattr(&d.host("probe"), b"user.a", b"value");
+    let n = d.node("probe");
+    for size in [u32::MAX, u32::MAX - 15, 1 << 31] {
+        // The reply buffer is small: the answer fits it or is ERANGE, never an overrun.
+        let g = abi::GetxattrIn { size, padding: 0 };
+        let r =
+            d.c.request(opcode::GETXATTR, n, &[g.as_bytes(), &cstr(b"user.a")], 64)
+                .unwrap();
+        match r.into_result() {
+            Ok(v) => assert_eq!(v, b"value"),
+            Err(e) => assert_eq!(e, libc::ERANGE),
+        }
+        let r =
+            d.c.request(opcode::LISTXATTR, n, &[g.as_bytes()], 64)
+                .unwrap();
+        if let Ok(v) = r.into_result() {
+            assert!(v.len() <= 48);
+        }
+        let fh = d.c.opendir(ROOT_ID, 0).unwrap().fh;
+        let ri = abi::ReadIn {
+            fh,
+            size,
+            ..Default::default()
+        };
+        let r =
+            d.c.request(opcode::READDIRPLUS, ROOT_ID, &[ri.as_bytes()], 512)
+                .unwrap();
+        assert!(r.into_result().unwrap().len() <= 512 - 16);
+        d.c.releasedir(ROOT_ID, fh, 0).unwrap();
+    }
+    // SETXATTR whose value is as long as it claims, but huge: refused, not stored.
+    let value = vec![b'v'; 70 * 1024];
+    assert!(d.c.setxattr(n, "user.big", &value, 0).is_err());
+    assert_eq!(host_getxattr(&d.host("probe"), b"user.big"), None);
+    assert_serves(&mut d, &canary, "xattr and listing sizes near u32::MAX");
+    d.finish();
+}
+
+// ---- descriptors -------------------------------------------------------------------------------
+
+fn put(d: &Daemon, bytes: &[u8]) -> u64 {
+    let a = d.c.alloc_buffer(bytes.len().max(1) as u64).unwrap();
+    d.c.memory().write(a, bytes).unwrap();
+    a
+}
+
+fn room(d: &Daemon, len: usize) -> u64 {
+    let a = d.c.alloc_buffer(len as u64).unwrap();
+    d.c.memory().fill(a, len, 0xa5).unwrap();
+    a
+}
+
+fn mkdir_req(d: &Daemon, name: &str) -> Vec<u8> {
+    let arg = abi::MkdirIn {
+        mode: 0o755,
+        umask: 0,
+    };
+    build_request(
+        d.c.next_unique(),
+        opcode::MKDIR,
+        ROOT_ID,
+        d.c.ctx(),
+        &[arg.as_bytes(), &cstr(name.as_bytes())],
+    )
+}
+
+fn unique_of(req: &[u8]) -> u64 {
+    abi::InHeader::from_prefix(req).unwrap().unique
+}
+
+fn untouched(d: &Daemon, addr: u64, len: usize) -> bool {
+    d.c.memory()
+        .read_vec(addr, len)
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0xa5)
+}
+
+/// Loops inside an indirect table (a descriptor pointing at itself, two pointing at each other,
+/// the last pointing back at the first) end the chain after at most the table's length of
+/// descriptors: a request without a reply buffer never runs, and a loop after a complete
+/// request and reply buffer gets at most a correct reply.
+#[test]
+fn descriptor_loops_inside_an_indirect_table() {
+    let _serial = serial();
+    let (mut d, canary) = hostile_daemon(Options::default());
+    let req = mkdir_req(&d, "made");
+    let ra = put(&d, &req);
+    let len = req.len() as u32;
+    let wa = room(&d, 256);
+    let mut self_loop = RawDesc::chain(&[Buffer::readable(ra, len)]);
+    self_loop[0].flags |= virtiofsd::frontend::virtqueue::VIRTQ_DESC_F_NEXT;
+    self_loop[0].next = Next::Slot(0);
+    let mut two = RawDesc::chain(&[
+        Buffer::readable(ra, 40),
+        Buffer::readable(ra + 40, len - 40),
+    ]);
+    two[1].flags |= virtiofsd::frontend::virtqueue::VIRTQ_DESC_F_NEXT;
+    two[1].next = Next::Slot(0);
+    let mut back = RawDesc::chain(&[Buffer::readable(ra, len), Buffer::writable(wa, 256)]);
+    back[1].flags |= virtiofsd::frontend::virtqueue::VIRTQ_DESC_F_NEXT;
+    back[1].next = Next::Slot(0);
+    for (what, t) in [("self", self_loop), ("pair", two)] {
+        let tk =
+            d.c.submit_raw_indirect(VIRTQ_DESC_F_INDIRECT, &t, None)
+                .unwrap();
+        let used = d.c.wait_completion(tk).unwrap().used_len;
+        assert_eq!(used, 0, "{what}");
+        assert!(untouched(&d, wa, 256), "{what}: reply written");
+        assert!(!d.host("made").exists(), "{what}: the request ran");
+    }
+    let tk =
+        d.c.submit_raw_indirect(VIRTQ_DESC_F_INDIRECT, &back, None)
+            .unwrap();
+    let used = d.c.wait_completion(tk).unwrap().used_len;
+    if used != 0 {
+        let data = d.c.memory().read_vec(wa, used as usize).unwrap();
+        let r = virtiofsd::frontend::fuse_client::parse_reply(&data, Some(unique_of(&req)), 0)
+            .expect("a well-formed reply");
+        assert_eq!(r.error, 0);
+        assert!(d.host("made").is_dir());
+    }
+    assert_serves(&mut d, &canary, "indirect descriptor loops");
+    d.finish();
+}
+
+/// Request bytes offered only in device-writable descriptors are no request; a reply offered
+/// only read-only space is never written there.
+#[test]
+fn request_data_in_writable_descriptors_and_replies_in_readable_ones() {
+    let _serial = serial();
+    let (mut d, canary) = hostile_daemon(Options::default());
+    let req = mkdir_req(&d, "made");
+    let ra = put(&d, &req);
+    let wa = room(&d, 256);
+    // Only writable descriptors: the first holds a complete MKDIR.
+    let descs = RawDesc::chain(&[
+        Buffer::writable(ra, req.len() as u32),
+        Buffer::writable(wa, 256),
+    ]);
+    let tk = d.c.submit_raw_chain(&descs).unwrap();
+    assert_eq!(d.c.wait_completion(tk).unwrap().used_len, 0);
+    assert!(
+        !d.host("made").exists(),
+        "a request in a writable descriptor ran"
+    );
+    // Readable request, then only readable space for the reply: nothing is written there.
+    for req in [
+        build_request(
+            d.c.next_unique(),
+            opcode::LOOKUP,
+            ROOT_ID,
+            d.c.ctx(),
+            &[&cstr(b"alive")],
+        ),
+        build_request(d.c.next_unique(), opcode::STATFS, ROOT_ID, d.c.ctx(), &[]),
+    ] {
+        let ra = put(&d, &req);
+        let descs = RawDesc::chain(&[
+            Buffer::readable(ra, req.len() as u32),
+            Buffer::readable(wa, 256),
+        ]);
+        let tk = d.c.submit_raw_chain(&descs).unwrap();
+        assert_eq!(d.c.wait_completion(tk).unwrap().used_len, 0);
+        assert!(
+            untouched(&d, wa, 256),
+            "reply written into a readable descriptor"
+        );
+    }
+    assert_serves(&mut d, &canary, "descriptors of the wrong direction");
+    d.finish();
+}
+
+// ---- session ----------------------------------------------------------------------------------
+
+/// After DESTROY every request but INIT gets EIO (and FORGET nothing); a new INIT starts a new
+/// session that serves again, with none of the old node ids or handles.
+#[test]
+fn requests_after_destroy_get_eio_until_a_new_init() {
+    let _serial = serial();
+    let (mut d, canary) = hostile_daemon(Options::default());
+    fs::write(d.host("probe"), b"probe").unwrap();
+    let n = d.node("probe");
+    let fh = d.open(n, libc::O_RDWR);
+    d.c.destroy().unwrap();
+    assert_eq!(d.c.lookup(ROOT_ID, "probe").unwrap_err(), libc::EIO);
+    assert_eq!(d.c.getattr(ROOT_ID, None).unwrap_err(), libc::EIO);
+    assert_eq!(d.c.read(n, fh, 0, 10).unwrap_err(), libc::EIO);
+    assert_eq!(d.c.write(n, fh, 0, b"after").unwrap_err(), libc::EIO);
+    assert_eq!(d.c.mkdir(ROOT_ID, "made", 0o755, 0).unwrap_err(), libc::EIO);
+    d.c.forget(n, 1);
+    d.c.batch_forget(&[(n, 1), (ROOT_ID, 1)]);
+    // A second DESTROY is refused like any other request of a dead session.
+    assert!(d.c.destroy().is_err());
+    assert!(!d.host("made").exists());
+    assert_eq!(fs::read(d.host("probe")).unwrap(), b"probe");
+    d.c.init().unwrap();
+    // The old handle is gone with the old session.
+    assert!(d.c.read(n, fh, 0, 10).is_err() || d.c.getattr(n, None).is_err());
+    assert_serves(&mut d, &canary, "requests after DESTROY");
+    d.finish();
+}
+
+/// FORGET and BATCH_FORGET of node ids never handed out, of the root, and with counts far
+/// beyond what the guest holds: ignored or clamped, never a panic; the root stays.
+#[test]
+fn forgets_of_unknown_nodes_and_huge_counts() {
+    let _serial = serial();
+    let (mut d, canary) = hostile_daemon(Options::default());
+    fs::write(d.host("probe"), b"probe").unwrap();
+    for id in [0, 2, 3, 12345, 1 << 40, u64::MAX - 1, u64::MAX] {
+        d.c.forget(id, 1);
+        d.c.forget(id, u64::MAX);
+    }
+    d.c.forget(ROOT_ID, u64::MAX);
+    let n = d.node("probe");
+    // One reference held; forgetting u64::MAX of it drops it once, not below zero.
+    d.c.forget(n, u64::MAX);
+    d.c.forget(n, u64::MAX);
+    let many: Vec<(u64, u64)> = (0..1000u64)
+        .map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15), u64::MAX - i))
+        .chain(std::iter::repeat_n((ROOT_ID, u64::MAX), 100))
+        .collect();
+    for chunk in many.chunks(200) {
+        d.c.batch_forget(chunk);
+    }
+    // The same node forgotten a hundred times in one batch after one lookup.
+    let n = d.node("probe");
+    d.c.batch_forget(&vec![(n, 1); 100]);
+    assert_eq!(
+        d.c.getattr(ROOT_ID, None).unwrap().attr.ino,
+        fs::metadata(&d.share).unwrap().ino()
+    );
+    assert_serves(&mut d, &canary, "forgets of unknown nodes and huge counts");
+    d.finish();
+}
+
+// ---- descriptor exhaustion --------------------------------------------------------------------
+
+/// The real binary with `--rlimit-nofile=128`: the guest opens files until the daemon runs out of
+/// descriptors and gets EMFILE (or ENFILE) for it; once it closes some, opens work again, the
+/// daemon kept serving throughout, and it exits 0 without a panic when the frontend goes.
+#[test]
+fn descriptor_exhaustion_gets_emfile_and_the_daemon_recovers() {
+    let _serial = serial();
+    use std::process::{Command, Stdio};
+    use virtiofsd::frontend::FsFrontend;
+
+    clear_umask();
+    let tmp = tempfile::tempdir().unwrap();
+    let share = tmp.path().join("share");
+    fs::create_dir(&share).unwrap();
+    for i in 0..200 {
+        fs::write(share.join(format!("f{i}")), format!("file {i}")).unwrap();
+    }
+    let socket = tmp.path().join("vfs.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_virtiofsd"))
+        .arg(format!("--socket-path={}", socket.display()))
+        .arg(format!("--shared-dir={}", share.display()))
+        .args(["--rlimit-nofile=128", "--log-level=error"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start virtiofsd");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(std::time::Instant::now() < deadline, "no socket");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut fe = FsFrontend::connect(&socket, 1).expect("connect");
+    let mut c = fe.client(0).unwrap();
+    c.init().unwrap();
+
+    let mut held = Vec::new();
+    let mut refused = None;
+    for i in 0..200 {
+        let e = match c.lookup(ROOT_ID, format!("f{i}")) {
+            Ok(e) => e,
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        };
+        match c.open(e.nodeid, libc::O_RDONLY as u32) {
+            Ok(o) => held.push((i, e.nodeid, o.fh)),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let errno = refused.expect("200 opens under a limit of 128 descriptors all succeeded");
+    assert!(
+        matches!(errno, libc::EMFILE | libc::ENFILE),
+        "out of descriptors: errno {errno}"
+    );
+    assert!(held.len() < 128 && !held.is_empty(), "{} opens", held.len());
+    // While exhausted, requests that need no new descriptor still work.
+    let (i, n, fh) = held[0];
+    assert_eq!(
+        c.read(n, fh, 0, 64).unwrap(),
+        format!("file {i}").as_bytes()
+    );
+    assert!(c.getattr(ROOT_ID, None).is_ok());
+
+    // Give half back: new opens (and a directory listing) work again.
+    let give_back = held.len() / 2;
+    for (_, n, fh) in held.drain(..give_back) {
+        c.release(n, fh, 0).unwrap();
+    }
+    for i in 190..195 {
+        let e = c.lookup(ROOT_ID, format!("f{i}")).unwrap();
+        let fh = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap().fh;
+        assert_eq!(
+            c.read(e.nodeid, fh, 0, 64).unwrap(),
+            format!("file {i}").as_bytes()
+        );
+        c.release(e.nodeid, fh, 0).unwrap();
+    }
+    let dh = c.opendir(ROOT_ID, 0).unwrap().fh;
+    assert!(!c.readdir(ROOT_ID, dh, 0, 4096).unwrap().is_empty());
+    c.releasedir(ROOT_ID, dh, 0).unwrap();
+    for (_, n, fh) in held {
+        c.release(n, fh, 0).unwrap();
+    }
+
+    fe.disconnect();
+    let (status, err) = wait_exit(child);
+    assert_eq!(status.code(), Some(0), "status {status:?}, stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test level: formatting and lints, unit tests, in-process integration tests
-# (a test frontend drives the real daemon over a unix socket), and guest tests under QEMU.
+# (a test frontend drives the real daemon over a unix socket), a bounded fuzzing run, and guest
+# tests under QEMU.
 # Usage: tests/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,9 @@ cargo clippy --all-targets --locked -- -D warnings
 
 echo "== unit and in-process integration tests"
 mkdir -p target && cargo test --locked --all-targets 2>&1 | tee target/test-output.txt
+
+echo "== fuzzing: each cargo-fuzz target for 60 s (a crash leaves its input in tests/fuzz/artifacts/)"
+tests/fuzz/run.sh 60
 
 echo "== guest tests (QEMU + Linux 6.12 and 6.1 guests)"
 if [ "$(id -u)" -ne 0 ]; then

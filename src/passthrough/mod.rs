@@ -148,6 +148,15 @@ fn check_openable(kind: u32) -> io::Result<()> {
     }
 }
 
+/// Whether `e` means the daemon ran out of a resource (descriptors, memory) rather than that
+/// a path is wrong.
+fn is_resource_shortage(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+    )
+}
+
 fn open_path_flags() -> i32 {
     libc::O_PATH | libc::O_NOFOLLOW
 }
@@ -299,6 +308,9 @@ impl PassthroughFs {
             Some((parent, name)) => {
                 match sys::openat(self.path_fd(parent)?.as_fd(), name, open_path_flags(), 0) {
                     Ok(fd) if Self::is_inode(fd.as_fd(), data)? => Some(fd),
+                    // Out of descriptors or memory says nothing about where the name leads:
+                    // the guest gets that error, not ESTALE.
+                    Err(e) if is_resource_shortage(&e) => return Err(e),
                     _ => None,
                 }
             }

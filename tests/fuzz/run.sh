@@ -8,7 +8,8 @@
 # cargo-fuzz needs `-Z` flags; on a stable toolchain RUSTC_BOOTSTRAP=1 allows them. The address
 # sanitizer is used when its runtime is available, otherwise SANITIZER=none (set it to force).
 # Corpora go to tests/fuzz/corpus/<target>, crashes to tests/fuzz/artifacts/<target>/ (both
-# ignored by git). Reproduce a crash with:
+# ignored by git); the inputs under tests/fuzz/regressions/<target>/ seed every run. Reproduce a
+# crash with:
 #   RUSTC_BOOTSTRAP=1 cargo fuzz run --fuzz-dir tests/fuzz <target> tests/fuzz/artifacts/<target>/<file>
 set -euo pipefail
 
@@ -20,7 +21,7 @@ SEED="${SEED:-1}"
 export RUSTC_BOOTSTRAP=1
 
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
-    cargo install cargo-fuzz --locked
+    cargo install --locked cargo-fuzz
 fi
 
 cd "$ROOT"
@@ -45,7 +46,7 @@ for t in $TARGETS; do
     [[ "$t" == queue_path ]] && max_len=65539
     echo "=== $t: ${SECONDS_PER_TARGET}s, seed $SEED, sanitizer $SANITIZER"
     if ! cargo fuzz run --fuzz-dir "$FUZZ_DIR" -O --sanitizer "$SANITIZER" "$t" \
-        "$FUZZ_DIR/corpus/$t" -- \
+        "$FUZZ_DIR/corpus/$t" "$FUZZ_DIR/regressions/$t" -- \
         -seed="$SEED" -max_total_time="$SECONDS_PER_TARGET" -timeout=10 \
         -rss_limit_mb=4096 -max_len="$max_len" -print_final_stats=1 \
         -artifact_prefix="$FUZZ_DIR/artifacts/$t/"; then

@@ -15,7 +15,9 @@
 #                             writeback   the main suite, daemon --xattr --cache always --writeback
 #                             xattr       the xattr suite, daemon --posix-acl --security-label=auto
 #                                         --killpriv-v2 --xattrmap (ACLs passed, user.* prefixed)
-#                             all = main,readonly,xattr; full = all five
+#                             escape      escape attempts from the guest against a canary
+#                                         outside the share, daemon --xattr
+#                             all = main,readonly,xattr,escape; full = all six
 #   --timeout SECONDS       kill a guest that has not powered off after this long (default 300)
 #   --accel auto|tcg|kvm    auto (default) uses KVM only if a short probe boot proves it works
 #   --daemon PATH           test this binary instead of building target/release/virtiofsd
@@ -33,7 +35,7 @@ CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests"
 
 KERNELS="6.12"
-SUITES="main readonly xattr"
+SUITES="main readonly xattr escape"
 TIMEOUT=300
 ACCEL=auto
 DAEMON=""
@@ -63,15 +65,15 @@ while [ $# -gt 0 ]; do
 done
 [ "$KERNELS" = all ] && KERNELS="6.12 6.1"
 SUITES="${SUITES//,/ }"
-SUITES="${SUITES//full/main readonly cache-never writeback xattr}"
-SUITES="${SUITES//all/main readonly xattr}"
+SUITES="${SUITES//full/main readonly cache-never writeback xattr escape}"
+SUITES="${SUITES//all/main readonly xattr escape}"
 for k in $KERNELS; do
     case "$k" in 6.12|6.1) ;; *) echo "run.sh: --kernel must be 6.12, 6.1 or all" >&2; exit 2 ;; esac
 done
 for s in $SUITES; do
     case "$s" in
-        main|readonly|cache-never|writeback|xattr) ;;
-        *) echo "run.sh: --suite takes main, readonly, cache-never, writeback, xattr, all or full" >&2; exit 2 ;;
+        main|readonly|cache-never|writeback|xattr|escape) ;;
+        *) echo "run.sh: --suite takes main, readonly, cache-never, writeback, xattr, escape, all or full" >&2; exit 2 ;;
     esac
 done
 if [ "$(id -u)" -ne 0 ]; then
@@ -317,6 +319,71 @@ PY
     sync "$img"
 }
 
+# prepare_escape DIR: the canary outside the share for the escape suite: DIR/canary, a small
+# tmpfs mounted `strictatime` (so that even a read moves an atime), holding secret and
+# dir/inner; and in the share, escape/ with symlinks pointing at it (absolute, relative, a
+# directory, through /proc/self/root, to /) and the random tail of the canary's content (the
+# guest looks for the whole content in everything it managed to read). The canary's state,
+# read with O_NOATIME, goes to DIR/canary-before.txt.
+prepare_escape() {
+    local dir="$1" s="$1/share" c="$1/canary" tag
+    tag="$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
+    mkdir -p "$c" "$s/escape"
+    if mount -t tmpfs -o strictatime,size=1m,mode=0755 virtiofsd-canary "$c"; then
+        NOFT_MOUNTS+=("$c")
+    else
+        echo "# note: no strictatime tmpfs for the canary; atimes compared on $(stat -f -c %T "$c")"
+    fi
+    mkdir "$c/dir"
+    printf 'HOST-CANARY-%s\n' "$tag" > "$c/secret"
+    printf 'HOST-CANARY-%s\n' "$tag" > "$c/dir/inner"
+    printf '%s\n' "$tag" > "$s/escape/canary-marker"
+    ln -s "$c/secret" "$s/escape/host-abs"
+    ln -s ../../canary/secret "$s/escape/host-rel"
+    ln -s ../../canary "$s/escape/host-dir"
+    ln -s "/proc/self/root$c/secret" "$s/escape/host-proc"
+    ln -s / "$s/escape/host-root"
+    canary_state "$c" > "$dir/canary-before.txt"
+}
+
+# canary_state DIR: every path under DIR with mode, links, size, atime, mtime, ctime and content
+# (md5) or listing, read with O_NOATIME so that looking changes nothing.
+canary_state() {
+    python3 - "$1" <<'PY'
+import hashlib, os, stat, sys
+root = sys.argv[1]
+def walk(rel):
+    p = os.path.join(root, rel)
+    st = os.lstat(p)
+    fd = os.open(p, os.O_RDONLY | os.O_NOATIME | os.O_NOFOLLOW)
+    try:
+        if stat.S_ISDIR(st.st_mode):
+            names = sorted(os.listdir(fd))
+            data = "/".join(names)
+        else:
+            names = []
+            data = hashlib.md5(os.read(fd, 1 << 20)).hexdigest()
+    finally:
+        os.close(fd)
+    print(rel, oct(st.st_mode), st.st_nlink, st.st_size, st.st_atime_ns, st.st_mtime_ns,
+          st.st_ctime_ns, data)
+    for n in names:
+        walk(os.path.join(rel, n))
+walk(".")
+PY
+}
+
+# fds PID: the daemon's descriptors: number, dev:ino and type of what each refers to, the open
+# flags (octal, from fdinfo) and the link text.
+fds() {
+    local f n
+    for f in /proc/"$1"/fd/*; do
+        n="${f##*/}"
+        printf '%s %s %s %s\n' "$n" "$(stat -L -c '%d:%i %F' "$f" 2>/dev/null | tr ' ' _)" \
+            "$(awk '/^flags:/ { print $2 }' "/proc/$1/fdinfo/$n" 2>/dev/null)" "$(readlink "$f")"
+    done
+}
+
 unmount_nofiletype() {
     local m
     for m in "${NOFT_MOUNTS[@]}"; do
@@ -407,9 +474,13 @@ boot() {
     rm -rf "$logs"; mkdir -p "$dir" "$logs"
     local share="$dir/share" sock="$dir/vfs.sock"
     mkdir -p "$share"
-    prepare_share "$share"
-    [ "$suite" = main ] && prepare_tree "$share/fixtures/tree30k"
-    prepare_nofiletype "$share/fixtures/nofiletype"
+    if [ "$suite" = escape ]; then
+        prepare_escape "$dir"
+    else
+        prepare_share "$share"
+        [ "$suite" = main ] && prepare_tree "$share/fixtures/tree30k"
+        prepare_nofiletype "$share/fixtures/nofiletype"
+    fi
     [ "$suite" = readonly ] && fingerprint "$share" > "$dir/before.txt"
 
     echo "# boot: kernel $k, $bname (guest suite $suite), daemon flags: ${flags[*]}"
@@ -450,6 +521,7 @@ boot() {
             while [ "$marks_seen" -lt "${#marks[@]}" ]; do
                 m="${marks[$marks_seen]}"
                 snapshot "$dpid" "$logs/threads-$m.txt"
+                fds "$dpid" > "$logs/fds-$m.txt"
                 marks_seen=$((marks_seen + 1))
             done
         fi
@@ -712,6 +784,61 @@ host_checks_xattr() {
     check "${prefix}labelled creations exist" "$(ls "$w/label" 2>&1 | tr '\n' ' ')" "d f l p " names
 }
 
+# After the escape suite: the canary outside the share is unchanged and unread (its atimes
+# included, on a strictatime tmpfs), the canary can tell (a read now does move its atime), the
+# daemon held no device node or FIFO the guest made open for I/O while the guest had them open
+# (O_PATH descriptors open nothing), and a hard link to a symlink pointing out stayed a symlink.
+host_checks_escape() {
+    local k="$1" dir="$2" logs="$3" prefix="${4}host: "
+    local e="$dir/share/escape" c="$dir/canary" con="$logs/console.log"
+    canary_state "$c" > "$dir/canary-after.txt"
+    if diff -u "$dir/canary-before.txt" "$dir/canary-after.txt" > "$logs/canary-diff.txt"; then
+        result ok "${prefix}canary outside the share unchanged and unread (content, times, atime)"
+    else
+        result fail "${prefix}canary outside the share unchanged and unread (content, times, atime)" \
+            "$(head -n 20 "$logs/canary-diff.txt")"
+    fi
+    local a0 a1
+    a0="$(stat -c %X.%x "$c/secret")"
+    cat "$c/secret" >/dev/null
+    a1="$(stat -c %X.%x "$c/secret")"
+    if [ "$a0" != "$a1" ]; then
+        result ok "${prefix}the canary notices a read (its atime moves)"
+    else
+        result fail "${prefix}the canary notices a read (its atime moves)" \
+            "atime stayed $a0 after a read; mount: $(findmnt -n -o FSTYPE,OPTIONS -T "$c")"
+    fi
+    if ! grep -q '^#DONE' "$con"; then
+        result fail "${prefix}checks of the escape share" "skipped: the guest did not finish"
+        return
+    fi
+    local f="$logs/fds-devices-open.txt" n held=""
+    if [ ! -s "$f" ]; then
+        result fail "${prefix}daemon never opens a device node or FIFO the guest made" \
+            "no descriptor list was taken at the devices-open mark"
+    else
+        for n in mem null sda fifo; do
+            local id
+            id="$(stat -c %d:%i "$e/$n" 2>/dev/null)" || continue
+            # flags are octal; O_PATH is 010000000
+            held+="$(awk -v id="$id" '$2 ~ "^" id "_" && int(substr($3, length($3) - 7, 1)) % 2 == 0 { print }' "$f")"
+        done
+        if [ -z "$held" ]; then
+            result ok "${prefix}daemon never opens a device node or FIFO the guest made" \
+                "$(wc -l < "$f") descriptors at the mark"
+        else
+            result fail "${prefix}daemon never opens a device node or FIFO the guest made" "$held"
+        fi
+    fi
+    check "${prefix}the guest's device nodes are plain nodes in the share" \
+        "$(host_stat '%F %t:%T' "$e/mem"), $(host_stat '%F %t:%T' "$e/sda"), $(host_stat %F "$e/fifo")" \
+        "character special file 1:1, block special file 8:0, fifo" "type major:minor"
+    check "${prefix}hard link to a symlink pointing out is that symlink" \
+        "$(host_stat %F "$e/hl-abs") -> $(readlink "$e/hl-abs" 2>&1)" "symbolic link -> $c/secret" "type -> target"
+    check "${prefix}no file appeared next to the share" \
+        "$(cd "$dir" && ls -A | grep -vxE 'share|canary|canary-(before|after).txt|vfs.sock' | tr '\n' ' ')" "" "unexpected entries"
+}
+
 # --- the boots ---------------------------------------------------------------------------------
 for k in $KERNELS; do
     [ -f "$WORK/initramfs-$k.cpio" ] || build_initramfs "$k" "$WORK/initramfs-$k.cpio"
@@ -723,6 +850,7 @@ for k in $KERNELS; do
             writeback) boot "$k" writeback main --xattr --cache always --writeback ;;
             xattr) boot "$k" xattr xattr --posix-acl --security-label=auto --killpriv-v2 \
                 "--xattrmap=$XATTR_MAP" ;;
+            escape) boot "$k" escape escape --xattr ;;
         esac
     done
 done

@@ -1,6 +1,5 @@
 //! Shared by the `fuse_server` and `queue_path` targets: a filesystem with fixed answers, an
 //! INIT request, and checks on a reply.
-#![allow(dead_code)]
 
 use std::ffi::CStr;
 use std::io;
@@ -263,13 +262,26 @@ pub fn init_request(minor: u32, flags: u64) -> Vec<u8> {
 /// whose first bytes are `out`.
 pub fn check_reply(req: &[u8], out: &[u8], n: usize, cap: usize) {
     assert!(n <= cap, "reply of {n} bytes in a {cap} byte buffer");
-    assert!(n >= OUT_HEADER, "reply of {n} bytes is shorter than a header");
-    assert!(out.len() >= OUT_HEADER, "reply claims {n} bytes but wrote {}", out.len());
+    assert!(
+        n >= OUT_HEADER,
+        "reply of {n} bytes is shorter than a header"
+    );
+    assert!(
+        out.len() >= OUT_HEADER,
+        "reply claims {n} bytes but wrote {}",
+        out.len()
+    );
     let len = u32::from_le_bytes(out[0..4].try_into().unwrap()) as usize;
     let error = i32::from_le_bytes(out[4..8].try_into().unwrap());
     let unique = u64::from_le_bytes(out[8..16].try_into().unwrap());
-    assert_eq!(len, n, "reply header length differs from the returned length");
-    assert!((-4095..=0).contains(&error), "reply error {error} is not a -errno");
+    assert_eq!(
+        len, n,
+        "reply header length differs from the returned length"
+    );
+    assert!(
+        (-4095..=0).contains(&error),
+        "reply error {error} is not a -errno"
+    );
     if error != 0 {
         assert_eq!(n, OUT_HEADER, "an error reply carries a body");
     }
