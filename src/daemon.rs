@@ -101,12 +101,12 @@ impl fmt::Display for DaemonError {
 
 impl std::error::Error for DaemonError {}
 
-/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (and so in every thread it starts),
-/// then starts a thread that waits for them, removes `socket_path` and exits with status 0.
-fn handle_stop_signals(socket_path: Option<PathBuf>) -> io::Result<()> {
+/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (and so in every thread it starts
+/// from then on), so that they stay pending until [`handle_stop_signals`] waits for them.
+fn block_stop_signals() -> io::Result<libc::sigset_t> {
     // SAFETY: `set` is a local sigset_t initialised by sigemptyset before use; the calls only
     // read and write it and the thread's signal mask.
-    let set = unsafe {
+    unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
@@ -116,8 +116,14 @@ fn handle_stop_signals(socket_path: Option<PathBuf>) -> io::Result<()> {
         if rc != 0 {
             return Err(io::Error::from_raw_os_error(rc));
         }
-        set
-    };
+        Ok(set)
+    }
+}
+
+/// Blocks the stop signals (see [`block_stop_signals`]), then starts a thread that waits for
+/// them, removes `socket_path` and exits with status 0.
+fn handle_stop_signals(socket_path: Option<PathBuf>) -> io::Result<()> {
+    let set = block_stop_signals()?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -290,6 +296,9 @@ pub fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), DaemonError> {
 /// is mode 0700 (0770 and owned by `--socket-group` when given). Files are created with the
 /// modes the guest asks for: the umask is cleared once the socket exists.
 pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonError> {
+    // A stop signal that arrives before the daemon waits for it (once the socket exists, a
+    // service manager may send one at any time) waits, pending.
+    block_stop_signals().map_err(|e| DaemonError::Device(e.to_string()))?;
     // The socket is created with the restrictive mode straight away, then chmod-ed to it.
     // SAFETY: umask has no memory-safety preconditions.
     unsafe { libc::umask(0o777 & !socket_mode(opts.socket_group)) };

@@ -97,8 +97,9 @@ fn mount(
 fn chdir(path: &Path) -> io::Result<()> {
     let c = cstr(path)?;
     // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    let rc = unsafe { libc::chdir(c.as_ptr()) };
     check(
-        unsafe { libc::chdir(c.as_ptr()) },
+        rc,
         &format!("cannot change directory to {}", path.display()),
     )
 }
@@ -148,10 +149,8 @@ pub fn pivot_into(shared_dir: &Path) -> io::Result<OwnedFd> {
     )?;
     // The old root is stacked under the new one at "."; detach it and everything under it.
     // SAFETY: "." is a static NUL-terminated string; umount2 reads it.
-    check(
-        unsafe { libc::umount2(dot.as_ptr(), libc::MNT_DETACH) },
-        "cannot detach the old root",
-    )?;
+    let rc = unsafe { libc::umount2(dot.as_ptr(), libc::MNT_DETACH) };
+    check(rc, "cannot detach the old root")?;
     chdir(root)?;
     Ok(proc_self_fd)
 }
@@ -162,10 +161,8 @@ pub fn chroot_into(shared_dir: &Path) -> io::Result<OwnedFd> {
     let proc_self_fd = open_path_dir(Path::new("/proc/self/fd"))?;
     chdir(shared_dir)?;
     // SAFETY: "." is a static NUL-terminated string; chroot reads it.
-    check(
-        unsafe { libc::chroot(c".".as_ptr()) },
-        &format!("cannot chroot into {}", shared_dir.display()),
-    )?;
+    let rc = unsafe { libc::chroot(c".".as_ptr()) };
+    check(rc, &format!("cannot chroot into {}", shared_dir.display()))?;
     chdir(Path::new("/"))?;
     Ok(proc_self_fd)
 }
