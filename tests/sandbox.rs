@@ -438,3 +438,77 @@ fn an_unprivileged_daemon_creates_a_user_namespace_and_keeps_no_capability() {
     let md = fs::metadata(d.share.join("made")).unwrap();
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&md), NOBODY);
 }
+
+/// In the child between fork and exec: makes `unshare(2)` fail with `EPERM`, as the seccomp
+/// policy of many container runtimes does.
+fn deny_unshare() -> std::io::Result<()> {
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let filter = [
+        // seccomp_data.nr is at offset 0.
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+        libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 1,
+            k: libc::SYS_unshare as u32,
+        },
+        stmt(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        ),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+    ];
+    let prog = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut _,
+    };
+    // SAFETY: prctl with these arguments only sets this process's no_new_privs bit and installs
+    // the filter `prog` describes, which outlives the call (the kernel copies it).
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+            || libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const libc::sock_fprog,
+            ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn where_namespaces_cannot_be_created_the_daemon_says_so_and_exits_1() {
+    let d = dirs();
+    let mut cmd = command("namespace", &d.share, &d.socket, &["--rlimit-nofile=0"]);
+    // SAFETY: runs in the child between fork and exec; deny_unshare only calls prctl.
+    unsafe { cmd.pre_exec(deny_unshare) };
+    let (status, err) = wait_exit(cmd.spawn().unwrap());
+    assert_eq!(status.code(), Some(1), "stderr: {err}");
+    assert!(err.contains("--sandbox=namespace"), "{err}");
+    assert!(err.contains("--sandbox=chroot or --sandbox=none"), "{err}");
+    assert!(!d.socket.exists(), "socket left behind");
+
+    // chroot and none need no namespace.
+    for sandbox in ["chroot", "none"] {
+        if sandbox == "chroot" && !is_root() {
+            continue;
+        }
+        let mut cmd = command(sandbox, &d.share, &d.socket, &["--rlimit-nofile=0"]);
+        // SAFETY: as above.
+        unsafe { cmd.pre_exec(deny_unshare) };
+        let parent = cmd.spawn().unwrap();
+        exercise(&d.socket, &d.share);
+        finish(parent, &d.socket);
+        for f in ["made", "made-link"] {
+            fs::remove_file(d.share.join(f)).unwrap();
+        }
+        fs::set_permissions(d.share.join("hello"), fs::Permissions::from_mode(0o644)).unwrap();
+    }
+}
