@@ -201,8 +201,12 @@ fn namespace_sandbox_serves_the_share_from_namespaces_of_its_own() {
             "the serving process shares the {kind} namespace"
         );
     }
-    // The parent stays in the host's mount namespace, to remove the socket.
+    // The parent stays in the host's mount namespace, to remove the socket, and keeps no
+    // capability but dac_override for that.
     assert_eq!(ns(&parent.id().to_string(), "mnt"), ns("self", "mnt"));
+    let parent_caps = if is_root() { 1 << 1 } else { 0 };
+    assert_eq!(cap_eff(parent.id()), parent_caps);
+    assert_eq!(cap_bnd(parent.id()), parent_caps);
     let status = fs::read_to_string(format!("/proc/{child}/status")).unwrap();
     let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
     assert!(
