@@ -3,7 +3,7 @@
 //!
 //! A flag is either supported (it does what it says) or refused at start with exit status 2 and
 //! a message that names it and says it is not implemented yet; none is silently ignored. The
-//! flags whose default differs from the reference's (`--sandbox`, `--seccomp`,
+//! flags whose default differs from the reference's (`--seccomp`,
 //! `--announce-submounts`) say so in `--help`.
 //! `doc/configuration.md` describes each flag; `tests/cli.rs` checks both against the binary.
 
@@ -17,6 +17,7 @@ use crate::daemon::{DaemonConfig, ProcessOptions, SocketSpec};
 use crate::idmap::Translation;
 use crate::passthrough::xattrmap::XattrMap;
 use crate::passthrough::{CacheMode, Config, Negotiate};
+use crate::sandbox::{caps, SandboxMode};
 use crate::userns::{self, IdMapRange};
 
 /// vhost-user virtio-fs daemon: serves a host directory to a guest.
@@ -87,9 +88,13 @@ pub struct Args {
     #[arg(long = "xattrmap", value_name = "RULES")]
     pub xattrmap: Option<String>,
 
-    /// Sandbox mechanism (namespace, chroot, none); only "none" is available in this version,
-    /// and it is the default here (the reference defaults to "namespace")
-    #[arg(long = "sandbox", value_name = "KIND", default_value = "none")]
+    /// Sandbox mechanism confining the daemon to the shared directory: namespace, chroot or
+    /// none
+    ///
+    /// "namespace" serves from new mount, pid and network namespaces whose root is the shared
+    /// directory (with a user namespace when not run as root); "chroot" only changes the root
+    /// directory (needs root; for hosts without namespaces); "none" does not confine.
+    #[arg(long = "sandbox", value_name = "KIND", default_value = "namespace")]
     pub sandbox: String,
 
     /// Share the directory read-only
@@ -154,7 +159,11 @@ pub struct Args {
     #[arg(long = "print-capabilities")]
     pub print_capabilities: bool,
 
-    /// Change the capabilities the daemon keeps, e.g. +sys_admin:-chown [not implemented yet]
+    /// Change the capabilities the daemon keeps, e.g. +sys_admin:-mknod
+    ///
+    /// CAPS is a ':'-separated list of +NAME (keep) or -NAME (drop), NAME a capability
+    /// without "cap_" in any case. Run as root, the daemon keeps chown, dac_override,
+    /// dac_read_search, fowner, fsetid, setgid, setuid, mknod and setfcap; otherwise none.
     #[arg(long = "modcaps", value_name = "CAPS")]
     pub modcaps: Option<String>,
 
@@ -472,8 +481,8 @@ impl Args {
                 choice(
                     &value_for("sandbox"),
                     kind,
-                    &["none"],
-                    &["namespace", "chroot"],
+                    &["namespace", "chroot", "none"],
+                    &[],
                 )?;
                 self.sandbox = kind.to_owned();
             }
@@ -482,7 +491,11 @@ impl Args {
                     .map_err(|e| usage(format!("{}: {e}", value_for("xattrmap"))))?;
                 self.xattrmap = Some(rules.to_owned());
             }
-            Some(("modcaps", _)) => return Err(not_yet(&flag, "")),
+            Some(("modcaps", caps)) => {
+                caps::parse_modcaps(caps)
+                    .map_err(|e| usage(e.replacen("--modcaps", &value_for("modcaps"), 1)))?;
+                self.modcaps = Some(caps.to_owned());
+            }
             Some(("timeout", _)) => {
                 return Err(usage(format!(
                     "{flag}: not supported (an option of the old C virtiofsd); use --cache to \
@@ -574,6 +587,17 @@ impl Args {
             }
         }
         self.check_unimplemented()?;
+        let sandbox: SandboxMode = self
+            .sandbox
+            .parse()
+            .map_err(|e| usage(format!("--sandbox: {e}")))?;
+        let modcaps = self
+            .modcaps
+            .as_deref()
+            .map(caps::parse_modcaps)
+            .transpose()
+            .map_err(usage)?
+            .unwrap_or_default();
 
         let socket_group = self.socket_group.as_deref().map(group_id).transpose()?;
         let socket = match (self.socket_path.take().or(self.socket.take()), self.fd) {
@@ -671,6 +695,8 @@ impl Args {
             process: ProcessOptions {
                 socket_group,
                 rlimit_nofile: self.rlimit_nofile,
+                sandbox,
+                modcaps,
             },
             log: LogSettings {
                 level,
@@ -682,12 +708,6 @@ impl Args {
 
     /// Refuses the flags and values whose feature this version does not have yet.
     fn check_unimplemented(&self) -> Result<(), UsageError> {
-        choice(
-            "--sandbox",
-            &self.sandbox,
-            &["none"],
-            &["namespace", "chroot"],
-        )?;
         choice(
             "--seccomp",
             &self.seccomp,
@@ -707,7 +727,6 @@ impl Args {
             &["guest-error"],
         )?;
         let refused = [
-            (self.modcaps.is_some(), "--modcaps", ""),
             (
                 self.migration_verify_handles,
                 "--migration-verify-handles",
@@ -729,9 +748,9 @@ impl Args {
 fn unknown_compat(flag: &str) -> UsageError {
     usage(format!(
         "{flag}: unknown legacy option; expected source=DIR, cache=MODE, loglevel=LEVEL, \
-         sandbox=none, announce_submounts, xattr, no_xattr, readdirplus, no_readdirplus, \
-         writeback, no_writeback, allow_direct_io, no_allow_direct_io, [no_]killpriv_v2, \
-         [no_]posix_acl, [no_]security_label, xattrmap=RULES, no_posix_lock or no_flock"
+         sandbox=KIND, modcaps=CAPS, announce_submounts, xattr, no_xattr, readdirplus, \
+         no_readdirplus, writeback, no_writeback, allow_direct_io, no_allow_direct_io, \
+         [no_]killpriv_v2, [no_]posix_acl, [no_]security_label, xattrmap=RULES, no_posix_lock or no_flock"
     ))
 }
 
@@ -829,10 +848,7 @@ mod tests {
     #[test]
     fn unimplemented_flags_are_refused_not_ignored() {
         for (flag, named) in [
-            ("--sandbox=namespace", "--sandbox=namespace"),
-            ("--sandbox=chroot", "--sandbox=chroot"),
             ("--seccomp=kill", "--seccomp=kill"),
-            ("--modcaps=+sys_admin", "--modcaps"),
             (
                 "--migration-mode=file-handles",
                 "--migration-mode=file-handles",
@@ -844,6 +860,68 @@ mod tests {
             let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", flag]).unwrap_err();
             assert!(e.0.starts_with(named), "{flag}: {e}");
             assert!(e.0.contains("not implemented yet in this version"), "{e}");
+        }
+    }
+
+    #[test]
+    fn sandbox_defaults_to_namespace_and_modcaps_reach_the_process_options() {
+        let s = settings(&["--shared-dir=/tmp", "--socket-path=/s"]).unwrap();
+        assert_eq!(s.process.sandbox, SandboxMode::Namespace);
+        assert_eq!(s.process.modcaps, caps::ModCaps::default());
+        for (kind, mode) in [
+            ("namespace", SandboxMode::Namespace),
+            ("chroot", SandboxMode::Chroot),
+            ("none", SandboxMode::None),
+        ] {
+            let s = settings(&[
+                "--shared-dir=/tmp",
+                "--socket-path=/s",
+                &format!("--sandbox={kind}"),
+            ])
+            .unwrap();
+            assert_eq!(s.process.sandbox, mode);
+            let s = settings(&[
+                "--shared-dir=/tmp",
+                "--socket-path=/s",
+                "-o",
+                &format!("sandbox={kind}"),
+            ])
+            .unwrap();
+            assert_eq!(s.process.sandbox, mode);
+        }
+        let s = settings(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--modcaps=+SYS_ADMIN:-mknod",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.process.modcaps,
+            caps::ModCaps(vec![(true, caps::CAP_SYS_ADMIN), (false, caps::CAP_MKNOD)])
+        );
+        let s = settings(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "-o",
+            "modcaps=-chown",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.process.modcaps,
+            caps::ModCaps(vec![(false, caps::CAP_CHOWN)])
+        );
+    }
+
+    #[test]
+    fn bad_modcaps_are_refused_naming_the_flag() {
+        for bad in ["+nonsense", "sys_admin", "", "+chown:"] {
+            let e = parse(&[
+                "--shared-dir=/tmp",
+                "--socket-path=/s",
+                &format!("--modcaps={bad}"),
+            ])
+            .unwrap_err();
+            assert!(e.0.starts_with("--modcaps: "), "{bad}: {e}");
         }
     }
 
@@ -1044,7 +1122,8 @@ mod tests {
             ("flock", "not implemented yet"),
             ("posix_lock", "not implemented yet"),
             ("xattrmap=:map::a.", "incomplete"),
-            ("sandbox=namespace", "not implemented yet"),
+            ("sandbox=jail", "invalid value 'jail'"),
+            ("modcaps=+nonsense", "unknown capability 'nonsense'"),
             ("timeout=5", "not supported"),
             ("norace", "not supported"),
             ("bogus", "unknown legacy option"),

@@ -7,8 +7,9 @@
 use std::ffi::CString;
 use std::fmt;
 use std::io;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::idmap::{MappedFs, Translation};
 use crate::passthrough::{self, PassthroughFs};
+use crate::sandbox::{self, caps, SandboxMode};
 use crate::userns::{self, IdMapRange};
 use crate::vhost_user::FsBackend;
 
@@ -56,6 +58,10 @@ pub struct ProcessOptions {
     /// `--rlimit-nofile`: `None` raises the soft limit of open files to
     /// [`default_nofile_limit`], `Some(0)` leaves it, `Some(n)` sets it to `n`.
     pub rlimit_nofile: Option<u64>,
+    /// How the daemon confines itself (`--sandbox`).
+    pub sandbox: SandboxMode,
+    /// Changes to the capabilities the daemon keeps (`--modcaps`).
+    pub modcaps: caps::ModCaps,
 }
 
 /// The open-files limit the daemon asks for by default.
@@ -74,6 +80,8 @@ pub enum DaemonError {
     Session(String),
     /// The open-files limit could not be set (`--rlimit-nofile`).
     Limit(String),
+    /// The sandbox could not be set up, or the capabilities not dropped.
+    Sandbox(String),
 }
 
 impl fmt::Display for DaemonError {
@@ -86,28 +94,36 @@ impl fmt::Display for DaemonError {
             DaemonError::Device(m) => write!(f, "device setup: {m}"),
             DaemonError::Session(m) => write!(f, "vhost-user session: {m}"),
             DaemonError::Limit(m) => write!(f, "--rlimit-nofile: {m}"),
+            DaemonError::Sandbox(m) => f.write_str(m),
         }
     }
 }
 
 impl std::error::Error for DaemonError {}
 
-/// Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts), then
-/// starts a thread that waits for them, removes `socket_path` and exits with status 0.
-fn handle_stop_signals(socket_path: Option<PathBuf>) -> io::Result<()> {
+/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (and so in every thread it starts
+/// from then on), so that they stay pending until [`handle_stop_signals`] waits for them.
+fn block_stop_signals() -> io::Result<libc::sigset_t> {
     // SAFETY: `set` is a local sigset_t initialised by sigemptyset before use; the calls only
     // read and write it and the thread's signal mask.
-    let set = unsafe {
+    unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         if rc != 0 {
             return Err(io::Error::from_raw_os_error(rc));
         }
-        set
-    };
+        Ok(set)
+    }
+}
+
+/// Blocks the stop signals (see [`block_stop_signals`]), then starts a thread that waits for
+/// them, removes `socket_path` and exits with status 0.
+fn handle_stop_signals(socket_path: Option<PathBuf>) -> io::Result<()> {
+    let set = block_stop_signals()?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -134,13 +150,21 @@ fn socket_mode(group: Option<libc::gid_t>) -> libc::mode_t {
     }
 }
 
-fn listener(spec: &SocketSpec, group: Option<libc::gid_t>) -> Result<Listener, DaemonError> {
+/// Creates (or takes, with `--fd`) the listening socket. A socket created at a path is not
+/// removed when the listener is dropped: see [`SocketFile`].
+fn bind_listener(
+    spec: &SocketSpec,
+    group: Option<libc::gid_t>,
+) -> Result<UnixListener, DaemonError> {
     match spec {
         SocketSpec::Path(p) => {
-            let l = Listener::new(p, true).map_err(|e| {
+            let _ = std::fs::remove_file(p);
+            let l = UnixListener::bind(p).map_err(|e| {
                 DaemonError::Socket(format!("cannot listen on {}: {e}", p.display()))
             })?;
+            let file = SocketFile(Some(p.clone()));
             set_socket_owner(p, group)?;
+            std::mem::forget(file);
             Ok(l)
         }
         SocketSpec::Fd(fd) => {
@@ -155,7 +179,18 @@ fn listener(spec: &SocketSpec, group: Option<libc::gid_t>) -> Result<Listener, D
             }
             // SAFETY: the user handed this listening socket to the daemon with `--fd`; nothing
             // else in the process owns it, and it was just checked to be a socket.
-            Ok(unsafe { Listener::from_raw_fd(*fd) })
+            Ok(unsafe { UnixListener::from_raw_fd(*fd) })
+        }
+    }
+}
+
+/// The socket file the daemon created, removed when dropped (`None`: nothing to remove here).
+struct SocketFile(Option<PathBuf>);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            let _ = std::fs::remove_file(p);
         }
     }
 }
@@ -255,11 +290,15 @@ pub fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), DaemonError> {
     }
 }
 
-/// Runs the daemon process: sets the open-files limit, stops cleanly on SIGTERM/SIGINT, and
-/// serves one frontend connection with [`serve`]; the socket it creates is mode 0700 (0770
-/// and owned by `--socket-group` when given). Files are created with the modes the guest
-/// asks for: the umask is cleared once the socket exists.
-pub fn run(cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonError> {
+/// Runs the daemon process: sets the open-files limit, creates the socket, confines itself as
+/// `--sandbox` asks and drops the capabilities it does not use (see [`crate::sandbox`]), stops
+/// cleanly on SIGTERM/SIGINT/SIGHUP, and serves one frontend connection. The socket it creates
+/// is mode 0700 (0770 and owned by `--socket-group` when given). Files are created with the
+/// modes the guest asks for: the umask is cleared once the socket exists.
+pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonError> {
+    // A stop signal that arrives before the daemon waits for it (once the socket exists, a
+    // service manager may send one at any time) waits, pending.
+    block_stop_signals().map_err(|e| DaemonError::Device(e.to_string()))?;
     // The socket is created with the restrictive mode straight away, then chmod-ed to it.
     // SAFETY: umask has no memory-safety preconditions.
     unsafe { libc::umask(0o777 & !socket_mode(opts.socket_group)) };
@@ -278,30 +317,77 @@ pub fn run(cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonError> 
         SocketSpec::Path(p) => Some(p.clone()),
         SocketSpec::Fd(_) => None,
     };
-    handle_stop_signals(socket_path).map_err(|e| DaemonError::Device(e.to_string()))?;
-    serve_with(cfg, opts.socket_group, || {
-        // Modes from the guest are applied as given; the guest kernel already applied its
-        // umask. No request is served before the socket is accepted on, after this.
-        // SAFETY: umask has no memory-safety preconditions.
-        unsafe { libc::umask(0) };
-    })
+    let listener = bind_listener(&cfg.socket, opts.socket_group)?;
+    let mut socket_file = SocketFile(socket_path.clone());
+    // Modes from the guest are applied as given; the guest kernel already applied its umask.
+    // SAFETY: umask has no memory-safety preconditions.
+    unsafe { libc::umask(0) };
+
+    // Still single-threaded: forks and enters namespaces. A supervised child cannot name the
+    // socket file any more; its parent removes it.
+    let confined = sandbox::enter(
+        opts.sandbox,
+        &cfg.fs.root_dir,
+        socket_path.as_deref(),
+        listener.as_raw_fd(),
+    )
+    .map_err(|e| DaemonError::Sandbox(e.to_string()))?;
+    if confined.supervised {
+        std::mem::forget(std::mem::replace(&mut socket_file, SocketFile(None)));
+    }
+    // Capabilities belong to threads, and threads copy them: drop them before any starts.
+    // DAC_READ_SEARCH is kept only to open file handles (`--inode-file-handles`).
+    let file_handle_caps = match cfg.fs.inode_file_handles {
+        passthrough::InodeFileHandles::Never => &[][..],
+        _ => caps::FILE_HANDLE_CAPS,
+    };
+    let keep = caps::kept(caps::running_as_root(), file_handle_caps, &opts.modcaps);
+    let kept = caps::drop_all_but(keep, caps::last_cap())
+        .map_err(|e| DaemonError::Sandbox(format!("cannot drop capabilities: {e}")))?;
+    info!("capabilities kept: {kept}");
+
+    handle_stop_signals(socket_file.0.clone()).map_err(|e| DaemonError::Device(e.to_string()))?;
+    let shown = cfg.fs.root_dir.clone();
+    cfg.fs.root_dir = confined.root_dir;
+    let result = serve_with(cfg, confined.proc_self_fd, &shown, move || {
+        Ok(Listener::from(listener))
+    });
+    drop(socket_file);
+    result
 }
 
 /// Listens, accepts one frontend and serves it until it disconnects. Touches no process-wide
 /// state (signals, umask), so tests run it in a thread.
 pub fn serve(cfg: DaemonConfig) -> Result<(), DaemonError> {
-    serve_with(cfg, None, || {})
+    let spec = cfg.socket.clone();
+    let root = cfg.fs.root_dir.clone();
+    let mut socket_file = SocketFile(None);
+    let result = serve_with(cfg, None, &root, || {
+        let l = bind_listener(&spec, None)?;
+        if let SocketSpec::Path(p) = &spec {
+            socket_file = SocketFile(Some(p.clone()));
+        }
+        Ok(Listener::from(l))
+    });
+    drop(socket_file);
+    result
 }
 
-/// [`serve`], giving the socket to `socket_group` and calling `listening` once the socket is
-/// ready, before accepting.
+/// Opens the shared directory (with `proc_self_fd` as its `/proc/self/fd` when given; `shown`
+/// is its name in messages), calls `listener` for the listening socket, accepts one frontend
+/// and serves it until it disconnects.
 fn serve_with(
     cfg: DaemonConfig,
-    socket_group: Option<libc::gid_t>,
-    listening: impl FnOnce(),
+    proc_self_fd: Option<OwnedFd>,
+    shown: &Path,
+    listener: impl FnOnce() -> Result<Listener, DaemonError>,
 ) -> Result<(), DaemonError> {
-    let root = cfg.fs.root_dir.clone();
-    let fs = PassthroughFs::new(cfg.fs).map_err(|e| DaemonError::SharedDir(root.clone(), e))?;
+    let shared_dir = |e| DaemonError::SharedDir(shown.to_path_buf(), e);
+    let fs = match proc_self_fd {
+        Some(fd) => PassthroughFs::with_proc_self_fd(cfg.fs, fd),
+        None => PassthroughFs::new(cfg.fs),
+    }
+    .map_err(shared_dir)?;
     // Always wrapped, so the device has one type; without rules the wrapper only forwards.
     let fs = MappedFs::new(fs, cfg.translate);
     let backend = Arc::new(
@@ -315,11 +401,10 @@ fn serve_with(
     )
     .map_err(|e| DaemonError::Device(e.to_string()))?;
 
-    let mut listener = listener(&cfg.socket, socket_group)?;
-    listening();
+    let mut listener = listener()?;
     info!(
         "serving {} on {}",
-        root.display(),
+        shown.display(),
         match &cfg.socket {
             SocketSpec::Path(p) => p.display().to_string(),
             SocketSpec::Fd(fd) => format!("fd {fd}"),

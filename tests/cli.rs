@@ -228,7 +228,7 @@ fn help_states_the_defaults_that_differ_from_the_reference() {
     let out = run(&["--help".to_string()]);
     let text = String::from_utf8(out.stdout).unwrap();
     for says in [
-        "defaults to \"namespace\"",
+        "[default: namespace]",
         "defaults to \"kill\"",
         "[default here]",
     ] {
@@ -275,6 +275,10 @@ fn supported_flags_are_accepted_and_the_daemon_serves() {
         &["--xattr"],
         &["--posix-acl=never"],
         &["--sandbox=none"],
+        &["--sandbox=namespace"],
+        &["--sandbox=chroot"],
+        &["--modcaps=+sys_admin:-mknod"],
+        &["-o", "sandbox=none,modcaps=-chown"],
         &["--readonly"],
         &["--seccomp=none"],
         &["--no-announce-submounts"],
@@ -336,12 +340,9 @@ fn supported_flags_are_accepted_and_the_daemon_serves() {
 fn unimplemented_flags_are_refused_saying_so() {
     let d = dirs();
     let cases: &[(&[&str], &str)] = &[
-        (&["--sandbox=namespace"], "--sandbox=namespace"),
-        (&["--sandbox=chroot"], "--sandbox=chroot"),
         (&["--seccomp=kill"], "--seccomp=kill"),
         (&["--seccomp=log"], "--seccomp=log"),
         (&["--seccomp=trap"], "--seccomp=trap"),
-        (&["--modcaps=+sys_admin"], "--modcaps"),
         (
             &["--migration-mode=file-handles"],
             "--migration-mode=file-handles",
@@ -357,8 +358,6 @@ fn unimplemented_flags_are_refused_saying_so() {
         (&["--migration-confirm-paths"], "--migration-confirm-paths"),
         (&["-o", "flock"], "-o flock"),
         (&["-o", "posix_lock"], "-o posix_lock"),
-        (&["-o", "sandbox=chroot"], "-o sandbox=chroot"),
-        (&["-o", "modcaps=+sys_admin"], "-o modcaps"),
     ];
     for (extra, names) in cases {
         assert_refused(
@@ -378,6 +377,10 @@ fn bad_values_exit_2_naming_the_flag() {
     let cases: &[(&[&str], &str)] = &[
         (&["--cache=sometimes"], "--cache"),
         (&["--sandbox=jail"], "--sandbox"),
+        (&["--modcaps=+no_such_cap"], "--modcaps"),
+        (&["--modcaps=sys_admin"], "--modcaps"),
+        (&["-o", "sandbox=jail"], "-o sandbox"),
+        (&["-o", "modcaps=+no_such_cap"], "-o modcaps"),
         (&["--seccomp=maybe"], "--seccomp"),
         (&["--inode-file-handles=sometimes"], "--inode-file-handles"),
         (&["--inode-file-handles", "never"], "--inode-file-handles"),
@@ -670,10 +673,24 @@ fn rlimit_nofile_is_set_raised_or_left() {
 }
 
 /// The status flags of the daemon's descriptors open for I/O on `file` (not `O_PATH` ones).
+/// The open flags of every descriptor (but `O_PATH` ones) the daemon `pid`, or the process
+/// serving for it in a sandbox (its child), holds on `file`. Descriptors are matched by device
+/// and inode: in a sandbox their paths are relative to the shared directory.
 fn daemon_fd_flags(pid: u32, file: &Path) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let want = fs::metadata(file).unwrap();
+    let children = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
     let mut flags = Vec::new();
-    for e in fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
-        if fs::read_link(e.path()).ok().as_deref() == Some(file) {
+    let pids =
+        std::iter::once(pid.to_string()).chain(children.split_whitespace().map(String::from));
+    for pid in pids {
+        for e in fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+            let Ok(md) = fs::metadata(e.path()) else {
+                continue;
+            };
+            if (md.dev(), md.ino()) != (want.dev(), want.ino()) {
+                continue;
+            }
             let info = fs::read_to_string(format!(
                 "/proc/{pid}/fdinfo/{}",
                 e.file_name().to_string_lossy()

@@ -42,7 +42,7 @@ fn run_dirs() -> Run {
     }
 }
 
-/// Starts the binary on `share` with `extra` flags, through `wrapper` (e.g. `setpriv ...`)
+/// Starts the binary (without a sandbox) on `share` with `extra` flags, through `wrapper` (e.g. `setpriv ...`)
 /// when given.
 fn spawn(share: &Path, socket: &Path, extra: &[&str], wrapper: &[&str]) -> Child {
     let mut args: Vec<String> = wrapper.iter().map(|s| s.to_string()).collect();
@@ -50,6 +50,9 @@ fn spawn(share: &Path, socket: &Path, extra: &[&str], wrapper: &[&str]) -> Child
     args.push(format!("--socket-path={}", socket.display()));
     args.push(format!("--shared-dir={}", share.display()));
     args.push("--log-level=warn".to_string());
+    // Unconfined, so that the process started is the one serving: its descriptors are counted
+    // and its refusal to start is seen before any socket exists.
+    args.push("--sandbox=none".to_string());
     args.extend(extra.iter().map(|s| s.to_string()));
     Command::new(&args[0])
         .args(&args[1..])

@@ -16,7 +16,8 @@
 //! ```
 //!
 //! Both daemons run as the same user with the same `--cache`; the reference gets
-//! `--sandbox=none --seccomp=none` (this daemon has neither yet) unless `--reference-defaults`.
+//! `--sandbox=none --seccomp=none` (this daemon has no seccomp filter yet) and this daemon
+//! `--sandbox=none`, unless `--reference-defaults`.
 //! `tests/bench/run.sh` builds and installs everything and runs the full comparison.
 
 #[path = "virtiofsd-bench/daemon.rs"]
@@ -101,8 +102,8 @@ struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     reply_timeout: u64,
 
-    /// Run the reference with its default sandbox and seccomp policy instead of
-    /// --sandbox=none --seccomp=none
+    /// Run both daemons with their default sandbox (and the reference with its default
+    /// seccomp policy) instead of --sandbox=none (--seccomp=none)
     #[arg(long)]
     reference_defaults: bool,
 
@@ -194,10 +195,17 @@ fn run(args: &Args) -> Result<(), String> {
     if args.seq_depth == 0 {
         return Err("--seq-depth: must be at least 1".into());
     }
+    // Both daemons unconfined unless --reference-defaults, so that they do the same work;
+    // an --ours-arg=--sandbox=... given later wins.
+    let mut ours_extra: Vec<OsString> = Vec::new();
+    if !args.reference_defaults {
+        ours_extra.push("--sandbox=none".into());
+    }
+    ours_extra.extend(args.ours_arg.iter().cloned());
     let mut specs = vec![DaemonSpec {
         label: "ours",
         path: absolute(&args.ours)?,
-        extra_args: args.ours_arg.clone(),
+        extra_args: ours_extra,
     }];
     if let Some(r) = &args.reference {
         let mut extra: Vec<OsString> = Vec::new();

@@ -157,6 +157,15 @@ fn is_resource_shortage(e: &io::Error) -> bool {
     )
 }
 
+/// Opens the directory `path` with `O_PATH`.
+fn open_path_dir(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(path)?;
+    Ok(f.into())
+}
+
 fn open_path_flags() -> i32 {
     libc::O_PATH | libc::O_NOFOLLOW
 }
@@ -164,15 +173,14 @@ fn open_path_flags() -> i32 {
 impl PassthroughFs {
     /// Opens the shared directory `cfg.root_dir` and `/proc/self/fd`.
     pub fn new(cfg: Config) -> io::Result<PassthroughFs> {
-        let open_path_dir = |path: &std::path::Path| -> io::Result<OwnedFd> {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
-                .open(path)?;
-            Ok(f.into())
-        };
-        let root = open_path_dir(&cfg.root_dir)?;
         let proc_self_fd = open_path_dir(std::path::Path::new("/proc/self/fd"))?;
+        Self::with_proc_self_fd(cfg, proc_self_fd)
+    }
+
+    /// Opens the shared directory `cfg.root_dir`, with `proc_self_fd` (a descriptor of
+    /// `/proc/self/fd`, opened before a sandbox hid `/proc`) to reopen inodes through.
+    pub fn with_proc_self_fd(cfg: Config, proc_self_fd: OwnedFd) -> io::Result<PassthroughFs> {
+        let root = open_path_dir(&cfg.root_dir)?;
         let (st, mnt_id) = sys::stat_fd_mnt(root.as_fd())?;
         let mounts = MountFds::default();
         let fh_mode = file_handle::probe(cfg.inode_file_handles, root.as_fd(), &mounts)?;

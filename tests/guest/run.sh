@@ -434,7 +434,10 @@ PY
 # snapshot PID FILE: per-thread name and I/O counters of the daemon
 snapshot() {
     local t
-    for t in /proc/"$1"/task/*; do
+    # With --sandbox=namespace or chroot (namespace is the default) the daemon serves from a
+    # child process: its threads are counted too.
+    for t in /proc/"$1"/task/* $(for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
+                                      echo /proc/"$c"/task/*; done); do
         [ -r "$t/io" ] || continue
         printf '%s %s %s %s\n' "${t##*/}" "$(cat "$t/comm" 2>/dev/null)" \
             "$(awk '/^rchar:/{r=$2} /^wchar:/{w=$2} END{print r, w}' "$t/io" 2>/dev/null)" \

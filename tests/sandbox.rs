@@ -1,0 +1,518 @@
+//! The real binary confined with `--sandbox=namespace` and `--sandbox=chroot`: it serves the
+//! share, the process that serves (the child of the one started) sees nothing else, runs in
+//! namespaces of its own (or with the share as its root), keeps only the capabilities it needs
+//! (`--modcaps` changes them), exits 0 when the frontend disconnects or on SIGTERM, and the
+//! socket file is removed.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{clear_umask, fuse_dev, setattr_in, wait_exit};
+use tempfile::TempDir;
+use virtiofsd::frontend::FsFrontend;
+use virtiofsd::fuse::abi::{fattr, ROOT_ID};
+
+const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
+
+/// CapEff of a daemon run as root: chown, dac_override, dac_read_search, fowner, fsetid,
+/// setgid, setuid, mknod, setfcap.
+const ROOT_CAPS: u64 = 0x8800_00df;
+const CAP_SYS_ADMIN: u64 = 1 << 21;
+const CAP_MKNOD: u64 = 1 << 27;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+struct Dirs {
+    tmp: TempDir,
+    share: PathBuf,
+    socket: PathBuf,
+}
+
+/// A world-readable base with `share/` (holding `hello`, and symlinks to `/` and `/etc`) and
+/// the socket path.
+fn dirs() -> Dirs {
+    clear_umask();
+    let tmp = tempfile::tempdir().unwrap();
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let share = tmp.path().join("share");
+    fs::create_dir(&share).unwrap();
+    fs::set_permissions(&share, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(share.join("hello"), b"hello from the host").unwrap();
+    std::os::unix::fs::symlink("/", share.join("to-root")).unwrap();
+    std::os::unix::fs::symlink("/etc", share.join("to-etc")).unwrap();
+    std::os::unix::fs::symlink("../../../../../..", share.join("up")).unwrap();
+    let socket = tmp.path().join("vfs.sock");
+    Dirs { tmp, share, socket }
+}
+
+fn command(sandbox: &str, share: &Path, socket: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg(format!("--sandbox={sandbox}"))
+        .arg(format!("--shared-dir={}", share.display()))
+        .arg(format!("--socket-path={}", socket.display()))
+        .arg("--log-level=error")
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// The process serving for the started `parent`: its only child.
+fn serving_child(parent: &Child) -> u32 {
+    let pid = parent.id();
+    let path = format!("/proc/{pid}/task/{pid}/children");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let children = fs::read_to_string(&path).unwrap_or_default();
+        let pids: Vec<u32> = children
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        match pids.as_slice() {
+            [one] => return *one,
+            [] => assert!(Instant::now() < deadline, "no serving child of {pid}"),
+            more => panic!("{pid} has several children: {more:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn cap_eff(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .expect("CapEff line");
+    u64::from_str_radix(hex.trim(), 16).unwrap()
+}
+
+fn cap_bnd(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .expect("CapBnd line");
+    u64::from_str_radix(hex.trim(), 16).unwrap()
+}
+
+fn ns(pid: &str, kind: &str) -> PathBuf {
+    fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap()
+}
+
+/// Serves a few requests: lookups, a read, a create and write, an open with `O_TRUNC`, a hard
+/// link and a chmod (the last three go through `/proc/self/fd`); the symlinks are served as
+/// symlinks, and nothing can be looked up through them.
+fn exercise(socket: &Path, share: &Path) {
+    let mut fe = FsFrontend::connect(socket, 1).expect("connect to the binary");
+    let mut c = fe.client(0).unwrap();
+    c.init().unwrap();
+    let e = c.lookup(ROOT_ID, "hello").unwrap();
+    let fh = c.open(e.nodeid, libc::O_RDONLY as u32).unwrap().fh;
+    assert_eq!(
+        c.read(e.nodeid, fh, 0, 100).unwrap(),
+        b"hello from the host"
+    );
+    let (n, o) = c
+        .create(
+            ROOT_ID,
+            "made",
+            (libc::O_CREAT | libc::O_RDWR) as u32,
+            0o640,
+            0,
+        )
+        .unwrap();
+    c.write(n.nodeid, o.fh, 0, b"guest data").unwrap();
+    assert_eq!(fs::read(share.join("made")).unwrap(), b"guest data");
+    let t = c
+        .open(n.nodeid, (libc::O_WRONLY | libc::O_TRUNC) as u32)
+        .unwrap();
+    c.write(n.nodeid, t.fh, 0, b"again").unwrap();
+    assert_eq!(fs::read(share.join("made")).unwrap(), b"again");
+    c.link(n.nodeid, ROOT_ID, "made-link").unwrap();
+    assert_eq!(fs::read(share.join("made-link")).unwrap(), b"again");
+    let mut sa = setattr_in(fattr::MODE);
+    sa.mode = 0o600;
+    c.setattr(e.nodeid, &sa).unwrap();
+    let mode = fs::metadata(share.join("hello"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    for (link, target) in [("to-root", "/"), ("to-etc", "/etc")] {
+        let l = c.lookup(ROOT_ID, link).unwrap();
+        assert_eq!(l.attr.mode & libc::S_IFMT, libc::S_IFLNK);
+        assert_eq!(c.readlink(l.nodeid).unwrap(), target.as_bytes());
+        assert!(c.lookup(l.nodeid, "passwd").is_err());
+    }
+    assert_eq!(c.lookup(ROOT_ID, "..").unwrap().nodeid, ROOT_ID);
+    fe.disconnect();
+}
+
+/// What the serving process sees through its own root: the share, and nothing of the host.
+/// (Symlinks are not tried here: an absolute target met under `/proc/PID/root` resolves against
+/// the test's own root, not the process's.)
+fn assert_root_is_the_share(child: u32) {
+    let root = PathBuf::from(format!("/proc/{child}/root"));
+    assert_eq!(
+        fs::read(root.join("hello")).unwrap(),
+        b"hello from the host",
+        "the root of the serving process is not the share"
+    );
+    for p in ["etc/passwd", "proc/1", "tmp"] {
+        assert!(
+            fs::symlink_metadata(root.join(p)).is_err(),
+            "{p} reachable from the serving process"
+        );
+    }
+}
+
+fn finish(child: Child, socket: &Path) {
+    let (status, err) = wait_exit(child);
+    assert_eq!(status.code(), Some(0), "status {status:?}, stderr: {err}");
+    assert!(!socket.exists(), "socket left behind");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn namespace_sandbox_serves_the_share_from_namespaces_of_its_own() {
+    let d = dirs();
+    let parent = command("namespace", &d.share, &d.socket, &[])
+        .spawn()
+        .unwrap();
+    let child = serving_child(&parent);
+    // Wait until it serves (confined and capabilities dropped) before looking at it.
+    let mut probe = FsFrontend::connect(&d.socket, 1).expect("connect");
+    probe.client(0).unwrap().init().unwrap();
+    for kind in ["mnt", "pid", "net"] {
+        assert_ne!(
+            ns(&child.to_string(), kind),
+            ns("self", kind),
+            "the serving process shares the {kind} namespace"
+        );
+    }
+    // The parent stays in the host's mount namespace, to remove the socket, and keeps no
+    // capability but dac_override for that.
+    assert_eq!(ns(&parent.id().to_string(), "mnt"), ns("self", "mnt"));
+    let parent_caps = if is_root() { 1 << 1 } else { 0 };
+    assert_eq!(cap_eff(parent.id()), parent_caps);
+    assert_eq!(cap_bnd(parent.id()), parent_caps);
+    let status = fs::read_to_string(format!("/proc/{child}/status")).unwrap();
+    let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
+    assert!(
+        nspid.ends_with("\t1"),
+        "not pid 1 of its namespace: {nspid}"
+    );
+    assert_root_is_the_share(child);
+    let expected = if is_root() { ROOT_CAPS } else { 0 };
+    assert_eq!(cap_eff(child), expected, "CapEff of the serving process");
+    assert_eq!(
+        cap_bnd(child) & !expected,
+        0,
+        "bounding set wider than kept set"
+    );
+    drop(probe);
+    finish(parent, &d.socket);
+
+    // A new daemon on the same paths: the frontend's work is done there.
+    let parent = command("namespace", &d.share, &d.socket, &[])
+        .spawn()
+        .unwrap();
+    exercise(&d.socket, &d.share);
+    finish(parent, &d.socket);
+}
+
+#[test]
+fn chroot_sandbox_serves_the_share_as_its_root() {
+    if !is_root() {
+        eprintln!("skipped: --sandbox=chroot needs root");
+        return;
+    }
+    let d = dirs();
+    let parent = command("chroot", &d.share, &d.socket, &[]).spawn().unwrap();
+    let child = serving_child(&parent);
+    let mut probe = FsFrontend::connect(&d.socket, 1).expect("connect");
+    probe.client(0).unwrap().init().unwrap();
+    assert_eq!(
+        fs::read_link(format!("/proc/{child}/root")).unwrap(),
+        fs::canonicalize(&d.share).unwrap()
+    );
+    assert_eq!(ns(&child.to_string(), "mnt"), ns("self", "mnt"));
+    assert_root_is_the_share(child);
+    assert_eq!(cap_eff(child), ROOT_CAPS);
+    drop(probe);
+    finish(parent, &d.socket);
+
+    let parent = command("chroot", &d.share, &d.socket, &[]).spawn().unwrap();
+    exercise(&d.socket, &d.share);
+    finish(parent, &d.socket);
+}
+
+#[test]
+fn modcaps_changes_the_capabilities_kept() {
+    if !is_root() {
+        eprintln!("skipped: the capabilities kept are those of a daemon run as root");
+        return;
+    }
+    for sandbox in ["namespace", "chroot", "none"] {
+        let d = dirs();
+        let parent = command(
+            sandbox,
+            &d.share,
+            &d.socket,
+            &["--modcaps=+SYS_ADMIN:-mknod"],
+        )
+        .spawn()
+        .unwrap();
+        let pid = if sandbox == "none" {
+            parent.id()
+        } else {
+            serving_child(&parent)
+        };
+        let mut fe = FsFrontend::connect(&d.socket, 1).expect("connect");
+        let mut c = fe.client(0).unwrap();
+        c.init().unwrap();
+        let expected = (ROOT_CAPS | CAP_SYS_ADMIN) & !CAP_MKNOD;
+        assert_eq!(cap_eff(pid), expected, "--sandbox={sandbox}");
+        assert_eq!(cap_bnd(pid), expected, "--sandbox={sandbox}");
+        // Without CAP_MKNOD the daemon cannot make a device node.
+        assert_eq!(
+            c.mknod(ROOT_ID, "dev", libc::S_IFCHR | 0o600, fuse_dev(1, 3), 0)
+                .map(|_| ()),
+            Err(libc::EPERM),
+            "--sandbox={sandbox}"
+        );
+        fe.disconnect();
+        finish(parent, &d.socket);
+    }
+}
+
+#[test]
+fn a_relative_shared_dir_and_a_mount_point_as_shared_dir_are_served() {
+    let d = dirs();
+    // Relative to the daemon's working directory.
+    let mut cmd = command("namespace", Path::new("share"), Path::new("vfs.sock"), &[]);
+    cmd.current_dir(d.tmp.path());
+    let parent = cmd.spawn().unwrap();
+    exercise(&d.socket, &d.share);
+    finish(parent, &d.socket);
+
+    if !is_root() {
+        return;
+    }
+    // The share a mount point of its own (a tmpfs), in this test's mount namespace.
+    let mnt = d.tmp.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let target = c(&mnt);
+    // SAFETY: the strings are NUL-terminated and outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "mount tmpfs: {}", std::io::Error::last_os_error());
+    struct Unmount(std::ffi::CString);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            // SAFETY: the path is NUL-terminated; detaching our own test mount.
+            unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+    let _unmount = Unmount(target);
+    fs::set_permissions(&mnt, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(mnt.join("hello"), b"hello from the host").unwrap();
+    std::os::unix::fs::symlink("/etc", mnt.join("to-etc")).unwrap();
+    std::os::unix::fs::symlink("/", mnt.join("to-root")).unwrap();
+    for sandbox in ["namespace", "chroot"] {
+        let parent = command(sandbox, &mnt, &d.socket, &[]).spawn().unwrap();
+        exercise(&d.socket, &mnt);
+        finish(parent, &d.socket);
+        for f in ["made", "made-link"] {
+            fs::remove_file(mnt.join(f)).unwrap();
+        }
+        fs::set_permissions(mnt.join("hello"), fs::Permissions::from_mode(0o644)).unwrap();
+    }
+}
+
+#[test]
+fn sigterm_reaches_the_serving_process_and_the_socket_is_removed() {
+    for sandbox in ["namespace", "chroot"] {
+        if sandbox == "chroot" && !is_root() {
+            continue;
+        }
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            let d = dirs();
+            let parent = command(sandbox, &d.share, &d.socket, &[]).spawn().unwrap();
+            let child = serving_child(&parent);
+            // Serving, signals handled.
+            let mut fe = FsFrontend::connect(&d.socket, 1).unwrap();
+            fe.client(0).unwrap().init().unwrap();
+            // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
+            assert_eq!(unsafe { libc::kill(parent.id() as libc::pid_t, sig) }, 0);
+            finish(parent, &d.socket);
+            assert!(
+                !Path::new(&format!("/proc/{child}")).exists()
+                    || fs::read_to_string(format!("/proc/{child}/status"))
+                        .is_ok_and(|s| s.contains("State:\tZ")),
+                "the serving process outlived its parent"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_unprivileged_daemon_creates_a_user_namespace_and_keeps_no_capability() {
+    if !is_root() {
+        // Already unprivileged: the namespace test above covers it.
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let d = dirs();
+    std::os::unix::fs::chown(&d.share, Some(NOBODY), Some(NOBODY)).unwrap();
+    std::os::unix::fs::lchown(d.share.join("hello"), Some(NOBODY), Some(NOBODY)).unwrap();
+    let sock_dir = d.tmp.path().join("sock");
+    fs::create_dir(&sock_dir).unwrap();
+    std::os::unix::fs::chown(&sock_dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    let socket = sock_dir.join("vfs.sock");
+    let mut cmd = command("namespace", &d.share, &socket, &["--rlimit-nofile=0"]);
+    // SAFETY: runs in the child between fork and exec; setgroups, setgid and setuid are
+    // async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(NOBODY) != 0
+                || libc::setuid(NOBODY) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let parent = cmd.spawn().unwrap();
+    let child = serving_child(&parent);
+    let mut probe = FsFrontend::connect(&socket, 1).expect("connect");
+    probe.client(0).unwrap().init().unwrap();
+    assert_ne!(ns(&child.to_string(), "user"), ns("self", "user"));
+    assert_ne!(ns(&child.to_string(), "mnt"), ns("self", "mnt"));
+    assert_eq!(cap_eff(child), 0);
+    assert_eq!(cap_bnd(child), 0);
+    let status = fs::read_to_string(format!("/proc/{child}/status")).unwrap();
+    assert!(
+        status.contains(&format!("Uid:\t{NOBODY}\t{NOBODY}")),
+        "{status}"
+    );
+    assert_root_is_the_share(child);
+    drop(probe);
+    finish(parent, &socket);
+
+    let parent = {
+        let mut cmd = command("namespace", &d.share, &socket, &["--rlimit-nofile=0"]);
+        // SAFETY: as above.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(NOBODY) != 0
+                    || libc::setuid(NOBODY) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.spawn().unwrap()
+    };
+    exercise(&socket, &d.share);
+    finish(parent, &socket);
+    // Files are created as the daemon's own host uid.
+    let md = fs::metadata(d.share.join("made")).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&md), NOBODY);
+}
+
+/// In the child between fork and exec: makes `unshare(2)` fail with `EPERM`, as the seccomp
+/// policy of many container runtimes does.
+fn deny_unshare() -> std::io::Result<()> {
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let filter = [
+        // seccomp_data.nr is at offset 0.
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+        libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 1,
+            k: libc::SYS_unshare as u32,
+        },
+        stmt(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        ),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+    ];
+    let prog = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut _,
+    };
+    // SAFETY: prctl with these arguments only sets this process's no_new_privs bit and installs
+    // the filter `prog` describes, which outlives the call (the kernel copies it).
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+            || libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const libc::sock_fprog,
+            ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn where_namespaces_cannot_be_created_the_daemon_says_so_and_exits_1() {
+    let d = dirs();
+    let mut cmd = command("namespace", &d.share, &d.socket, &["--rlimit-nofile=0"]);
+    // SAFETY: runs in the child between fork and exec; deny_unshare only calls prctl.
+    unsafe { cmd.pre_exec(deny_unshare) };
+    let (status, err) = wait_exit(cmd.spawn().unwrap());
+    assert_eq!(status.code(), Some(1), "stderr: {err}");
+    assert!(err.contains("--sandbox=namespace"), "{err}");
+    assert!(err.contains("--sandbox=chroot or --sandbox=none"), "{err}");
+    assert!(!d.socket.exists(), "socket left behind");
+
+    // chroot and none need no namespace.
+    for sandbox in ["chroot", "none"] {
+        if sandbox == "chroot" && !is_root() {
+            continue;
+        }
+        let mut cmd = command(sandbox, &d.share, &d.socket, &["--rlimit-nofile=0"]);
+        // SAFETY: as above.
+        unsafe { cmd.pre_exec(deny_unshare) };
+        let parent = cmd.spawn().unwrap();
+        exercise(&d.socket, &d.share);
+        finish(parent, &d.socket);
+        for f in ["made", "made-link"] {
+            fs::remove_file(d.share.join(f)).unwrap();
+        }
+        fs::set_permissions(d.share.join("hello"), fs::Permissions::from_mode(0o644)).unwrap();
+    }
+}
