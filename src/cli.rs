@@ -3,8 +3,8 @@
 //!
 //! A flag is either supported (it does what it says) or refused at start with exit status 2 and
 //! a message that names it and says it is not implemented yet; none is silently ignored. The
-//! flags whose default differs from the reference's (`--sandbox`, `--seccomp`,
-//! `--inode-file-handles`, `--announce-submounts`) say so in `--help`.
+//! flags whose default differs from the reference's (`--sandbox`, `--inode-file-handles`,
+//! `--announce-submounts`) say so in `--help`.
 //! `doc/configuration.md` describes each flag; `tests/cli.rs` checks both against the binary.
 
 use std::ffi::CString;
@@ -16,6 +16,7 @@ use clap::Parser;
 use crate::daemon::{DaemonConfig, ProcessOptions, SocketSpec};
 use crate::idmap::Translation;
 use crate::passthrough::{CacheMode, Config};
+use crate::sandbox::seccomp;
 use crate::userns::{self, IdMapRange};
 
 /// vhost-user virtio-fs daemon: serves a host directory to a guest.
@@ -89,9 +90,10 @@ pub struct Args {
     #[arg(long = "readonly")]
     pub readonly: bool,
 
-    /// Seccomp action (none, kill, log, trap); only "none" is available in this version, and it
-    /// is the default here (the reference defaults to "kill")
-    #[arg(long = "seccomp", value_name = "ACTION", default_value = "none")]
+    /// Action on a system call outside the daemon's seccomp list: kill (the process), log
+    /// (allow and have the kernel log it), trap (SIGSYS: log the call, then die), or none (no
+    /// filter)
+    #[arg(long = "seccomp", value_name = "ACTION", default_value = "kill")]
     pub seccomp: String,
 
     /// Tell the guest which directories are mount points, so that each host filesystem under
@@ -548,6 +550,10 @@ impl Args {
             }
         }
         self.check_unimplemented()?;
+        let seccomp: seccomp::Action = self
+            .seccomp
+            .parse()
+            .map_err(|e| usage(format!("--seccomp: {e}")))?;
 
         let socket_group = self.socket_group.as_deref().map(group_id).transpose()?;
         let socket = match (self.socket_path.take().or(self.socket.take()), self.fd) {
@@ -606,6 +612,7 @@ impl Args {
             process: ProcessOptions {
                 socket_group,
                 rlimit_nofile: self.rlimit_nofile,
+                seccomp,
             },
             log: LogSettings {
                 level,
@@ -622,12 +629,6 @@ impl Args {
             &self.sandbox,
             &["none"],
             &["namespace", "chroot"],
-        )?;
-        choice(
-            "--seccomp",
-            &self.seccomp,
-            &["none"],
-            &["kill", "log", "trap"],
         )?;
         choice(
             "--inode-file-handles",
@@ -790,7 +791,6 @@ mod tests {
         for (flag, named) in [
             ("--sandbox=namespace", "--sandbox=namespace"),
             ("--sandbox=chroot", "--sandbox=chroot"),
-            ("--seccomp=kill", "--seccomp=kill"),
             ("--inode-file-handles=prefer", "--inode-file-handles=prefer"),
             (
                 "--inode-file-handles=mandatory",
@@ -835,6 +835,24 @@ mod tests {
         assert!(!off.unwrap().fs.announce_submounts);
         let default = parse(&["--shared-dir=/tmp", "--socket-path=/s"]).unwrap();
         assert!(!default.fs.announce_submounts);
+    }
+
+    #[test]
+    fn seccomp_defaults_to_kill_and_takes_each_action() {
+        let s = settings(&["--shared-dir=/tmp", "--socket-path=/s"]).unwrap();
+        assert_eq!(s.process.seccomp, seccomp::Action::Kill);
+        for (flag, action) in [
+            ("--seccomp=kill", seccomp::Action::Kill),
+            ("--seccomp=log", seccomp::Action::Log),
+            ("--seccomp=trap", seccomp::Action::Trap),
+            ("--seccomp=none", seccomp::Action::None),
+        ] {
+            let s = settings(&["--shared-dir=/tmp", "--socket-path=/s", flag]).unwrap();
+            assert_eq!(s.process.seccomp, action, "{flag}");
+        }
+        let e = settings(&["--shared-dir=/tmp", "--socket-path=/s", "--seccomp=maybe"]);
+        let e = e.unwrap_err();
+        assert!(e.0.starts_with("--seccomp: invalid value 'maybe'"), "{e}");
     }
 
     #[test]

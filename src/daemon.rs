@@ -19,6 +19,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::idmap::{MappedFs, Translation};
 use crate::passthrough::{self, PassthroughFs};
+use crate::sandbox::seccomp;
 use crate::userns::{self, IdMapRange};
 use crate::vhost_user::FsBackend;
 
@@ -56,6 +57,9 @@ pub struct ProcessOptions {
     /// `--rlimit-nofile`: `None` raises the soft limit of open files to
     /// [`default_nofile_limit`], `Some(0)` leaves it, `Some(n)` sets it to `n`.
     pub rlimit_nofile: Option<u64>,
+    /// `--seccomp`: what the filter installed before serving does to a system call off its
+    /// list ([`seccomp::Action::None`] installs none).
+    pub seccomp: seccomp::Action,
 }
 
 /// The open-files limit the daemon asks for by default.
@@ -74,6 +78,8 @@ pub enum DaemonError {
     Session(String),
     /// The open-files limit could not be set (`--rlimit-nofile`).
     Limit(String),
+    /// The seccomp filter could not be installed (`--seccomp`).
+    Seccomp(String),
 }
 
 impl fmt::Display for DaemonError {
@@ -86,6 +92,7 @@ impl fmt::Display for DaemonError {
             DaemonError::Device(m) => write!(f, "device setup: {m}"),
             DaemonError::Session(m) => write!(f, "vhost-user session: {m}"),
             DaemonError::Limit(m) => write!(f, "--rlimit-nofile: {m}"),
+            DaemonError::Seccomp(m) => write!(f, "--seccomp: {m}"),
         }
     }
 }
@@ -258,7 +265,9 @@ pub fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), DaemonError> {
 /// Runs the daemon process: sets the open-files limit, stops cleanly on SIGTERM/SIGINT, and
 /// serves one frontend connection with [`serve`]; the socket it creates is mode 0700 (0770
 /// and owned by `--socket-group` when given). Files are created with the modes the guest
-/// asks for: the umask is cleared once the socket exists.
+/// asks for: the umask is cleared once the socket exists. Once the shared directory is open
+/// and the socket listens, and before the frontend is accepted, the seccomp filter of
+/// `--seccomp` is installed on every thread (those started later inherit it).
 pub fn run(cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonError> {
     // The socket is created with the restrictive mode straight away, then chmod-ed to it.
     // SAFETY: umask has no memory-safety preconditions.
@@ -284,21 +293,29 @@ pub fn run(cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonError> 
         // umask. No request is served before the socket is accepted on, after this.
         // SAFETY: umask has no memory-safety preconditions.
         unsafe { libc::umask(0) };
+        // Set-up is done: the shared directory is open, the socket listens, the request
+        // threads of --thread-pool-size and the signal thread run (the filter reaches them
+        // with TSYNC); the per-queue workers started after accepting inherit it.
+        seccomp::install(opts.seccomp).map_err(|e| DaemonError::Seccomp(e.to_string()))?;
+        if opts.seccomp != seccomp::Action::None {
+            info!("seccomp filter installed (--seccomp={})", opts.seccomp);
+        }
+        Ok(())
     })
 }
 
 /// Listens, accepts one frontend and serves it until it disconnects. Touches no process-wide
 /// state (signals, umask), so tests run it in a thread.
 pub fn serve(cfg: DaemonConfig) -> Result<(), DaemonError> {
-    serve_with(cfg, None, || {})
+    serve_with(cfg, None, || Ok(()))
 }
 
 /// [`serve`], giving the socket to `socket_group` and calling `listening` once the socket is
-/// ready, before accepting.
+/// ready, before accepting; an error from `listening` stops the daemon.
 fn serve_with(
     cfg: DaemonConfig,
     socket_group: Option<libc::gid_t>,
-    listening: impl FnOnce(),
+    listening: impl FnOnce() -> Result<(), DaemonError>,
 ) -> Result<(), DaemonError> {
     let root = cfg.fs.root_dir.clone();
     let fs = PassthroughFs::new(cfg.fs).map_err(|e| DaemonError::SharedDir(root.clone(), e))?;
@@ -316,7 +333,7 @@ fn serve_with(
     .map_err(|e| DaemonError::Device(e.to_string()))?;
 
     let mut listener = listener(&cfg.socket, socket_group)?;
-    listening();
+    listening()?;
     info!(
         "serving {} on {}",
         root.display(),

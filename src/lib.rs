@@ -6,7 +6,8 @@
 //! - [`filesystem`]: the trait the dispatcher calls;
 //! - [`passthrough`]: the filesystem that serves a host directory;
 //! - [`idmap`]: daemon-side uid/gid translation, a filesystem wrapped around the passthrough one;
-//! - [`userns`]: running the daemon inside a user namespace (`--uid-map`, `--gid-map`).
+//! - [`userns`]: running the daemon inside a user namespace (`--uid-map`, `--gid-map`);
+//! - [`sandbox`]: confining the daemon once it is set up (the seccomp filter, `--seccomp`).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
@@ -20,5 +21,6 @@ pub mod fuse;
 pub mod idmap;
 pub mod logging;
 pub mod passthrough;
+pub mod sandbox;
 pub mod userns;
 pub mod vhost_user;
