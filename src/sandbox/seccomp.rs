@@ -231,15 +231,20 @@ pub const ALLOWED: &[Group] = &[
     // Resource limits (src/daemon.rs) and a sandbox parent waiting for its child.
     Group {
         made_by: "limits and process exit (src/daemon.rs)",
-        syscalls: &[libc::SYS_getrlimit, libc::SYS_prlimit64, libc::SYS_wait4],
+        syscalls: &[libc::SYS_prlimit64, libc::SYS_wait4],
     },
-    // Calls that only x86_64 has (other architectures have the *at or p* forms above only):
-    // removing the socket file on SIGTERM (std::fs::remove_file), poll(2) and epoll_wait(2) of
-    // the event loops.
+    // Calls that only x86_64 has (other architectures have the *at, p* or prlimit64 forms
+    // above only): removing the socket file on SIGTERM (std::fs::remove_file), poll(2) and
+    // epoll_wait(2) of the event loops, getrlimit(2).
     #[cfg(target_arch = "x86_64")]
     Group {
         made_by: "x86_64-only forms (std, vmm-sys-util)",
-        syscalls: &[libc::SYS_unlink, libc::SYS_poll, libc::SYS_epoll_wait],
+        syscalls: &[
+            libc::SYS_unlink,
+            libc::SYS_poll,
+            libc::SYS_epoll_wait,
+            libc::SYS_getrlimit,
+        ],
     },
 ];
 
