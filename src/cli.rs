@@ -3,8 +3,7 @@
 //!
 //! A flag is either supported (it does what it says) or refused at start with exit status 2 and
 //! a message that names it and says it is not implemented yet; none is silently ignored. The
-//! flags whose default differs from the reference's (`--seccomp`,
-//! `--announce-submounts`) say so in `--help`.
+//! flag whose default differs from the reference's (`--announce-submounts`) says so in `--help`.
 //! `doc/configuration.md` describes each flag; `tests/cli.rs` checks both against the binary.
 
 use std::ffi::CString;
@@ -17,6 +16,7 @@ use crate::daemon::{DaemonConfig, ProcessOptions, SocketSpec};
 use crate::idmap::Translation;
 use crate::passthrough::xattrmap::XattrMap;
 use crate::passthrough::{CacheMode, Config, Negotiate};
+use crate::sandbox::seccomp;
 use crate::sandbox::{caps, SandboxMode};
 use crate::userns::{self, IdMapRange};
 
@@ -101,9 +101,10 @@ pub struct Args {
     #[arg(long = "readonly")]
     pub readonly: bool,
 
-    /// Seccomp action (none, kill, log, trap); only "none" is available in this version, and it
-    /// is the default here (the reference defaults to "kill")
-    #[arg(long = "seccomp", value_name = "ACTION", default_value = "none")]
+    /// Action on a system call outside the daemon's seccomp list: kill (the process), log
+    /// (allow and have the kernel log it), trap (SIGSYS: log the call, then die), or none (no
+    /// filter)
+    #[arg(long = "seccomp", value_name = "ACTION", default_value = "kill")]
     pub seccomp: String,
 
     /// Tell the guest which directories are mount points, so that each host filesystem under
@@ -598,6 +599,10 @@ impl Args {
             .transpose()
             .map_err(usage)?
             .unwrap_or_default();
+        let seccomp: seccomp::Action = self
+            .seccomp
+            .parse()
+            .map_err(|e| usage(format!("--seccomp: {e}")))?;
 
         let socket_group = self.socket_group.as_deref().map(group_id).transpose()?;
         let socket = match (self.socket_path.take().or(self.socket.take()), self.fd) {
@@ -697,6 +702,7 @@ impl Args {
                 rlimit_nofile: self.rlimit_nofile,
                 sandbox,
                 modcaps,
+                seccomp,
             },
             log: LogSettings {
                 level,
@@ -708,12 +714,6 @@ impl Args {
 
     /// Refuses the flags and values whose feature this version does not have yet.
     fn check_unimplemented(&self) -> Result<(), UsageError> {
-        choice(
-            "--seccomp",
-            &self.seccomp,
-            &["none"],
-            &["kill", "log", "trap"],
-        )?;
         choice(
             "--migration-mode",
             &self.migration_mode,
@@ -848,7 +848,6 @@ mod tests {
     #[test]
     fn unimplemented_flags_are_refused_not_ignored() {
         for (flag, named) in [
-            ("--seccomp=kill", "--seccomp=kill"),
             (
                 "--migration-mode=file-handles",
                 "--migration-mode=file-handles",
@@ -976,6 +975,24 @@ mod tests {
             e.0.starts_with("--inode-file-handles: invalid value 'always'"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn seccomp_defaults_to_kill_and_takes_each_action() {
+        let s = settings(&["--shared-dir=/tmp", "--socket-path=/s"]).unwrap();
+        assert_eq!(s.process.seccomp, seccomp::Action::Kill);
+        for (flag, action) in [
+            ("--seccomp=kill", seccomp::Action::Kill),
+            ("--seccomp=log", seccomp::Action::Log),
+            ("--seccomp=trap", seccomp::Action::Trap),
+            ("--seccomp=none", seccomp::Action::None),
+        ] {
+            let s = settings(&["--shared-dir=/tmp", "--socket-path=/s", flag]).unwrap();
+            assert_eq!(s.process.seccomp, action, "{flag}");
+        }
+        let e = settings(&["--shared-dir=/tmp", "--socket-path=/s", "--seccomp=maybe"]);
+        let e = e.unwrap_err();
+        assert!(e.0.starts_with("--seccomp: invalid value 'maybe'"), "{e}");
     }
 
     #[test]

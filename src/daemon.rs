@@ -20,7 +20,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::idmap::{MappedFs, Translation};
 use crate::passthrough::{self, PassthroughFs};
-use crate::sandbox::{self, caps, SandboxMode};
+use crate::sandbox::{self, caps, seccomp, SandboxMode};
 use crate::userns::{self, IdMapRange};
 use crate::vhost_user::FsBackend;
 
@@ -62,6 +62,9 @@ pub struct ProcessOptions {
     pub sandbox: SandboxMode,
     /// Changes to the capabilities the daemon keeps (`--modcaps`).
     pub modcaps: caps::ModCaps,
+    /// `--seccomp`: what the filter installed before serving does to a system call off its
+    /// list ([`seccomp::Action::None`] installs none).
+    pub seccomp: seccomp::Action,
 }
 
 /// The open-files limit the daemon asks for by default.
@@ -82,6 +85,8 @@ pub enum DaemonError {
     Limit(String),
     /// The sandbox could not be set up, or the capabilities not dropped.
     Sandbox(String),
+    /// The seccomp filter could not be installed (`--seccomp`).
+    Seccomp(String),
 }
 
 impl fmt::Display for DaemonError {
@@ -95,6 +100,7 @@ impl fmt::Display for DaemonError {
             DaemonError::Session(m) => write!(f, "vhost-user session: {m}"),
             DaemonError::Limit(m) => write!(f, "--rlimit-nofile: {m}"),
             DaemonError::Sandbox(m) => f.write_str(m),
+            DaemonError::Seccomp(m) => write!(f, "--seccomp: {m}"),
         }
     }
 }
@@ -294,7 +300,9 @@ pub fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), DaemonError> {
 /// `--sandbox` asks and drops the capabilities it does not use (see [`crate::sandbox`]), stops
 /// cleanly on SIGTERM/SIGINT/SIGHUP, and serves one frontend connection. The socket it creates
 /// is mode 0700 (0770 and owned by `--socket-group` when given). Files are created with the
-/// modes the guest asks for: the umask is cleared once the socket exists.
+/// modes the guest asks for: the umask is cleared once the socket exists. Once the shared
+/// directory is open, and before the frontend is accepted, the seccomp filter of `--seccomp` is
+/// installed on every thread (those started later inherit it).
 pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonError> {
     // A stop signal that arrives before the daemon waits for it (once the socket exists, a
     // service manager may send one at any time) waits, pending.
@@ -349,7 +357,15 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
     handle_stop_signals(socket_file.0.clone()).map_err(|e| DaemonError::Device(e.to_string()))?;
     let shown = cfg.fs.root_dir.clone();
     cfg.fs.root_dir = confined.root_dir;
+    let seccomp_action = opts.seccomp;
     let result = serve_with(cfg, confined.proc_self_fd, &shown, move || {
+        // Set-up is done: the shared directory is open, the socket listens, the request
+        // threads of --thread-pool-size and the signal thread run (the filter reaches them
+        // with TSYNC); the per-queue workers started after accepting inherit it.
+        seccomp::install(seccomp_action).map_err(|e| DaemonError::Seccomp(e.to_string()))?;
+        if seccomp_action != seccomp::Action::None {
+            info!("seccomp filter installed (--seccomp={seccomp_action})");
+        }
         Ok(Listener::from(listener))
     });
     drop(socket_file);

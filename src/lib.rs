@@ -7,7 +7,8 @@
 //! - [`passthrough`]: the filesystem that serves a host directory;
 //! - [`idmap`]: daemon-side uid/gid translation, a filesystem wrapped around the passthrough one;
 //! - [`userns`]: running the daemon inside a user namespace (`--uid-map`, `--gid-map`);
-//! - [`sandbox`]: confining the daemon (`--sandbox`) and dropping capabilities (`--modcaps`).
+//! - [`sandbox`]: confining the daemon (`--sandbox`), dropping capabilities (`--modcaps`) and the
+//!   seccomp filter (`--seccomp`).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]

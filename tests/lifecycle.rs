@@ -284,7 +284,7 @@ fn bad_command_lines_exit_2_naming_the_flag() {
     assert_refused(&with("--cache=sometimes"), "--cache");
     assert_refused(&with("--sandbox=jail"), "--sandbox");
     assert_refused(&with("--modcaps=+no_such_cap"), "--modcaps");
-    assert_refused(&with("--seccomp=kill"), "--seccomp");
+    assert_refused(&with("--seccomp=maybe"), "--seccomp");
     assert_refused(&with("--log-level=loud"), "--log-level");
     assert_refused(&with("--thread-pool-size=many"), "--thread-pool-size");
     assert_refused(&with("--tag="), "--tag");

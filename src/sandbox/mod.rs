@@ -16,10 +16,12 @@
 //! to the children of the process that creates it, which is another reason for the fork.
 //!
 //! Whatever the sandbox, the serving process then keeps only the capabilities it uses (see
-//! [`caps`]), before any thread starts.
+//! [`caps`]), before any thread starts; once set up, and before the frontend is accepted, it
+//! installs the seccomp filter of `--seccomp` ([`seccomp`]) on every thread.
 
 pub mod caps;
 mod namespace;
+pub mod seccomp;
 
 use std::fmt;
 use std::io;
