@@ -14,6 +14,7 @@
 //! - `inode`: node id ↔ host file table with lookup counts;
 //! - `handle`: open files and directories;
 //! - `dir`: directory snapshots served by READDIR / READDIRPLUS;
+//! - `io_fds`: per-inode descriptors for requests without a handle (no-open mode);
 //! - `sys`: thin wrappers over the syscalls;
 //! - `credentials`: creating files as the guest caller when running as root.
 
@@ -23,6 +24,7 @@ mod dir;
 mod dircache;
 mod handle;
 mod inode;
+mod io_fds;
 mod sys;
 #[cfg(test)]
 mod tests;
@@ -31,6 +33,7 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
@@ -46,6 +49,7 @@ use dir::DirSnapshot;
 use dircache::{DirCache, Stamp};
 use handle::{HandleData, HandleStore};
 use inode::{InodeData, InodeKey, InodeStore, Origin, Source};
+use io_fds::{Access, IoFd, IoFds};
 use sys::{error, ProcName};
 
 /// Longest name of a directory entry.
@@ -64,6 +68,33 @@ pub struct PassthroughFs {
     proc_self_fd: OwnedFd,
     /// Whether the daemon runs as root (and so creates files as the caller).
     as_root: bool,
+    /// Descriptors of inodes the guest reads and writes without a handle (no-open mode).
+    io_fds: IoFds,
+    /// OPEN is answered with `ENOSYS`: the guest sends file requests with handle 0 and no
+    /// RELEASE (`--cache=always` and a guest offering `FUSE_NO_OPEN_SUPPORT`).
+    no_open: AtomicBool,
+    /// OPENDIR is answered with `ENOSYS` (`FUSE_NO_OPENDIR_SUPPORT`), likewise for directories.
+    no_opendir: AtomicBool,
+}
+
+/// A descriptor a file request is served with: its handle's, or the inode's own.
+enum FileRef {
+    Handle(Arc<HandleData>),
+    Inode(IoFd),
+}
+
+impl FileRef {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            FileRef::Handle(h) => h.fd(),
+            FileRef::Inode(f) => f.fd(),
+        }
+    }
+}
+
+/// Whether an error means the process is out of descriptors.
+fn out_of_fds(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 /// Refuses names that are empty, contain `/`, or are longer than `NAME_MAX`.
@@ -152,6 +183,9 @@ impl PassthroughFs {
             dircache: DirCache::new(dircache::DEFAULT_CAP),
             proc_self_fd,
             as_root: credentials::running_as_root(),
+            io_fds: IoFds::default(),
+            no_open: AtomicBool::new(false),
+            no_opendir: AtomicBool::new(false),
             cfg,
         })
     }
@@ -247,6 +281,8 @@ impl PassthroughFs {
             Some((parent, name)) => {
                 match sys::openat(self.path_fd(&parent)?, &name, open_path_flags(), 0) {
                     Ok(fd) if Self::is_inode(fd.as_fd(), data)? => Some(fd),
+                    // Out of descriptors says nothing about the name: report it as such.
+                    Err(e) if out_of_fds(&e) => return Err(e),
                     _ => None,
                 }
             }
@@ -302,10 +338,10 @@ impl PassthroughFs {
                     }
                     r => r,
                 };
-                if let Ok(file) = opened {
-                    if Self::is_inode(file.as_fd(), data)? {
-                        return Ok(file);
-                    }
+                match opened {
+                    Ok(file) if Self::is_inode(file.as_fd(), data)? => return Ok(file),
+                    Err(e) if out_of_fds(&e) => return Err(e),
+                    _ => {}
                 }
             }
         }
@@ -371,6 +407,11 @@ impl PassthroughFs {
                 f = (f & !libc::O_ACCMODE) | libc::O_RDWR;
             }
             f &= !libc::O_APPEND;
+        }
+        if self.no_open() {
+            // A file created in no-open mode is kept as the inode's own descriptor, shared by
+            // every later handle-less request: positioned writes, no direct I/O.
+            f &= !(libc::O_APPEND | libc::O_DIRECT);
         }
         f
     }
@@ -490,6 +531,19 @@ impl PassthroughFs {
             }
         };
         let entry = self.register(st, mnt_id, source);
+        if self.no_open() {
+            // The guest sends no RELEASE in no-open mode: the descriptor becomes the inode's
+            // own, and the guest gets handle 0.
+            let acc = sys::fd_access_mode(file.as_fd())?;
+            let readable = acc != libc::O_WRONLY;
+            let writable = acc != libc::O_RDONLY;
+            self.io_fds.insert(entry.inode, file, readable, writable);
+            let opened = Opened {
+                handle: None,
+                open_flags: self.file_open_flags(),
+            };
+            return Ok((entry, opened));
+        }
         let node = self.inode(entry.inode)?;
         let handle = self.open_handle(&node, HandleData::file(entry.inode, file));
         let opened = Opened {
@@ -527,6 +581,118 @@ impl PassthroughFs {
         }
         Ok(h)
     }
+
+    /// Whether OPEN is answered with `ENOSYS` (files come with handle 0 and no RELEASE).
+    fn no_open(&self) -> bool {
+        self.no_open.load(Ordering::Relaxed)
+    }
+
+    /// Whether OPENDIR is answered with `ENOSYS` (directories come with handle 0).
+    fn no_opendir(&self) -> bool {
+        self.no_opendir.load(Ordering::Relaxed)
+    }
+
+    /// The descriptor a file request on `inode` with `handle` is served with. In no-open mode
+    /// handle 0 stands for the inode's own descriptor good for `access`; otherwise (and for
+    /// any other handle) the handle must be open on `inode` (`EBADF`).
+    fn file_ref(&self, inode: u64, handle: u64, access: Access) -> io::Result<FileRef> {
+        if handle == 0 && self.no_open() {
+            return self.inode_fd(inode, access).map(FileRef::Inode);
+        }
+        self.handles.get(handle, inode).map(FileRef::Handle)
+    }
+
+    /// The inode's own descriptor for `access`, opened on first need and kept in `io_fds`:
+    /// read-only for reads; read-write for writes (write-only when reading is not permitted),
+    /// never `O_APPEND` (a positioned write must land where the guest says). Only regular
+    /// files: `EISDIR` for directories, `ELOOP` for symlinks, `ENXIO` for special files.
+    fn inode_fd(&self, inode: u64, access: Access) -> io::Result<IoFd> {
+        if access == Access::Write {
+            self.check_writable()?;
+        }
+        let data = self.inode(inode)?;
+        match data.kind {
+            libc::S_IFDIR => return Err(error(libc::EISDIR)),
+            kind => check_openable(kind)?,
+        }
+        if let Some(fd) = self.io_fds.get(inode, access) {
+            return Ok(fd);
+        }
+        let (file, readable, writable) = match access {
+            Access::Read => (self.open_io(&data, libc::O_RDONLY)?, true, false),
+            Access::Write => match self.open_io(&data, libc::O_RDWR) {
+                Ok(f) => (f, true, true),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
+                    (self.open_io(&data, libc::O_WRONLY)?, false, true)
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        Ok(self.io_fds.insert(inode, file, readable, writable))
+    }
+
+    /// Opens `data` for I/O; when the process is out of descriptors, the older half of the
+    /// per-inode descriptors is closed and the open tried once more.
+    fn open_io(&self, data: &InodeData, flags: i32) -> io::Result<OwnedFd> {
+        match self.open_node(data, flags) {
+            Err(e) if out_of_fds(&e) && self.io_fds.shrink() => {
+                log::debug!("out of descriptors: closed half of the per-inode descriptors");
+                self.open_node(data, flags)
+            }
+            r => r,
+        }
+    }
+
+    /// The snapshot a READDIR of `data` at `offset` is served from: the handle's, or in
+    /// no-opendir mode with handle 0 the inode's (offset 0 takes a fresh or settled shared
+    /// snapshot; later offsets continue the inode's current one). The flag tells which.
+    fn listing(
+        &self,
+        data: &InodeData,
+        handle: u64,
+        offset: u64,
+    ) -> io::Result<(Arc<DirSnapshot>, bool)> {
+        if handle != 0 || !self.no_opendir() {
+            let h = self.dir_handle(data.id, handle)?;
+            return Ok((self.handle_snapshot(data, &h, offset)?, false));
+        }
+        if !data.is_dir() {
+            return Err(error(libc::ENOTDIR));
+        }
+        if offset != 0 {
+            if let Some(snap) = self.io_fds.listing(data.id) {
+                return Ok((snap, true));
+            }
+        }
+        let stamp = Stamp::of(&self.stat_node(data)?);
+        let snap = match self.dircache.get(&data.key, &stamp) {
+            Some(snap) => snap,
+            None => {
+                let dir = self.open_io(data, libc::O_RDONLY | libc::O_DIRECTORY)?;
+                self.dir_snapshot(data, dir.as_fd(), false)?
+            }
+        };
+        self.io_fds.set_listing(data.id, snap.clone());
+        Ok((snap, true))
+    }
+
+    /// In no-open mode, before `name` in `dir` is unlinked or replaced: the guest may hold the
+    /// file open without the daemon knowing, so a known inode gets its own `O_PATH` descriptor
+    /// first and stays reachable once its name is gone.
+    fn keep_reachable(&self, dir: BorrowedFd<'_>, name: &CStr) {
+        if !self.no_open() {
+            return;
+        }
+        let Ok((st, mnt_id)) = sys::stat_at_mnt(dir, name) else {
+            return;
+        };
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return;
+        }
+        if let Some(known) = self.inodes.find(&InodeKey::new(&st, mnt_id)) {
+            let _ = self.path_fd(&known);
+        }
+    }
 }
 
 impl FileSystem for PassthroughFs {
@@ -546,6 +712,24 @@ impl FileSystem for PassthroughFs {
         }
         if self.cfg.writeback {
             want |= init::WRITEBACK_CACHE;
+        }
+        // No-open mode: with `--cache=always` the kernel's defaults for a file it did not open
+        // (FOPEN_KEEP_CACHE; CACHE_DIR for directories) are what OPEN would answer anyway, so
+        // OPEN / OPENDIR / FLUSH / RELEASE round trips are skipped. Not with locks: they are
+        // bound to handles.
+        let always = self.cfg.cache == CacheMode::Always
+            && want & (init::POSIX_LOCKS | init::FLOCK_LOCKS) == 0;
+        let no_open = always && capable & init::NO_OPEN_SUPPORT != 0;
+        let no_opendir = always && capable & init::NO_OPENDIR_SUPPORT != 0;
+        self.no_open.store(no_open, Ordering::Relaxed);
+        self.no_opendir.store(no_opendir, Ordering::Relaxed);
+        if no_open {
+            // The kernel would take O_TRUNC as done by an OPEN it no longer sends; without
+            // this flag it truncates with SETATTR instead.
+            want &= !init::ATOMIC_O_TRUNC;
+        }
+        if no_open || no_opendir {
+            self.io_fds.set_capacity(IoFds::capacity_from_rlimit());
         }
         if self.cfg.announce_submounts {
             want |= init::SUBMOUNTS;
@@ -567,6 +751,7 @@ impl FileSystem for PassthroughFs {
     }
 
     fn destroy(&self) {
+        self.io_fds.clear();
         self.dircache.clear();
         self.handles.clear();
         self.inodes.clear();
@@ -598,6 +783,10 @@ impl FileSystem for PassthroughFs {
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
         self.inodes.forget(inode, count);
+        // Node ids are never reused: once gone, the inode's descriptors can go too.
+        if (self.no_open() || self.no_opendir()) && self.inodes.get(inode).is_none() {
+            self.io_fds.remove(inode);
+        }
     }
 
     fn getattr(
@@ -711,7 +900,9 @@ impl FileSystem for PassthroughFs {
         self.check_writable()?;
         check_new_name(name)?;
         let p = self.inode(parent)?;
-        sys::unlinkat(self.path_fd(&p)?, name, 0)
+        let dir = self.path_fd(&p)?;
+        self.keep_reachable(dir, name);
+        sys::unlinkat(dir, name, 0)
     }
 
     fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
@@ -748,6 +939,7 @@ impl FileSystem for PassthroughFs {
         let swapped = if flags & libc::RENAME_EXCHANGE != 0 {
             known(new_fd, newname)
         } else {
+            self.keep_reachable(new_fd, newname);
             None
         };
         sys::renameat2(old_fd, oldname, new_fd, newname, flags)?;
@@ -796,6 +988,10 @@ impl FileSystem for PassthroughFs {
     }
 
     fn open(&self, _ctx: &Context, inode: u64, flags: u32, fuse_flags: u32) -> io::Result<Opened> {
+        if self.no_open() {
+            // The kernel then opens every file itself and sends handle 0 from now on.
+            return Err(error(libc::ENOSYS));
+        }
         let flags = flags as i32;
         if self.cfg.readonly && flags_write(flags) {
             return Err(error(libc::EROFS));
@@ -904,7 +1100,7 @@ impl FileSystem for PassthroughFs {
         offset: u64,
     ) -> io::Result<usize> {
         sys::to_off(offset)?;
-        let h = self.handles.get(handle, inode)?;
+        let h = self.file_ref(inode, handle, Access::Read)?;
         // The writer keeps reading until `size` bytes, end of file, or a full reply buffer.
         w.read_from_file_at(h.fd(), size as usize, offset)
     }
@@ -921,7 +1117,7 @@ impl FileSystem for PassthroughFs {
     ) -> io::Result<usize> {
         self.check_writable()?;
         sys::to_off(offset)?;
-        let h = self.handles.get(handle, inode)?;
+        let h = self.file_ref(inode, handle, Access::Write)?;
         if kill_priv {
             Self::kill_suidgid_fd(h.fd())?;
         }
@@ -930,6 +1126,10 @@ impl FileSystem for PassthroughFs {
     }
 
     fn flush(&self, _ctx: &Context, inode: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
+        if self.no_open() {
+            // The kernel stops sending FLUSH (writes went to the host file already).
+            return Err(error(libc::ENOSYS));
+        }
         let h = self.handles.get(handle, inode)?;
         // Closing a duplicate gives the host file system the close(2) of the guest process
         // (for example NFS flushes on close) while the handle stays open.
@@ -938,15 +1138,31 @@ impl FileSystem for PassthroughFs {
     }
 
     fn release(&self, _ctx: &Context, inode: u64, _flags: u32, handle: u64) -> io::Result<()> {
+        if handle == 0 && self.no_open() {
+            // A file made by CREATE before the first OPEN: its descriptor is the inode's.
+            return Ok(());
+        }
         self.handles.remove(handle, inode)
     }
 
     fn fsync(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        if handle == 0 && self.no_open() {
+            let fd = match self.io_fds.get_any(inode) {
+                Some(fd) => fd,
+                None => self.inode_fd(inode, Access::Read)?,
+            };
+            return sys::fsync(fd.fd(), datasync);
+        }
         let h = self.handles.get(handle, inode)?;
         sys::fsync(h.fd(), datasync)
     }
 
     fn opendir(&self, _ctx: &Context, inode: u64, _flags: u32) -> io::Result<Opened> {
+        if self.no_opendir() {
+            // The kernel keeps and caches listings itself (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR)
+            // and sends READDIR with handle 0 from now on.
+            return Err(error(libc::ENOSYS));
+        }
         let data = self.inode(inode)?;
         if !data.is_dir() {
             return Err(error(libc::ENOTDIR));
@@ -969,12 +1185,14 @@ impl FileSystem for PassthroughFs {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry<'_>) -> io::Result<usize>,
     ) -> io::Result<()> {
-        let h = self.dir_handle(inode, handle)?;
         let data = self.inode(inode)?;
-        let snap = self.handle_snapshot(&data, &h, offset)?;
+        let (snap, own) = self.listing(&data, handle, offset)?;
         let Ok(start) = usize::try_from(offset) else {
             return Ok(());
         };
+        if own && start >= snap.len() {
+            self.io_fds.end_listing(inode, &snap);
+        }
         for i in start..snap.len() {
             let Some(e) = snap.get(i) else { break };
             let n = add_entry(DirEntry {
@@ -999,12 +1217,14 @@ impl FileSystem for PassthroughFs {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry<'_>, Entry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        let h = self.dir_handle(inode, handle)?;
         let parent = self.inode(inode)?;
-        let snap = self.handle_snapshot(&parent, &h, offset)?;
+        let (snap, own) = self.listing(&parent, handle, offset)?;
         let Ok(start) = usize::try_from(offset) else {
             return Ok(());
         };
+        if own && start >= snap.len() {
+            self.io_fds.end_listing(inode, &snap);
+        }
         let mut emitted = false;
         for i in start..snap.len() {
             let Some(e) = snap.get(i) else { break };
@@ -1056,10 +1276,21 @@ impl FileSystem for PassthroughFs {
     }
 
     fn releasedir(&self, _ctx: &Context, inode: u64, _flags: u32, handle: u64) -> io::Result<()> {
+        if handle == 0 && self.no_opendir() {
+            return Ok(());
+        }
         self.handles.remove(handle, inode)
     }
 
     fn fsyncdir(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        if handle == 0 && self.no_opendir() {
+            let data = self.inode(inode)?;
+            if !data.is_dir() {
+                return Err(error(libc::ENOTDIR));
+            }
+            let dir = self.open_io(&data, libc::O_RDONLY | libc::O_DIRECTORY)?;
+            return sys::fsync(dir.as_fd(), datasync);
+        }
         let h = self.handles.get(handle, inode)?;
         sys::fsync(h.fd(), datasync)
     }
@@ -1173,7 +1404,7 @@ impl FileSystem for PassthroughFs {
         length: u64,
     ) -> io::Result<()> {
         self.check_writable()?;
-        let h = self.handles.get(handle, inode)?;
+        let h = self.file_ref(inode, handle, Access::Write)?;
         sys::fallocate(h.fd(), mode, offset, length)
     }
 
@@ -1193,7 +1424,7 @@ impl FileSystem for PassthroughFs {
             | libc::SEEK_HOLE) => w,
             _ => return Err(error(libc::EINVAL)),
         };
-        let h = self.handles.get(handle, inode)?;
+        let h = self.file_ref(inode, handle, Access::Read)?;
         sys::lseek(h.fd(), offset, whence)
     }
 
@@ -1212,8 +1443,8 @@ impl FileSystem for PassthroughFs {
         self.check_writable()?;
         let flags = u32::try_from(flags).map_err(|_| error(libc::EINVAL))?;
         let len = usize::try_from(len).unwrap_or(usize::MAX);
-        let hin = self.handles.get(handle_in, inode_in)?;
-        let hout = self.handles.get(handle_out, inode_out)?;
+        let hin = self.file_ref(inode_in, handle_in, Access::Read)?;
+        let hout = self.file_ref(inode_out, handle_out, Access::Write)?;
         sys::copy_file_range(hin.fd(), offset_in, hout.fd(), offset_out, len, flags)
     }
 
