@@ -423,11 +423,18 @@ boot() {
         return
     fi
 
+    # the cache mode, for the guest tests whose size depends on it
+    local gcache=auto f prev=""
+    for f in "${flags[@]}"; do
+        [ "$prev" = --cache ] && gcache="$f"
+        case "$f" in --cache=*) gcache="${f#--cache=}" ;; esac
+        prev="$f"
+    done
     local t0=$SECONDS
     qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m 1G -smp 2 -machine q35 -nodefaults -display none \
         -no-reboot -monitor none -serial "file:$logs/console.log" \
         -kernel "$CACHE/kernel-$k/vmlinuz" -initrd "$WORK/initramfs-$k.cpio" \
-        -append "console=ttyS0 quiet panic=-1 guest_suite=$suite" \
+        -append "console=ttyS0 quiet panic=-1 guest_suite=$suite guest_cache=$gcache" \
         -object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
         -chardev "socket,id=vfs,path=$sock" \
         -device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues=2 \

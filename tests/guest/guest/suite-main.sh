@@ -415,21 +415,29 @@ t find-30k-type-f-no-stat t_find_30k_type_f
 # as far as the cache mode allows. The host counts the requests the daemon received between the
 # warm-start and warm-end marks (host_checks_main in run.sh): with --cache always there must be
 # no OPEN, FLUSH, RELEASE, OPENDIR or RELEASEDIR at all.
+# Other cache modes send a few requests per file on every read, too slow for the whole tree
+# under TCG: they read the first tenth of it (d00-d09, 3,000 files). run.sh passes the daemon's
+# cache mode on the kernel command line (guest_cache=).
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
 t_warm_reread() {
     [ -d $TREE ] || fail "$TREE missing"
+    if grep -q 'guest_cache=always' /proc/cmdline; then
+        set -- . ; _min=50000000; _what="whole tree"
+    else
+        set -- ./d0[0-9]; _min=5000000; _what="d00-d09"
+    fi
     _t0=$(uptime_s)
-    cold=$(tar cf - -C $TREE . | wc -c)
+    cold=$(tar cf - -C $TREE "$@" | wc -c)
     _t1=$(uptime_s)
     mark warm-start
     _t2=$(uptime_s)
-    warm=$(tar cf - -C $TREE . | wc -c)
+    warm=$(tar cf - -C $TREE "$@" | wc -c)
     _t3=$(uptime_s)
     mark warm-end
     eq "$warm" "$cold" "bytes of the warm tar"
-    [ "$cold" -gt 30000000 ] || fail "cold tar only $cold bytes"
-    data tar_30k "$(awk -v a="$_t0" -v b="$_t1" -v c="$_t2" -v d="$_t3" -v n="$cold" \
-        'BEGIN { printf "cold %.2fs, warm %.2fs, %d bytes", b - a, d - c, n }')"
+    [ "$cold" -gt $_min ] || fail "cold tar only $cold bytes"
+    data tar_30k "$(awk -v a="$_t0" -v b="$_t1" -v c="$_t2" -v d="$_t3" -v n="$cold" -v w="$_what" \
+        'BEGIN { printf "%s: cold %.2fs, warm %.2fs, %d bytes", w, b - a, d - c, n }')"
 }
 t tar-30k-warm-reread t_warm_reread
 
