@@ -530,11 +530,15 @@ impl PassthroughFs {
                 )?)
             }
         };
+        // In no-open mode, read before the reference is taken (nothing may fail after it).
+        let access = match self.no_open() {
+            true => Some(sys::fd_access_mode(file.as_fd())?),
+            false => None,
+        };
         let entry = self.register(st, mnt_id, source);
-        if self.no_open() {
+        if let Some(acc) = access {
             // The guest sends no RELEASE in no-open mode: the descriptor becomes the inode's
             // own, and the guest gets handle 0.
-            let acc = sys::fd_access_mode(file.as_fd())?;
             let readable = acc != libc::O_WRONLY;
             let writable = acc != libc::O_RDONLY;
             self.io_fds.insert(entry.inode, file, readable, writable);
