@@ -23,7 +23,7 @@
 
 use super::fuse_client::{
     cstr, opcode_name, parse_direntplus, parse_dirents, DirEntry, DirEntryPlus, FuseClient,
-    DEFAULT_INIT_FLAGS, DEFAULT_MAX_READAHEAD, INIT_MINOR,
+    KernelState, DEFAULT_INIT_FLAGS, DEFAULT_MAX_READAHEAD, INIT_MINOR,
 };
 use super::{Error, Result};
 use crate::fuse::abi::{self, opcode, Pod};
@@ -254,6 +254,83 @@ impl FuseClient {
             lock_owner: 0,
         };
         self.try_call_empty(opcode::RELEASE, nodeid, &[arg.as_bytes()])
+    }
+
+    /// What the `kernel_*` helpers learnt from `ENOSYS` answers so far.
+    pub fn kernel_state(&self) -> KernelState {
+        self.kernel
+    }
+
+    /// Opens a file as the Linux client does: OPEN, unless the daemon answered it with
+    /// `ENOSYS` before; on `ENOSYS` (now or before) the file is used with handle 0 and
+    /// `FOPEN_KEEP_CACHE`, and [`FuseClient::kernel_release`] sends nothing for it.
+    pub fn kernel_open(&mut self, nodeid: u64, flags: u32) -> FuseResult<abi::OpenOut> {
+        let no_open = abi::OpenOut {
+            fh: 0,
+            open_flags: abi::fopen::KEEP_CACHE,
+            ..Default::default()
+        };
+        if self.kernel.no_open {
+            return Ok(Ok(no_open));
+        }
+        match self.try_open(nodeid, flags)? {
+            Err(libc::ENOSYS) => {
+                self.kernel.no_open = true;
+                Ok(Ok(no_open))
+            }
+            r => Ok(r),
+        }
+    }
+
+    /// Opens a directory as the Linux client does (see [`FuseClient::kernel_open`]); without
+    /// OPENDIR the directory is read with handle 0, `FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR`.
+    pub fn kernel_opendir(&mut self, nodeid: u64, flags: u32) -> FuseResult<abi::OpenOut> {
+        let no_open = abi::OpenOut {
+            fh: 0,
+            open_flags: abi::fopen::KEEP_CACHE | abi::fopen::CACHE_DIR,
+            ..Default::default()
+        };
+        if self.kernel.no_opendir {
+            return Ok(Ok(no_open));
+        }
+        match self.try_opendir(nodeid, flags)? {
+            Err(libc::ENOSYS) => {
+                self.kernel.no_opendir = true;
+                Ok(Ok(no_open))
+            }
+            r => Ok(r),
+        }
+    }
+
+    /// FLUSH as the Linux client sends it: not at all once the daemon answered `ENOSYS`.
+    pub fn kernel_flush(&mut self, nodeid: u64, fh: u64, lock_owner: u64) -> FuseResult<()> {
+        if self.kernel.no_flush {
+            return Ok(Ok(()));
+        }
+        match self.try_flush(nodeid, fh, lock_owner)? {
+            Err(libc::ENOSYS) => {
+                self.kernel.no_flush = true;
+                Ok(Ok(()))
+            }
+            r => Ok(r),
+        }
+    }
+
+    /// RELEASE as the Linux client sends it: not at all once OPEN was answered `ENOSYS`
+    /// (whatever handle CREATE gave).
+    pub fn kernel_release(&mut self, nodeid: u64, fh: u64, flags: u32) -> FuseResult<()> {
+        if self.kernel.no_open {
+            return Ok(Ok(()));
+        }
+        self.try_release(nodeid, fh, flags)
+    }
+
+    /// RELEASEDIR as the Linux client sends it: not at all once OPENDIR was answered `ENOSYS`.
+    pub fn kernel_releasedir(&mut self, nodeid: u64, fh: u64, flags: u32) -> FuseResult<()> {
+        if self.kernel.no_opendir {
+            return Ok(Ok(()));
+        }
+        self.try_releasedir(nodeid, fh, flags)
     }
 
     /// FUSE_OPENDIR.

@@ -478,6 +478,19 @@ pub struct FuseClient {
     /// Completions that arrived while waiting for another ticket.
     done: VecDeque<Completion>,
     init_out: Option<abi::InitOut>,
+    /// What the `kernel_*` helpers learnt, as the Linux client does (`fc->no_open`, ...).
+    pub(crate) kernel: KernelState,
+}
+
+/// Requests the daemon answered with `ENOSYS`, which the `kernel_*` helpers of
+/// [`FuseClient`] then stop sending, as the Linux FUSE client does: after OPEN → `ENOSYS`
+/// files are used with handle 0 and never released; after OPENDIR → `ENOSYS` likewise for
+/// directories; after FLUSH → `ENOSYS` no more FLUSH.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelState {
+    pub no_open: bool,
+    pub no_opendir: bool,
+    pub no_flush: bool,
 }
 
 impl std::fmt::Debug for FuseClient {
@@ -511,6 +524,7 @@ impl FuseClient {
             poison: true,
             pending: HashMap::new(),
             done: VecDeque::new(),
+            kernel: KernelState::default(),
             init_out: None,
         })
     }

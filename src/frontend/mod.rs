@@ -42,8 +42,8 @@ use vhost::VhostBackend;
 
 pub use checked::FuseResult;
 pub use fuse_client::{
-    secctx_extension, Completion, Ctx, DirEntry, DirEntryPlus, FuseClient, Reply, SgLayout, Ticket,
-    TicketKind, XattrReply,
+    secctx_extension, Completion, Ctx, DirEntry, DirEntryPlus, FuseClient, KernelState, Reply,
+    SgLayout, Ticket, TicketKind, XattrReply,
 };
 pub use memory::{Arena, GuestMemory};
 pub use virtqueue::{

@@ -2,8 +2,9 @@
 //! OPENDIR) until the matching RELEASE / RELEASEDIR.
 //!
 //! A handle owns a real (not `O_PATH`) descriptor of its inode; a directory handle also owns
-//! the [`DirSnapshot`] its READDIRs are served from. Handle numbers come from a counter and are
-//! never reused. Requests name the inode as well as the handle; a handle used with another
+//! the [`DirSnapshot`] its READDIRs are served from. Handle numbers come from a counter that
+//! starts at 1 and are never reused: handle 0 is never a handle (in no-open mode it stands for
+//! the inode's own descriptor, see `io_fds`). Requests name the inode as well as the handle; a handle used with another
 //! inode is refused with `EBADF`.
 
 use std::collections::HashMap;

@@ -17,6 +17,7 @@
 //! - `file_handle`: file handles, kept instead of descriptors with `--inode-file-handles`;
 //! - `handle`: open files and directories;
 //! - `dir`: directory snapshots served by READDIR / READDIRPLUS;
+//! - `io_fds`: per-inode descriptors for requests without a handle (no-open mode);
 //! - `sys`: thin wrappers over the syscalls;
 //! - `credentials`: creating files as the guest caller when running as root.
 
@@ -27,6 +28,7 @@ mod dircache;
 mod file_handle;
 mod handle;
 mod inode;
+mod io_fds;
 mod sys;
 #[cfg(test)]
 mod tests;
@@ -55,6 +57,7 @@ use dircache::{DirCache, Stamp};
 use file_handle::{FileHandle, MountFds};
 use handle::{HandleData, HandleStore};
 use inode::{InodeData, InodeKey, InodeStore, Origin, PathFd, Source};
+use io_fds::{Access, IoFd, IoFds};
 use sys::{error, ProcName};
 
 /// Longest name of a directory entry.
@@ -83,6 +86,33 @@ pub struct PassthroughFs {
     security_ctx_on: AtomicBool,
     /// The host name of `security.capability` when `--xattrmap` renames it.
     cap_xattr: Option<CString>,
+    /// Descriptors of inodes the guest reads and writes without a handle (no-open mode).
+    io_fds: IoFds,
+    /// OPEN is answered with `ENOSYS`: the guest sends file requests with handle 0 and no
+    /// RELEASE (`--cache=always` and a guest offering `FUSE_NO_OPEN_SUPPORT`).
+    no_open: AtomicBool,
+    /// OPENDIR is answered with `ENOSYS` (`FUSE_NO_OPENDIR_SUPPORT`), likewise for directories.
+    no_opendir: AtomicBool,
+}
+
+/// A descriptor a file request is served with: its handle's, or the inode's own.
+enum FileRef {
+    Handle(Arc<HandleData>),
+    Inode(IoFd),
+}
+
+impl FileRef {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            FileRef::Handle(h) => h.fd(),
+            FileRef::Inode(f) => f.fd(),
+        }
+    }
+}
+
+/// Whether an error means the process is out of descriptors.
+fn out_of_fds(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 /// Refuses names that are empty, contain `/`, or are longer than `NAME_MAX`.
@@ -195,6 +225,9 @@ impl PassthroughFs {
             posix_acl_on: AtomicBool::new(false),
             security_ctx_on: AtomicBool::new(false),
             cap_xattr: xattr::remapped_capability(cfg.xattrmap.as_ref()),
+            io_fds: IoFds::default(),
+            no_open: AtomicBool::new(false),
+            no_opendir: AtomicBool::new(false),
             cfg,
         })
     }
@@ -449,10 +482,10 @@ impl PassthroughFs {
                     }
                     r => r,
                 };
-                if let Ok(file) = opened {
-                    if Self::is_inode(file.as_fd(), data)? {
-                        return Ok(file);
-                    }
+                match opened {
+                    Ok(file) if Self::is_inode(file.as_fd(), data)? => return Ok(file),
+                    Err(e) if out_of_fds(&e) => return Err(e),
+                    _ => {}
                 }
             }
         }
@@ -518,6 +551,11 @@ impl PassthroughFs {
                 f = (f & !libc::O_ACCMODE) | libc::O_RDWR;
             }
             f &= !libc::O_APPEND;
+        }
+        if self.no_open() {
+            // A file created in no-open mode is kept as the inode's own descriptor, shared by
+            // every later handle-less request: positioned writes, no direct I/O.
+            f &= !(libc::O_APPEND | libc::O_DIRECT);
         }
         f
     }
@@ -663,7 +701,24 @@ impl PassthroughFs {
                 )?)
             }
         };
+        // In no-open mode, read before the reference is taken (nothing may fail after it).
+        let access = match self.no_open() {
+            true => Some(sys::fd_access_mode(file.as_fd())?),
+            false => None,
+        };
         let entry = self.register(st, mnt_id, source);
+        if let Some(acc) = access {
+            // The guest sends no RELEASE in no-open mode: the descriptor becomes the inode's
+            // own, and the guest gets handle 0.
+            let readable = acc != libc::O_WRONLY;
+            let writable = acc != libc::O_RDONLY;
+            self.io_fds.insert(entry.inode, file, readable, writable);
+            let opened = Opened {
+                handle: None,
+                open_flags: self.file_open_flags(),
+            };
+            return Ok((entry, opened));
+        }
         let node = self.inode(entry.inode)?;
         if self.fh_mode == InodeFileHandles::Mandatory
             && node.opened_fd().is_none()
@@ -768,6 +823,126 @@ impl PassthroughFs {
         }
         Ok(h)
     }
+
+    /// Whether OPEN is answered with `ENOSYS` (files come with handle 0 and no RELEASE).
+    fn no_open(&self) -> bool {
+        self.no_open.load(Ordering::Relaxed)
+    }
+
+    /// Whether OPENDIR is answered with `ENOSYS` (directories come with handle 0).
+    fn no_opendir(&self) -> bool {
+        self.no_opendir.load(Ordering::Relaxed)
+    }
+
+    /// The descriptor a file request on `inode` with `handle` is served with. In no-open mode
+    /// handle 0 stands for the inode's own descriptor good for `access`; otherwise (and for
+    /// any other handle) the handle must be open on `inode` (`EBADF`).
+    fn file_ref(&self, inode: u64, handle: u64, access: Access) -> io::Result<FileRef> {
+        if handle == 0 && self.no_open() {
+            return self.inode_fd(inode, access).map(FileRef::Inode);
+        }
+        self.handles.get(handle, inode).map(FileRef::Handle)
+    }
+
+    /// The inode's own descriptor for `access`, opened on first need and kept in `io_fds`:
+    /// read-only for reads; read-write for writes (write-only when reading is not permitted),
+    /// never `O_APPEND` (a positioned write must land where the guest says). Only regular
+    /// files: `EISDIR` for directories, `ELOOP` for symlinks, `ENXIO` for special files.
+    fn inode_fd(&self, inode: u64, access: Access) -> io::Result<IoFd> {
+        if access == Access::Write {
+            self.check_writable()?;
+        }
+        let data = self.inode(inode)?;
+        match data.kind {
+            libc::S_IFDIR => return Err(error(libc::EISDIR)),
+            kind => check_openable(kind)?,
+        }
+        if let Some(fd) = self.io_fds.get(inode, access) {
+            return Ok(fd);
+        }
+        let (file, readable, writable) = match access {
+            Access::Read => (self.open_io(&data, libc::O_RDONLY)?, true, false),
+            Access::Write => match self.open_io(&data, libc::O_RDWR) {
+                Ok(f) => (f, true, true),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
+                    (self.open_io(&data, libc::O_WRONLY)?, false, true)
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        Ok(self.io_fds.insert(inode, file, readable, writable))
+    }
+
+    /// Opens `data` for I/O; when the process is out of descriptors, the older half of the
+    /// per-inode descriptors is closed and the open tried once more.
+    fn open_io(&self, data: &InodeData, flags: i32) -> io::Result<OwnedFd> {
+        match self.open_node(data, flags) {
+            Err(e) if out_of_fds(&e) && self.io_fds.shrink() => {
+                log::debug!("out of descriptors: closed half of the per-inode descriptors");
+                self.open_node(data, flags)
+            }
+            r => r,
+        }
+    }
+
+    /// The snapshot a READDIR of `data` at `offset` is served from: the handle's, or in
+    /// no-opendir mode with handle 0 the inode's (offset 0 takes a fresh or settled shared
+    /// snapshot; later offsets continue the inode's current one). The flag tells which.
+    fn listing(
+        &self,
+        data: &InodeData,
+        handle: u64,
+        offset: u64,
+    ) -> io::Result<(Arc<DirSnapshot>, bool)> {
+        if handle != 0 || !self.no_opendir() {
+            let h = self.dir_handle(data.id, handle)?;
+            return Ok((self.handle_snapshot(data, &h, offset)?, false));
+        }
+        if !data.is_dir() {
+            return Err(error(libc::ENOTDIR));
+        }
+        if offset != 0 {
+            if let Some(snap) = self.io_fds.listing(data.id) {
+                return Ok((snap, true));
+            }
+        }
+        let stamp = Stamp::of(&self.stat_node(data)?);
+        let snap = match self.dircache.get(&data.key, &stamp) {
+            Some(snap) => snap,
+            None => {
+                let dir = self.open_io(data, libc::O_RDONLY | libc::O_DIRECTORY)?;
+                self.dir_snapshot(data, dir.as_fd(), false)?
+            }
+        };
+        self.io_fds.set_listing(data.id, snap.clone());
+        Ok((snap, true))
+    }
+
+    /// In no-open mode, before `name` in `dir` is unlinked or replaced: the guest may hold the
+    /// file open without the daemon knowing, so a known inode gets its own `O_PATH` descriptor
+    /// first, kept whatever `--inode-file-handles` says (a file handle would not keep an
+    /// unlinked file alive), and stays reachable once its name is gone.
+    fn keep_reachable(&self, dir: BorrowedFd<'_>, name: &CStr) {
+        if !self.no_open() {
+            return;
+        }
+        let Ok((st, mnt_id)) = sys::stat_at_mnt(dir, name) else {
+            return;
+        };
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return;
+        }
+        if let Some(known) = self.inodes.find(&InodeKey::new(&st, mnt_id)) {
+            if known.opened_fd().is_some() {
+                return;
+            }
+            if let Ok(fd) = sys::openat(dir, name, open_path_flags(), 0) {
+                if Self::is_inode(fd.as_fd(), &known).unwrap_or(false) {
+                    known.keep_fd(fd);
+                }
+            }
+        }
+    }
 }
 
 impl FileSystem for PassthroughFs {
@@ -787,6 +962,24 @@ impl FileSystem for PassthroughFs {
         }
         if self.cfg.writeback {
             want |= init::WRITEBACK_CACHE;
+        }
+        // No-open mode: with `--cache=always` the kernel's defaults for a file it did not open
+        // (FOPEN_KEEP_CACHE; CACHE_DIR for directories) are what OPEN would answer anyway, so
+        // OPEN / OPENDIR / FLUSH / RELEASE round trips are skipped. Not with locks: they are
+        // bound to handles.
+        let always = self.cfg.cache == CacheMode::Always
+            && want & (init::POSIX_LOCKS | init::FLOCK_LOCKS) == 0;
+        let no_open = always && capable & init::NO_OPEN_SUPPORT != 0;
+        let no_opendir = always && capable & init::NO_OPENDIR_SUPPORT != 0;
+        self.no_open.store(no_open, Ordering::Relaxed);
+        self.no_opendir.store(no_opendir, Ordering::Relaxed);
+        if no_open {
+            // The kernel would take O_TRUNC as done by an OPEN it no longer sends; without
+            // this flag it truncates with SETATTR instead.
+            want &= !init::ATOMIC_O_TRUNC;
+        }
+        if no_open || no_opendir {
+            self.io_fds.set_capacity(IoFds::capacity_from_rlimit());
         }
         if self.cfg.announce_submounts {
             want |= init::SUBMOUNTS;
@@ -811,6 +1004,7 @@ impl FileSystem for PassthroughFs {
     fn destroy(&self) {
         self.posix_acl_on.store(false, Ordering::Relaxed);
         self.security_ctx_on.store(false, Ordering::Relaxed);
+        self.io_fds.clear();
         self.dircache.clear();
         self.handles.clear();
         self.inodes.clear();
@@ -842,6 +1036,10 @@ impl FileSystem for PassthroughFs {
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
         self.inodes.forget(inode, count);
+        // Node ids are never reused: once gone, the inode's descriptors can go too.
+        if (self.no_open() || self.no_opendir()) && self.inodes.get(inode).is_none() {
+            self.io_fds.remove(inode);
+        }
     }
 
     fn getattr(
@@ -971,7 +1169,10 @@ impl FileSystem for PassthroughFs {
         self.check_writable()?;
         check_new_name(name)?;
         let p = self.inode(parent)?;
-        sys::unlinkat(self.path_fd(&p)?.as_fd(), name, 0)
+        let dir = self.path_fd(&p)?;
+        let dir = dir.as_fd();
+        self.keep_reachable(dir, name);
+        sys::unlinkat(dir, name, 0)
     }
 
     fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
@@ -1009,6 +1210,7 @@ impl FileSystem for PassthroughFs {
         let swapped = if flags & libc::RENAME_EXCHANGE != 0 {
             known(new_fd, newname)
         } else {
+            self.keep_reachable(new_fd, newname);
             None
         };
         sys::renameat2(old_fd, oldname, new_fd, newname, flags)?;
@@ -1058,6 +1260,10 @@ impl FileSystem for PassthroughFs {
     }
 
     fn open(&self, _ctx: &Context, inode: u64, flags: u32, fuse_flags: u32) -> io::Result<Opened> {
+        if self.no_open() {
+            // The kernel then opens every file itself and sends handle 0 from now on.
+            return Err(error(libc::ENOSYS));
+        }
         let flags = flags as i32;
         if self.cfg.readonly && flags_write(flags) {
             return Err(error(libc::EROFS));
@@ -1188,7 +1394,7 @@ impl FileSystem for PassthroughFs {
         offset: u64,
     ) -> io::Result<usize> {
         sys::to_off(offset)?;
-        let h = self.handles.get(handle, inode)?;
+        let h = self.file_ref(inode, handle, Access::Read)?;
         // The writer keeps reading until `size` bytes, end of file, or a full reply buffer.
         w.read_from_file_at(h.fd(), size as usize, offset)
     }
@@ -1205,7 +1411,7 @@ impl FileSystem for PassthroughFs {
     ) -> io::Result<usize> {
         self.check_writable()?;
         sys::to_off(offset)?;
-        let h = self.handles.get(handle, inode)?;
+        let h = self.file_ref(inode, handle, Access::Write)?;
         if kill_priv {
             self.kill_priv(h.fd())?;
         } else {
@@ -1216,6 +1422,10 @@ impl FileSystem for PassthroughFs {
     }
 
     fn flush(&self, _ctx: &Context, inode: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
+        if self.no_open() {
+            // The kernel stops sending FLUSH (writes went to the host file already).
+            return Err(error(libc::ENOSYS));
+        }
         let h = self.handles.get(handle, inode)?;
         // Closing a duplicate gives the host file system the close(2) of the guest process
         // (for example NFS flushes on close) while the handle stays open.
@@ -1224,15 +1434,31 @@ impl FileSystem for PassthroughFs {
     }
 
     fn release(&self, _ctx: &Context, inode: u64, _flags: u32, handle: u64) -> io::Result<()> {
+        if handle == 0 && self.no_open() {
+            // A file made by CREATE before the first OPEN: its descriptor is the inode's.
+            return Ok(());
+        }
         self.handles.remove(handle, inode)
     }
 
     fn fsync(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        if handle == 0 && self.no_open() {
+            let fd = match self.io_fds.get_any(inode) {
+                Some(fd) => fd,
+                None => self.inode_fd(inode, Access::Read)?,
+            };
+            return sys::fsync(fd.fd(), datasync);
+        }
         let h = self.handles.get(handle, inode)?;
         sys::fsync(h.fd(), datasync)
     }
 
     fn opendir(&self, _ctx: &Context, inode: u64, _flags: u32) -> io::Result<Opened> {
+        if self.no_opendir() {
+            // The kernel keeps and caches listings itself (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR)
+            // and sends READDIR with handle 0 from now on.
+            return Err(error(libc::ENOSYS));
+        }
         let data = self.inode(inode)?;
         if !data.is_dir() {
             return Err(error(libc::ENOTDIR));
@@ -1255,12 +1481,14 @@ impl FileSystem for PassthroughFs {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry<'_>) -> io::Result<usize>,
     ) -> io::Result<()> {
-        let h = self.dir_handle(inode, handle)?;
         let data = self.inode(inode)?;
-        let snap = self.handle_snapshot(&data, &h, offset)?;
+        let (snap, own) = self.listing(&data, handle, offset)?;
         let Ok(start) = usize::try_from(offset) else {
             return Ok(());
         };
+        if own && start >= snap.len() {
+            self.io_fds.end_listing(inode, &snap);
+        }
         for i in start..snap.len() {
             let Some(e) = snap.get(i) else { break };
             let n = add_entry(DirEntry {
@@ -1285,12 +1513,14 @@ impl FileSystem for PassthroughFs {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry<'_>, Entry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        let h = self.dir_handle(inode, handle)?;
         let parent = self.inode(inode)?;
-        let snap = self.handle_snapshot(&parent, &h, offset)?;
+        let (snap, own) = self.listing(&parent, handle, offset)?;
         let Ok(start) = usize::try_from(offset) else {
             return Ok(());
         };
+        if own && start >= snap.len() {
+            self.io_fds.end_listing(inode, &snap);
+        }
         let mut emitted = false;
         for i in start..snap.len() {
             let Some(e) = snap.get(i) else { break };
@@ -1342,10 +1572,21 @@ impl FileSystem for PassthroughFs {
     }
 
     fn releasedir(&self, _ctx: &Context, inode: u64, _flags: u32, handle: u64) -> io::Result<()> {
+        if handle == 0 && self.no_opendir() {
+            return Ok(());
+        }
         self.handles.remove(handle, inode)
     }
 
     fn fsyncdir(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        if handle == 0 && self.no_opendir() {
+            let data = self.inode(inode)?;
+            if !data.is_dir() {
+                return Err(error(libc::ENOTDIR));
+            }
+            let dir = self.open_io(&data, libc::O_RDONLY | libc::O_DIRECTORY)?;
+            return sys::fsync(dir.as_fd(), datasync);
+        }
         let h = self.handles.get(handle, inode)?;
         sys::fsync(h.fd(), datasync)
     }
@@ -1442,7 +1683,7 @@ impl FileSystem for PassthroughFs {
         length: u64,
     ) -> io::Result<()> {
         self.check_writable()?;
-        let h = self.handles.get(handle, inode)?;
+        let h = self.file_ref(inode, handle, Access::Write)?;
         sys::fallocate(h.fd(), mode, offset, length)
     }
 
@@ -1462,7 +1703,7 @@ impl FileSystem for PassthroughFs {
             | libc::SEEK_HOLE) => w,
             _ => return Err(error(libc::EINVAL)),
         };
-        let h = self.handles.get(handle, inode)?;
+        let h = self.file_ref(inode, handle, Access::Read)?;
         sys::lseek(h.fd(), offset, whence)
     }
 
@@ -1481,8 +1722,8 @@ impl FileSystem for PassthroughFs {
         self.check_writable()?;
         let flags = u32::try_from(flags).map_err(|_| error(libc::EINVAL))?;
         let len = usize::try_from(len).unwrap_or(usize::MAX);
-        let hin = self.handles.get(handle_in, inode_in)?;
-        let hout = self.handles.get(handle_out, inode_out)?;
+        let hin = self.file_ref(inode_in, handle_in, Access::Read)?;
+        let hout = self.file_ref(inode_out, handle_out, Access::Write)?;
         sys::copy_file_range(hin.fd(), offset_in, hout.fd(), offset_out, len, flags)
     }
 

@@ -338,6 +338,13 @@ pub fn dup(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) }).map(owned)
 }
 
+/// The access mode (`O_RDONLY`, `O_WRONLY` or `O_RDWR`) an open file was opened with.
+pub fn fd_access_mode(fd: BorrowedFd<'_>) -> io::Result<i32> {
+    // SAFETY: plain fcntl call on a borrowed descriptor; the result is checked.
+    let fl = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    Ok(fl & libc::O_ACCMODE)
+}
+
 /// Adds `O_DIRECT` to an open file's status flags.
 pub fn set_direct(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: plain fcntl calls on a borrowed descriptor; the results are checked.

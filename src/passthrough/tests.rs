@@ -1593,3 +1593,313 @@ fn mount_points_are_announced_only_when_asked() {
     assert_eq!(quiet.init(u64::MAX).unwrap() & init::SUBMOUNTS, 0);
     assert_eq!(lookup(&quiet, "mnt").attr_flags & submount, 0);
 }
+
+// ---- no-open mode (--cache=always, FUSE_NO_OPEN_SUPPORT) ---------------------------------------
+
+/// A filesystem in `--cache=always` whose guest offered no-open support at INIT.
+fn no_open_fs(dir: &Path, f: impl FnOnce(&mut Config)) -> PassthroughFs {
+    let fs = fs_with(dir, |c| {
+        c.cache = CacheMode::Always;
+        f(c);
+    });
+    let agreed = fs.init(u64::MAX).unwrap();
+    assert_eq!(
+        agreed & init::ATOMIC_O_TRUNC,
+        0,
+        "no atomic O_TRUNC in no-open mode"
+    );
+    fs
+}
+
+fn try_read(fs: &PassthroughFs, inode: u64, fh: u64, size: u32, off: u64) -> io::Result<Vec<u8>> {
+    let mut w = VecWriter::new(size as usize);
+    let n = fs.read(&ctx(), inode, fh, &mut w, size, off)?;
+    let mut b = w.bytes();
+    b.truncate(n);
+    Ok(b)
+}
+
+fn try_write(fs: &PassthroughFs, inode: u64, fh: u64, data: &[u8], off: u64) -> io::Result<usize> {
+    let mut r = SliceReader::new(data);
+    fs.write(&ctx(), inode, fh, &mut r, data.len() as u32, off, false)
+}
+
+#[test]
+fn no_open_is_agreed_only_in_cache_always_with_a_capable_guest() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"x").unwrap();
+    for mode in [CacheMode::Never, CacheMode::Metadata, CacheMode::Auto] {
+        let fs = fs_with(tmp.path(), |c| c.cache = mode);
+        assert_ne!(fs.init(u64::MAX).unwrap() & init::ATOMIC_O_TRUNC, 0);
+        let f = lookup(&fs, "f");
+        let fh = fs.open(&ctx(), f.inode, 0, 0).unwrap().handle.unwrap();
+        assert_ne!(fh, 0, "handles are never 0");
+        fs.flush(&ctx(), f.inode, fh, 0).unwrap();
+        assert_eq!(errno(try_read(&fs, f.inode, 0, 1, 0)), libc::EBADF);
+        assert!(fs.opendir(&ctx(), ROOT_ID, 0).is_ok());
+    }
+    // A guest without NO_OPEN_SUPPORT / NO_OPENDIR_SUPPORT: the old behaviour.
+    let fs = fs_with(tmp.path(), |c| c.cache = CacheMode::Always);
+    let agreed = fs.init(!(init::NO_OPEN_SUPPORT | init::NO_OPENDIR_SUPPORT));
+    assert_ne!(agreed.unwrap() & init::ATOMIC_O_TRUNC, 0);
+    let f = lookup(&fs, "f");
+    assert!(fs.open(&ctx(), f.inode, 0, 0).unwrap().handle.unwrap() != 0);
+    assert!(fs.opendir(&ctx(), ROOT_ID, 0).is_ok());
+    assert_eq!(errno(try_read(&fs, f.inode, 0, 1, 0)), libc::EBADF);
+
+    let fs = no_open_fs(tmp.path(), |_| {});
+    let f = lookup(&fs, "f");
+    assert_eq!(errno(fs.open(&ctx(), f.inode, 0, 0)), libc::ENOSYS);
+    assert_eq!(errno(fs.opendir(&ctx(), ROOT_ID, 0)), libc::ENOSYS);
+    assert_eq!(errno(fs.flush(&ctx(), f.inode, 0, 0)), libc::ENOSYS);
+    fs.release(&ctx(), f.inode, 0, 0).unwrap();
+    fs.releasedir(&ctx(), ROOT_ID, 0, 0).unwrap();
+    // A handle other than 0 is still checked.
+    assert_eq!(errno(try_read(&fs, f.inode, 7, 1, 0)), libc::EBADF);
+    assert_eq!(fs.handles.len(), 0);
+}
+
+#[test]
+fn no_open_reads_writes_and_lists_without_handles() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"hello world").unwrap();
+    std::fs::create_dir(tmp.path().join("d")).unwrap();
+    for i in 0..50 {
+        std::fs::write(tmp.path().join(format!("d/e{i:02}")), b"").unwrap();
+    }
+    let fs = no_open_fs(tmp.path(), |_| {});
+    let f = lookup(&fs, "f");
+    assert_eq!(try_read(&fs, f.inode, 0, 5, 6).unwrap(), b"world");
+    assert_eq!(try_write(&fs, f.inode, 0, b"HELLO", 0).unwrap(), 5);
+    // Straight to the host file, visible to other host processes at once.
+    assert_eq!(std::fs::read(tmp.path().join("f")).unwrap(), b"HELLO world");
+    assert_eq!(try_read(&fs, f.inode, 0, 64, 0).unwrap(), b"HELLO world");
+    fs.fsync(&ctx(), f.inode, true, 0).unwrap();
+    fs.fallocate(&ctx(), f.inode, 0, 0, 0, 20).unwrap();
+    assert_eq!(std::fs::metadata(tmp.path().join("f")).unwrap().len(), 20);
+    assert_eq!(
+        fs.lseek(&ctx(), f.inode, 0, 3, libc::SEEK_DATA as u32)
+            .unwrap(),
+        3
+    );
+    // GETATTR / SETATTR naming handle 0.
+    let (st, _) = fs.getattr(&ctx(), f.inode, Some(0)).unwrap();
+    assert_eq!(st.st_size, 20);
+    let attr = SetAttr {
+        size: Some(4),
+        ..SetAttr::default()
+    };
+    fs.setattr(&ctx(), f.inode, attr, Some(0)).unwrap();
+    assert_eq!(try_read(&fs, f.inode, 0, 64, 0).unwrap(), b"HELL");
+    // One read-write descriptor serves both.
+    assert_eq!(fs.io_fds.len(), 1);
+    assert_eq!(fs.handles.len(), 0);
+
+    // Directories: offset 0 takes a snapshot, later offsets continue it, the end drops it.
+    let d = lookup(&fs, "d");
+    let mut names = BTreeSet::new();
+    let mut offset = 0;
+    loop {
+        let chunk = readdir(&fs, d.inode, 0, offset, 7);
+        if chunk.is_empty() {
+            break;
+        }
+        assert_eq!(fs.io_fds.listings(), 1);
+        for (name, off, _) in chunk {
+            names.insert(name);
+            offset = off;
+        }
+    }
+    assert_eq!(names.len(), 52, "50 entries, '.' and '..'");
+    assert_eq!(fs.io_fds.listings(), 0, "read to its end: dropped");
+    let mut plus = 0;
+    fs.readdirplus(&ctx(), d.inode, 0, 4096, 0, &mut |_, _| {
+        plus += 1;
+        Ok(1)
+    })
+    .unwrap();
+    assert_eq!(plus, 52);
+    fs.fsyncdir(&ctx(), d.inode, false, 0).unwrap();
+    assert_eq!(fs.handles.len(), 0);
+}
+
+#[test]
+fn no_open_refuses_handle_less_io_on_what_is_not_a_regular_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("d")).unwrap();
+    std::fs::write(tmp.path().join("f"), b"x").unwrap();
+    std::os::unix::fs::symlink("f", tmp.path().join("l")).unwrap();
+    let fs = no_open_fs(tmp.path(), |_| {});
+    let d = lookup(&fs, "d");
+    let l = lookup(&fs, "l");
+    let f = lookup(&fs, "f");
+    assert_eq!(errno(try_read(&fs, d.inode, 0, 1, 0)), libc::EISDIR);
+    assert_eq!(errno(try_write(&fs, d.inode, 0, b"x", 0)), libc::EISDIR);
+    assert_eq!(errno(try_read(&fs, l.inode, 0, 1, 0)), libc::ELOOP);
+    assert_eq!(errno(try_write(&fs, l.inode, 0, b"x", 0)), libc::ELOOP);
+    assert_eq!(errno(try_read(&fs, 999_999, 0, 1, 0)), libc::EBADF);
+    assert_eq!(errno(try_write(&fs, 999_999, 0, b"x", 0)), libc::EBADF);
+    assert_eq!(errno(fs.fsync(&ctx(), 999_999, false, 0)), libc::EBADF);
+    assert_eq!(
+        errno(fs.readdir(&ctx(), f.inode, 0, 4096, 0, &mut |_| Ok(1))),
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        errno(fs.readdir(&ctx(), 999_999, 0, 4096, 0, &mut |_| Ok(1))),
+        libc::EBADF
+    );
+    assert_eq!(fs.io_fds.len(), 0);
+    // Still serving.
+    assert_eq!(try_read(&fs, f.inode, 0, 1, 0).unwrap(), b"x");
+}
+
+#[test]
+fn no_open_descriptor_cache_is_bounded_and_forget_drops_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    for i in 0..20 {
+        std::fs::write(tmp.path().join(format!("f{i}")), format!("content {i}")).unwrap();
+    }
+    let fs = no_open_fs(tmp.path(), |_| {});
+    assert!(fs.io_fds.capacity() >= 8, "derived from RLIMIT_NOFILE");
+    fs.io_fds.set_capacity(4);
+    let nodes: Vec<Entry> = (0..20).map(|i| lookup(&fs, &format!("f{i}"))).collect();
+    for round in 0..2 {
+        for (i, e) in nodes.iter().enumerate() {
+            let want = format!("content {i}");
+            assert_eq!(try_read(&fs, e.inode, 0, 64, 0).unwrap(), want.as_bytes());
+            assert!(fs.io_fds.len() <= 4, "round {round}: {}", fs.io_fds.len());
+        }
+    }
+    let last = nodes.last().unwrap();
+    assert!(fs.io_fds.holds(last.inode));
+    fs.forget(&ctx(), last.inode, 1);
+    assert!(!fs.io_fds.holds(last.inode));
+}
+
+#[test]
+fn no_open_create_and_tmpfile_return_handle_0() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = no_open_fs(tmp.path(), |_| {});
+    let flags = (libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT) as u32;
+    let (e, o) = fs
+        .create(&ctx(), ROOT_ID, c"new", 0o644, flags, 0, 0, &[])
+        .unwrap();
+    assert_eq!(o.handle, None, "fh 0");
+    assert_eq!(o.open_flags, fopen::KEEP_CACHE);
+    assert_eq!(fs.handles.len(), 0);
+    assert!(
+        fs.io_fds.holds(e.inode),
+        "the created descriptor is the inode's"
+    );
+    // Never O_APPEND on the host: the guest's offset is where the write lands.
+    try_write(&fs, e.inode, 0, b"abcdef", 0).unwrap();
+    try_write(&fs, e.inode, 0, b"XY", 1).unwrap();
+    assert_eq!(std::fs::read(tmp.path().join("new")).unwrap(), b"aXYdef");
+    // Write-only from CREATE; a read opens its own descriptor.
+    assert_eq!(try_read(&fs, e.inode, 0, 64, 0).unwrap(), b"aXYdef");
+    // The kernel may send RELEASE of a file made before its first OPEN: nothing to do.
+    fs.release(&ctx(), e.inode, 0, 0).unwrap();
+
+    let (t, o) = fs
+        .tmpfile(&ctx(), ROOT_ID, 0o600, libc::O_RDWR as u32, 0, &[])
+        .unwrap();
+    assert_eq!(o.handle, None);
+    try_write(&fs, t.inode, 0, b"tmp", 0).unwrap();
+    assert_eq!(try_read(&fs, t.inode, 0, 8, 0).unwrap(), b"tmp");
+    assert_eq!(fs.handles.len(), 0);
+}
+
+#[test]
+fn no_open_on_a_readonly_share_refuses_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"ro").unwrap();
+    let fs = no_open_fs(tmp.path(), |c| c.readonly = true);
+    let f = lookup(&fs, "f");
+    assert_eq!(errno(try_write(&fs, f.inode, 0, b"x", 0)), libc::EROFS);
+    assert_eq!(
+        errno(fs.fallocate(&ctx(), f.inode, 0, 0, 0, 10)),
+        libc::EROFS
+    );
+    assert_eq!(try_read(&fs, f.inode, 0, 8, 0).unwrap(), b"ro");
+    assert_eq!(std::fs::read(tmp.path().join("f")).unwrap(), b"ro");
+}
+
+#[test]
+fn no_open_unlinked_or_replaced_files_stay_readable() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("gone"), b"still here").unwrap();
+    std::fs::write(tmp.path().join("old"), b"replaced one").unwrap();
+    std::fs::write(tmp.path().join("src"), b"new").unwrap();
+    let fs = no_open_fs(tmp.path(), |_| {});
+    // The guest opened them (the daemon never heard of it), then removes their names.
+    let g = lookup(&fs, "gone");
+    let o = lookup(&fs, "old");
+    fs.unlink(&ctx(), ROOT_ID, c"gone").unwrap();
+    fs.rename(&ctx(), ROOT_ID, c"src", ROOT_ID, c"old", 0)
+        .unwrap();
+    assert!(!tmp.path().join("gone").exists());
+    assert_eq!(try_read(&fs, g.inode, 0, 64, 0).unwrap(), b"still here");
+    try_write(&fs, g.inode, 0, b"STILL", 0).unwrap();
+    assert_eq!(try_read(&fs, g.inode, 0, 64, 0).unwrap(), b"STILL here");
+    assert_eq!(fs.getattr(&ctx(), g.inode, Some(0)).unwrap().0.st_nlink, 0);
+    assert_eq!(try_read(&fs, o.inode, 0, 64, 0).unwrap(), b"replaced one");
+    assert_eq!(std::fs::read(tmp.path().join("old")).unwrap(), b"new");
+}
+
+#[test]
+fn no_open_file_deleted_on_the_host_gives_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"x").unwrap();
+    let fs = no_open_fs(tmp.path(), |_| {});
+    let f = lookup(&fs, "f");
+    std::fs::remove_file(tmp.path().join("f")).unwrap();
+    let e = errno(try_read(&fs, f.inode, 0, 1, 0));
+    assert!(e == libc::ESTALE || e == libc::ENOENT, "errno {e}");
+    let e = errno(try_write(&fs, f.inode, 0, b"y", 0));
+    assert!(e == libc::ESTALE || e == libc::ENOENT, "errno {e}");
+}
+
+/// Run in a child process of the test binary (the open-files limit is per process): with a
+/// limit of 64 descriptors and a descriptor cache allowed far more, reading 200 files runs out
+/// of descriptors; each time half of the cache is closed and the read succeeds.
+#[test]
+fn no_open_out_of_descriptors_evicts_and_retries() {
+    if std::env::var_os("VIRTIOFSD_EMFILE_CHILD").is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "passthrough::tests::no_open_out_of_descriptors_evicts_and_retries",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("VIRTIOFSD_EMFILE_CHILD", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "child failed: {text}");
+        assert!(
+            text.contains("EMFILE-CHILD-OK"),
+            "child did not run: {text}"
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for i in 0..200 {
+        std::fs::write(tmp.path().join(format!("f{i:03}")), format!("{i}")).unwrap();
+    }
+    let fs = no_open_fs(tmp.path(), |_| {});
+    let nodes: Vec<Entry> = (0..200).map(|i| lookup(&fs, &format!("f{i:03}"))).collect();
+    let lim = libc::rlimit {
+        rlim_cur: 64,
+        rlim_max: 64,
+    };
+    // SAFETY: setrlimit reads the local `lim` only; this child process runs this test alone.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+    fs.io_fds.set_capacity(100_000);
+    for (i, e) in nodes.iter().enumerate() {
+        let want = format!("{i}");
+        assert_eq!(try_read(&fs, e.inode, 0, 8, 0).unwrap(), want.as_bytes());
+    }
+    assert!(fs.io_fds.len() < 64, "{}", fs.io_fds.len());
+    println!("EMFILE-CHILD-OK");
+}

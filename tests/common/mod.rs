@@ -55,6 +55,9 @@ pub struct Options {
     pub queues: usize,
     /// Send FUSE_INIT (Linux 6.x style) on request queue 0 before handing over.
     pub init: bool,
+    /// The INIT flags sent (default: the frontend's Linux 6.x flags, which offer
+    /// `NO_OPEN_SUPPORT` and `NO_OPENDIR_SUPPORT`).
+    pub init_flags: u64,
     pub frontend: FrontendConfig,
     /// uid/gid translation (`--translate-uid`, `--translate-gid`); empty by default.
     pub translate: Translation,
@@ -77,6 +80,7 @@ impl Default for Options {
             tag: None,
             queues: 1,
             init: true,
+            init_flags: virtiofsd::frontend::fuse_client::DEFAULT_INIT_FLAGS,
             frontend: FrontendConfig {
                 mem_size: 32 << 20,
                 timeout: Duration::from_secs(10),
@@ -119,6 +123,13 @@ impl Options {
 
     pub fn no_init(mut self) -> Self {
         self.init = false;
+        self
+    }
+
+    /// INIT without `NO_OPEN_SUPPORT` / `NO_OPENDIR_SUPPORT` (a guest that always opens).
+    pub fn without_no_open(mut self) -> Self {
+        self.init_flags &= !(virtiofsd::fuse::abi::init::NO_OPEN_SUPPORT
+            | virtiofsd::fuse::abi::init::NO_OPENDIR_SUPPORT);
         self
     }
 
@@ -256,7 +267,11 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("connect to {}: {e}", socket.display()));
         let mut c = fe.client(0).expect("client on request queue 0");
         let init = if opts.init {
-            Some(c.init().expect("FUSE_INIT"))
+            use virtiofsd::frontend::fuse_client::{DEFAULT_MAX_READAHEAD, INIT_MINOR};
+            Some(
+                c.init_with(INIT_MINOR, opts.init_flags, DEFAULT_MAX_READAHEAD, true)
+                    .expect("FUSE_INIT"),
+            )
         } else {
             None
         };

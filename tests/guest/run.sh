@@ -17,7 +17,8 @@
 #                                         --killpriv-v2 --xattrmap (ACLs passed, user.* prefixed)
 #                             escape      escape attempts from the guest against a canary
 #                                         outside the share, daemon --xattr
-#                             all = main,readonly,xattr,escape; full = all six
+#                             always      the main suite, daemon --xattr --cache always
+#                             all = main,readonly,xattr,escape,always; full = all seven
 #   --timeout SECONDS       kill a guest that has not powered off after this long (default 300)
 #   --accel auto|tcg|kvm    auto (default) uses KVM only if a short probe boot proves it works
 #   --daemon PATH           test this binary instead of building target/release/virtiofsd
@@ -35,7 +36,7 @@ CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests"
 
 KERNELS="6.12"
-SUITES="main readonly xattr escape"
+SUITES="main readonly xattr escape always"
 TIMEOUT=300
 ACCEL=auto
 DAEMON=""
@@ -65,15 +66,15 @@ while [ $# -gt 0 ]; do
 done
 [ "$KERNELS" = all ] && KERNELS="6.12 6.1"
 SUITES="${SUITES//,/ }"
-SUITES="${SUITES//full/main readonly cache-never writeback xattr escape}"
-SUITES="${SUITES//all/main readonly xattr escape}"
+SUITES="${SUITES//full/main readonly cache-never writeback xattr escape always}"
+SUITES="${SUITES//all/main readonly xattr escape always}"
 for k in $KERNELS; do
     case "$k" in 6.12|6.1) ;; *) echo "run.sh: --kernel must be 6.12, 6.1 or all" >&2; exit 2 ;; esac
 done
 for s in $SUITES; do
     case "$s" in
-        main|readonly|cache-never|writeback|xattr|escape) ;;
-        *) echo "run.sh: --suite takes main, readonly, cache-never, writeback, xattr, escape, all or full" >&2; exit 2 ;;
+        main|readonly|cache-never|writeback|xattr|escape|always) ;;
+        *) echo "run.sh: --suite takes main, readonly, cache-never, writeback, xattr, escape, always, all or full" >&2; exit 2 ;;
     esac
 done
 if [ "$(id -u)" -ne 0 ]; then
@@ -252,6 +253,7 @@ prepare_share() {
     local s="$1"
     mkdir -p "$s/fixtures/emptydir"
     printf 'hello from the host\n' > "$s/fixtures/hello.txt"
+    printf 'the host deletes me\n' > "$s/fixtures/host-deletes.txt"
     python3 - "$s/fixtures" <<'PY'
 import hashlib, os, socket, sys
 f = sys.argv[1]
@@ -502,11 +504,18 @@ boot() {
         return
     fi
 
+    # the cache mode, for the guest tests whose size depends on it
+    local gcache=auto f prev=""
+    for f in "${flags[@]}"; do
+        [ "$prev" = --cache ] && gcache="$f"
+        case "$f" in --cache=*) gcache="${f#--cache=}" ;; esac
+        prev="$f"
+    done
     local t0=$SECONDS
     qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m 1G -smp 2 -machine q35 -nodefaults -display none \
         -no-reboot -monitor none -serial "file:$logs/console.log" \
         -kernel "$CACHE/kernel-$k/vmlinuz" -initrd "$WORK/initramfs-$k.cpio" \
-        -append "console=ttyS0 quiet panic=-1 guest_suite=$suite" \
+        -append "console=ttyS0 quiet panic=-1 guest_suite=$suite guest_cache=$gcache" \
         -object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
         -chardev "socket,id=vfs,path=$sock" \
         -device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues=2 \
@@ -525,6 +534,9 @@ boot() {
                 m="${marks[$marks_seen]}"
                 snapshot "$dpid" "$logs/threads-$m.txt"
                 fds "$dpid" > "$logs/fds-$m.txt"
+                # how far the daemon's request log had got (requests between two marks)
+                wc -l < "$logs/daemon.log" > "$logs/loglines-$m.txt"
+                [ "$m" = host-delete ] && rm -f "$share/fixtures/host-deletes.txt"
                 marks_seen=$((marks_seen + 1))
             done
         fi
@@ -632,6 +644,8 @@ host_checks_main() {
     check "${prefix}the no-filetype fixture really reports DT_UNKNOWN on the host" \
         "$("$WORK/helpers/getdents" "$dir/share/fixtures/nofiletype" 2>&1 | grep '^unknown ')" \
         "unknown 10" "host getdents64 count"
+    check "${prefix}file rewritten with O_TRUNC holds only the new content" "$(cat "$w/otrunc.txt" 2>&1)" new content
+    check "${prefix}0444 file unchanged by the refused writes" "$(cat "$w/ro-file.txt" 2>&1)" keep content
     check "${prefix}appended file content" "$(cat "$w/host-append.txt" 2>&1 | tr '\n' ,)" "line1,line2,line3," content
     check "${prefix}chown'd file is owned by 1234:5678" "$(host_stat %u:%g "$w/owned.txt")" 1234:5678 owner
     check "${prefix}file a guest user created is owned by 1000:1000" "$(host_stat %u:%g "$w/userdir/user-file")" 1000:1000 owner
@@ -655,6 +669,31 @@ host_checks_main() {
         got="$(data_of "$c" "find_stats_$m")"
         [ -n "$got" ] && echo "# ${prefix%host: }find-30k ($m): $got"
     done
+    # The warm tar of the 30k tree (tar-30k-warm-reread): requests the daemon received between
+    # the warm-start and warm-end marks, by opcode. With --cache always the guest sends no
+    # OPEN (14), RELEASE (18), FLUSH (25), OPENDIR (27) or RELEASEDIR (29): the daemon answers
+    # OPEN, OPENDIR and FLUSH with ENOSYS once and the kernel stops sending them.
+    got="$(data_of "$c" tar_30k)"
+    [ -n "$got" ] && echo "# ${prefix%host: }tar of the 30k tree: $got"
+    local name="${prefix}warm re-read of the 30k tree sends no OPEN/FLUSH/RELEASE with --cache always"
+    if [ -f "$logs/loglines-warm-start.txt" ] && [ -f "$logs/loglines-warm-end.txt" ]; then
+        local a b counts opens
+        a="$(cat "$logs/loglines-warm-start.txt")"; b="$(cat "$logs/loglines-warm-end.txt")"
+        counts="$(sed -n "$((a + 1)),${b}p" "$logs/daemon.log" | grep -oE 'request unique=[0-9]+ opcode=[0-9]+ ' |
+            sed 's/.*opcode=//' | sort -n | uniq -c | awk '{ printf "%s op%s:%s", sep, $2, $1; sep = "," }')"
+        opens="$(sed -n "$((a + 1)),${b}p" "$logs/daemon.log" | grep -cE 'request unique=[0-9]+ opcode=(14|18|25|27|29) ' || true)"
+        echo "# ${prefix%host: }requests during the warm tar: ${counts:-none}"
+        if [[ " $BOOT_FLAGS " != *" --cache always "* ]]; then
+            result skip "$name" "not --cache always; OPEN/RELEASE/FLUSH/OPENDIR/RELEASEDIR: $opens"
+        elif [ "$opens" = 0 ]; then
+            result ok "$name" "requests during the warm tar: ${counts:-none}"
+        else
+            result fail "$name" "$opens OPEN/RELEASE/FLUSH/OPENDIR/RELEASEDIR requests; all: $counts"
+        fi
+    else
+        result fail "$name" "no daemon log positions were taken at the warm-start/warm-end marks"
+    fi
+
     got="$(data_of "$c" statfs)"
     check "${prefix}statfs block size, blocks, inodes match the host's" "$got" "$(stat -f -c '%S %b %c' "$dir/share")" "bsize blocks files"
 
@@ -854,6 +893,7 @@ for k in $KERNELS; do
             xattr) boot "$k" xattr xattr --posix-acl --security-label=auto --killpriv-v2 \
                 "--xattrmap=$XATTR_MAP" ;;
             escape) boot "$k" escape escape --xattr ;;
+            always) boot "$k" always main --xattr --cache always ;;
         esac
     done
 done

@@ -351,7 +351,10 @@ fn list_dir(
     stack: &mut Vec<u64>,
 ) -> Result<u64, String> {
     let flags = (libc::O_RDONLY | libc::O_DIRECTORY) as u32;
-    let fh = fuse(c.try_opendir(dir, flags), || format!("OPENDIR node {dir}"))?.fh;
+    let fh = fuse(c.kernel_opendir(dir, flags), || {
+        format!("OPENDIR node {dir}")
+    })?
+    .fh;
     let mut entries = 0;
     let mut offset = 0;
     loop {
@@ -400,7 +403,7 @@ fn list_dir(
             });
         }
     }
-    fuse(c.try_releasedir(dir, fh, flags), || {
+    fuse(c.kernel_releasedir(dir, fh, flags), || {
         format!("RELEASEDIR node {dir}")
     })?;
     Ok(entries)
@@ -472,11 +475,12 @@ pub fn run(
     }
 }
 
-/// What `cat FILE` makes the kernel send: OPEN, READ of a page, FLUSH, RELEASE.
+/// What `cat FILE` makes the kernel send: OPEN, READ of a page, FLUSH, RELEASE (with
+/// `--cache=always` and a daemon that answers OPEN and FLUSH with `ENOSYS`, only the READ).
 fn open_read_close(c: &mut FuseClient, f: &Found) -> Result<(), String> {
     let flags = libc::O_RDONLY as u32;
     let n = f.nodeid;
-    let fh = fuse(c.try_open(n, flags), || format!("OPEN node {n}"))?.fh;
+    let fh = fuse(c.kernel_open(n, flags), || format!("OPEN node {n}"))?.fh;
     let data = fuse(c.try_read(n, fh, 0, SMALL_READ), || {
         format!("READ node {n}")
     })?;
@@ -487,8 +491,12 @@ fn open_read_close(c: &mut FuseClient, f: &Found) -> Result<(), String> {
             f.attr.size
         ));
     }
-    fuse(c.try_flush(n, fh, LOCK_OWNER), || format!("FLUSH node {n}"))?;
-    fuse(c.try_release(n, fh, flags), || format!("RELEASE node {n}"))
+    fuse(c.kernel_flush(n, fh, LOCK_OWNER), || {
+        format!("FLUSH node {n}")
+    })?;
+    fuse(c.kernel_release(n, fh, flags), || {
+        format!("RELEASE node {n}")
+    })
 }
 
 fn seq_read(s: &mut Session, daemon: &Running, settings: &Settings) -> Result<Measured, String> {
@@ -504,7 +512,10 @@ fn seq_read(s: &mut Session, daemon: &Running, settings: &Settings) -> Result<Me
         ));
     }
     let flags = libc::O_RDONLY as u32;
-    let fh = fuse(s.c.try_open(node, flags), || format!("OPEN '{BIG_FILE}'"))?.fh;
+    let fh = fuse(s.c.kernel_open(node, flags), || {
+        format!("OPEN '{BIG_FILE}'")
+    })?
+    .fh;
     let depth = settings.seq_depth.max(1);
     let err = |e: virtiofsd::frontend::Error| format!("READ of '{BIG_FILE}': {e}");
 
@@ -553,7 +564,7 @@ fn seq_read(s: &mut Session, daemon: &Running, settings: &Settings) -> Result<Me
             "READ of '{BIG_FILE}': got {bytes} bytes in {passes} passes over a file of {total}"
         ));
     }
-    fuse(s.c.try_release(node, fh, flags), || {
+    fuse(s.c.kernel_release(node, fh, flags), || {
         format!("RELEASE '{BIG_FILE}'")
     })?;
     let mut refs = Refs::default();
@@ -587,7 +598,7 @@ fn create_unlink(
         })?;
         refs.add(entry.nodeid);
         let n = entry.nodeid;
-        fuse(s.c.try_release(n, open.fh, flags), || {
+        fuse(s.c.kernel_release(n, open.fh, flags), || {
             format!("RELEASE '{dir_name}/{name}'")
         })?;
     }

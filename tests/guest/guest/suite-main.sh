@@ -411,6 +411,74 @@ t_find_30k_type_f() {
 }
 t find-30k-type-f-no-stat t_find_30k_type_f
 
+# Reading the 30k tree twice with tar: the second (warm) read is served from the guest's caches
+# as far as the cache mode allows. The host counts the requests the daemon received between the
+# warm-start and warm-end marks (host_checks_main in run.sh): with --cache always there must be
+# no OPEN, FLUSH, RELEASE, OPENDIR or RELEASEDIR at all.
+# Other cache modes send a few requests per file on every read, too slow for the whole tree
+# under TCG: they read the first tenth of it (d00-d09, 3,000 files). run.sh passes the daemon's
+# cache mode on the kernel command line (guest_cache=).
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+t_warm_reread() {
+    [ -d $TREE ] || fail "$TREE missing"
+    if grep -q 'guest_cache=always' /proc/cmdline; then
+        set -- . ; _min=50000000; _what="whole tree"
+    else
+        set -- ./d00 ./d01 ./d02 ./d03 ./d04 ./d05 ./d06 ./d07 ./d08 ./d09
+        _min=5000000; _what="d00-d09"
+    fi
+    _t0=$(uptime_s)
+    cold=$(tar cf - -C $TREE "$@" | wc -c)
+    _t1=$(uptime_s)
+    mark warm-start
+    _t2=$(uptime_s)
+    warm=$(tar cf - -C $TREE "$@" | wc -c)
+    _t3=$(uptime_s)
+    mark warm-end
+    eq "$warm" "$cold" "bytes of the warm tar"
+    [ "$cold" -gt $_min ] || fail "cold tar only $cold bytes"
+    data tar_30k "$(awk -v a="$_t0" -v b="$_t1" -v c="$_t2" -v d="$_t3" -v n="$cold" -v w="$_what" \
+        'BEGIN { printf "%s: cold %.2fs, warm %.2fs, %d bytes", w, b - a, d - c, n }')"
+}
+t tar-30k-warm-reread t_warm_reread
+
+t_readonly_file() {
+    # The guest kernel checks permissions (default_permissions); the daemon opens as itself.
+    printf 'keep\n' > ro-file.txt
+    chown 1000:1000 ro-file.txt
+    chmod 0444 ro-file.txt
+    must_fail_with "Permission denied" runas 1000 1000 sh -c 'echo changed > /mnt/work/ro-file.txt'
+    must_fail_with "Permission denied" runas 1000 1000 sh -c 'echo more >> /mnt/work/ro-file.txt'
+    printf 'root\n' > root-file.txt
+    must_fail_with "Permission denied" runas 1000 1000 sh -c 'echo x > /mnt/work/root-file.txt'
+    eq "$(cat ro-file.txt)" keep "content of the 0444 file"
+    eq "$(cat root-file.txt)" root "content of the root-owned 0644 file"
+    runas 1000 1000 cat /mnt/work/ro-file.txt > /dev/null || fail "the owner cannot read 0444"
+}
+t write-to-read-only-file-refused t_readonly_file
+
+t_o_trunc_existing() {
+    printf 'long old content\n' > otrunc.txt
+    cat otrunc.txt > /dev/null
+    printf 'new\n' > otrunc.txt
+    eq "$(cat otrunc.txt)" new "content after a truncating open"
+    eq "$(stat -c %s otrunc.txt)" 4 "size after a truncating open"
+    data otrunc_size "$(stat -c %s otrunc.txt)"
+}
+t o-trunc-of-a-cached-file t_o_trunc_existing
+
+t_host_deleted() {
+    # The host deletes fixtures/host-deletes.txt when it sees the mark (run.sh).
+    eq "$(stat -c %s $F/host-deletes.txt)" 20 "size before the host deletes it"
+    mark host-delete
+    sleep 1
+    if cat $F/host-deletes.txt > /tmp/hd.out 2>/tmp/hd.err; then
+        fail "read of a file the host deleted succeeded: '$(cat /tmp/hd.out)'"
+    fi
+    echo "error: $(cat /tmp/hd.err)"
+}
+t read-of-file-deleted-on-host-fails t_host_deleted
+
 t_rm_tree() {
     mkdir -p tree
     for i in $(seq 1 20); do
