@@ -30,7 +30,7 @@
 #   --kernel K       guest kernel, 6.12 or 6.1 (default 6.12)
 #   --accel A        tcg (default) or kvm
 #   --mem MIB        guest RAM in MiB (default 2048); --smp N guest CPUs (default 2)
-#   --timeout S      kill a guest still running after S seconds (default 900)
+#   --timeout S      kill a guest still running after S seconds (default 1800)
 #   --tree DIR       where the host tree is generated (default /var/tmp/virtiofsd-guest-bench)
 #   --daemon PATH    measure this binary as "ours" (implies --no-build)
 #   --no-build       do not run cargo build
@@ -55,7 +55,7 @@ OUT="$ROOT/target/guest-bench"
 . "$HERE/reference.sh"
 
 FILES=30000 DIRS=1000 SEED=1 CHURN=2000 ROUNDS=1 COLUMNS="ours,ref,tmpfs" CACHE_MODE=always
-KERNEL=6.12 ACCEL=tcg MEM=2048 SMP=2 TIMEOUT=900 TREE=/var/tmp/virtiofsd-guest-bench
+KERNEL=6.12 ACCEL=tcg MEM=2048 SMP=2 TIMEOUT=1800 TREE=/var/tmp/virtiofsd-guest-bench
 DAEMON="" BUILD=1
 QUEUES="${QUEUES:-1}"
 read -r -a OURS_EXTRA <<< "${OURS_FLAGS:-}"
@@ -277,10 +277,17 @@ $(tail -n 10 "$logs/daemon.log")"
         "${dev[@]}" >"$logs/qemu.log" 2>&1 </dev/null &
     local qpid=$!
     PIDS+=("$qpid")
-    local timed_out=0
+    # wait for the guest to power off, showing each step's time as it comes
+    local timed_out=0 shown=0 times
+    printf '# round %s/%s %s:' "$r" "$ROUNDS" "$col" >&2
     while kill -0 "$qpid" 2>/dev/null; do
         if [ $((SECONDS - t0)) -ge "$TIMEOUT" ]; then timed_out=1; break; fi
         sleep 0.5
+        mapfile -t times < <(tr -d '\r' < "$logs/console.log" 2>/dev/null | sed -n 's/^#TIME \([^ ]*\) \([0-9.]*\)$/\1=\2/p')
+        while [ "$shown" -lt "${#times[@]}" ]; do
+            printf ' %s' "${times[$shown]}" >&2
+            shown=$((shown + 1))
+        done
     done
     if [ "$timed_out" = 1 ]; then
         kill -TERM "$qpid" 2>/dev/null; sleep 2; kill -KILL "$qpid" 2>/dev/null
@@ -307,15 +314,13 @@ $(tail -n 10 "$logs/daemon.log")"
     tr -d '\r' < "$c" > "$logs/console.txt"
     c="$logs/console.txt"
     [ -n "$GUEST_KERNEL" ] || GUEST_KERNEL="$(sed -n 's/^#GUEST kernel=\([^ ]*\).*/\1/p' "$c" | head -n 1)"
-    local summary=""
     while IFS= read -r line; do
         local step="${line#\#TIME }"; step="${step%% *}"
         local t="${line##* }"
         [[ "$t" =~ ^[0-9]+\.[0-9]+$ ]] || continue
         printf '%s\t%s\t%s\t%s\n' "$r" "$col" "$step" "$t" >> "$TIMES"
-        summary+=" $step=$t"
     done < <(grep '^#TIME ' "$c")
-    echo "# round $r $col: boot ${secs}s;$summary" >&2
+    echo " (boot ${secs}s)" >&2
 
     if [ "$timed_out" = 1 ]; then
         bad_boot "round $r, $col: guest still running after ${TIMEOUT}s (killed); console tail:
@@ -324,6 +329,9 @@ $(tail -n 5 "$c")"
         bad_boot "round $r, $col: the guest did not finish (QEMU exit status $qrc); console tail:
 $(tail -n 10 "$c")
 QEMU log: $(tail -n 5 "$logs/qemu.log")"
+    fi
+    if grep -q 'rcu.*detected stalls' "$c"; then
+        echo "note: round $r, $col: the guest kernel reported RCU stalls (its vCPUs were starved: the host is overloaded; the times of this boot are not worth much)" >&2
     fi
     grep '^#BAIL\|^#FAIL' "$c" | while IFS= read -r line; do echo "FAILED: round $r, $col: ${line#\#}" >&2; done
     FAILED=$((FAILED + $(grep -c '^#BAIL\|^#FAIL' "$c")))
