@@ -120,6 +120,12 @@ has_col() { [[ " ${COLS[*]} " = *" $1 "* ]]; }
 
 START=$SECONDS
 mkdir -p "$OUT"
+# one run at a time: they would share the logs, the tree and the host's CPUs
+exec 9>"$OUT/.lock"
+if ! flock -n 9; then
+    echo "guest.sh: another guest.sh is running (it holds $OUT/.lock)" >&2
+    exit 1
+fi
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-guest-bench.XXXXXX")"
 PIDS=()   # process (group) ids this script started and has not reaped yet
 
