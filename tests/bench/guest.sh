@@ -144,7 +144,7 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
-trap 'echo "guest.sh: interrupted" >&2; exit 130' INT TERM HUP
+trap 'printf "\nguest.sh: interrupted\n" >&2; exit 130' INT TERM HUP
 
 forget_pid() {
     local p new=()
