@@ -12,7 +12,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-REF_VERSION=1.14.0
 REF_ROOT=${REF_ROOT:-/opt/ref-virtiofsd}
 TREE=${TREE:-/var/tmp/virtiofsd-bench-tree}
 ROUNDS=${ROUNDS:-3}
@@ -20,15 +19,9 @@ ROUNDS=${ROUNDS:-3}
 echo "== building virtiofsd and virtiofsd-bench (release)" >&2
 cargo build --release --locked --bins >&2
 
-if ! "$REF_ROOT/bin/virtiofsd" --version 2>/dev/null | grep -qF "$REF_VERSION"; then
-    echo "== installing the reference virtiofsd $REF_VERSION into $REF_ROOT" >&2
-    if ! dpkg -s libseccomp-dev libcap-ng-dev >/dev/null 2>&1; then
-        apt-get update >&2
-        apt-get install -y libseccomp-dev libcap-ng-dev >&2
-    fi
-    CARGO_TARGET_DIR=/tmp/ref-target cargo install virtiofsd --version "$REF_VERSION" \
-        --root "$REF_ROOT" >&2
-fi
+# shellcheck source=tests/bench/reference.sh
+. tests/bench/reference.sh
+ensure_reference
 
 extra=()
 

@@ -32,6 +32,8 @@ set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=tests/guest/initramfs.sh
+. "$HERE/initramfs.sh"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests"
 
@@ -188,31 +190,19 @@ done
 # fuse/virtiofs modules when they are not built in. An uncompressed newc cpio.
 build_initramfs() {
     local k="$1" out="$2" st="$WORK/initramfs-$1"
-    rm -rf "$st"
-    mkdir -p "$st"/{bin,dev,proc,sys,tmp,mnt,root,tests,helpers,modules}
-    cp /bin/busybox "$st/bin/busybox"
-    ln -s busybox "$st/bin/sh"
+    initramfs_skeleton "$st"
+    mkdir -p "$st"/{tests,helpers}
     cp "$HERE/guest/init" "$st/init"
     chmod 755 "$st/init"
     cp "$HERE"/guest/*.sh "$st/tests/"
     cp "$WORK"/helpers/* "$st/helpers/"
     rm -f "$st"/helpers/*.err
-    if [ -f "$CACHE/kernel-$k/modules/load-order" ]; then
-        cp "$CACHE/kernel-$k/modules/"* "$st/modules/"
-    fi
-    # GNU find and strace (dynamically linked) with their shared libraries and the loader at
-    # the host's paths; the guest calls them as /usr/bin/find and /usr/bin/strace (busybox's
-    # find stays the one on PATH).
-    local b l
-    for b in /usr/bin/find /usr/bin/strace; do
-        mkdir -p "$st$(dirname "$b")"
-        cp -L "$b" "$st$b"
-        for l in $(ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'); do
-            mkdir -p "$st$(dirname "$l")"
-            cp -L "$l" "$st$l"
-        done
-    done
-    (cd "$st" && find . -print0 | cpio --null -o -H newc --quiet) > "$out"
+    initramfs_modules "$st" "$CACHE/kernel-$k"
+    # GNU find and strace with their shared libraries and the loader at the host's paths; the
+    # guest calls them as /usr/bin/find and /usr/bin/strace (busybox's find stays the one on
+    # PATH).
+    initramfs_binaries "$st" /usr/bin/find /usr/bin/strace
+    initramfs_pack "$st" "$out"
 }
 
 # --- accelerator -------------------------------------------------------------------------------

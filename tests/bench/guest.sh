@@ -1,0 +1,428 @@
+#!/usr/bin/env bash
+# Guest benchmark: what a Linux guest sees. Boots a guest under QEMU (TCG by default) on the
+# guest-test kit (tests/guest/: QEMU 10, the Debian 6.12 cloud kernel, a busybox initramfs with
+# the host's GNU find, ls, du, tar, grep and wc) and times, inside the guest, a fixed list of
+# steps on one generated tree served by
+#   ours   target/release/virtiofsd
+#   ref    the reference virtiofsd 1.14 (/opt/ref-virtiofsd/bin/virtiofsd; installed if missing)
+#   tmpfs  no daemon: the same tree made on a tmpfs inside the guest, by the same generator
+# one boot per column per round, alternating (ours, ref, tmpfs, ours, ...). Prints seconds per
+# step (medians over the rounds), the ratios, whether the targets of issue 8 are met, and one
+# line describing the machine. A benchmark, not a test: tests/run.sh does not run it.
+#
+# Steps (from the tree's root; "cold" = after `echo 3 > /proc/sys/vm/drop_caches` in the guest):
+#   find-cold, find-warm   find . | wc -l
+#   find-type-f            find . -type f | wc -l
+#   ls-lR                  ls -lR | wc -l
+#   du-s                   du -s .
+#   tar-cold, tar-warm     tar cf - . | wc -c
+#   grep-r                 grep -r NEEDLE . | wc -l      (every 10th file has the needle)
+#   create-rm              create N empty files in a new directory, unlink them, rmdir
+#
+# Usage: tests/bench/guest.sh [options]        (as root)
+#   --files N        files in the tree (default 30000), 0-4 KiB each
+#   --dirs N         leaf directories holding them (default 1000; ten per parent directory)
+#   --seed N         generator seed (default 1)
+#   --churn N        files the create-rm step creates and removes (default 2000)
+#   --rounds N       boots per column (default 1); the table shows medians
+#   --columns LIST   comma-separated subset of ours,ref,tmpfs (default all three)
+#   --cache MODE     --cache= of both daemons (default always)
+#   --kernel K       guest kernel, 6.12 or 6.1 (default 6.12)
+#   --accel A        tcg (default) or kvm
+#   --mem MIB        guest RAM in MiB (default 2048); --smp N guest CPUs (default 2)
+#   --timeout S      kill a guest still running after S seconds (default 1800)
+#   --tree DIR       where the host tree is generated (default /var/tmp/virtiofsd-guest-bench)
+#   --daemon PATH    measure this binary as "ours" (implies --no-build)
+#   --no-build       do not run cargo build
+# Environment:
+#   OURS_FLAGS, REF_FLAGS  more flags for each daemon (default none: each daemon's own defaults
+#                          besides --cache; both are started as root)
+#   QUEUES                 num-request-queues of the vhost-user-fs-pci device (default 1)
+#   REF_ROOT               where the reference is installed (default /opt/ref-virtiofsd)
+# Logs (console, daemon, QEMU per boot), the raw times (times.tsv) and the table (result.md) go
+# to target/guest-bench/. Exit status 0 when every boot ran every step with the expected output
+# (the targets do not affect it), 1 otherwise, 2 on a bad command line.
+set -uo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+GUEST="$ROOT/tests/guest"
+CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
+OUT="$ROOT/target/guest-bench"
+# shellcheck source=tests/guest/initramfs.sh
+. "$GUEST/initramfs.sh"
+# shellcheck source=tests/bench/reference.sh
+. "$HERE/reference.sh"
+
+FILES=30000 DIRS=1000 SEED=1 CHURN=2000 ROUNDS=1 COLUMNS="ours,ref,tmpfs" CACHE_MODE=always
+KERNEL=6.12 ACCEL=tcg MEM=2048 SMP=2 TIMEOUT=1800 TREE=/var/tmp/virtiofsd-guest-bench
+DAEMON="" BUILD=1
+QUEUES="${QUEUES:-1}"
+read -r -a OURS_EXTRA <<< "${OURS_FLAGS:-}"
+read -r -a REF_EXTRA <<< "${REF_FLAGS:-}"
+
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
+bad() { echo "guest.sh: $*" >&2; exit 2; }
+num() { [[ "$2" =~ ^[0-9]+$ ]] || bad "$1 takes a number, got '$2'"; }
+while [ $# -gt 0 ]; do
+    opt="$1"
+    case "$opt" in
+        --*=*) val="${opt#*=}"; opt="${opt%%=*}"; shift ;;
+        --files|--dirs|--seed|--churn|--rounds|--columns|--cache|--kernel|--accel|--mem|--smp|--timeout|--tree|--daemon)
+            [ $# -ge 2 ] || bad "$opt needs a value"
+            val="$2"; shift 2 ;;
+        *) val=""; shift ;;
+    esac
+    case "$opt" in
+        --files) num "$opt" "$val"; FILES="$val" ;;
+        --dirs) num "$opt" "$val"; DIRS="$val" ;;
+        --seed) num "$opt" "$val"; SEED="$val" ;;
+        --churn) num "$opt" "$val"; CHURN="$val" ;;
+        --rounds) num "$opt" "$val"; ROUNDS="$val" ;;
+        --columns) COLUMNS="$val" ;;
+        --cache) CACHE_MODE="$val" ;;
+        --kernel) KERNEL="$val" ;;
+        --accel) ACCEL="$val" ;;
+        --mem) num "$opt" "$val"; MEM="$val" ;;
+        --smp) num "$opt" "$val"; SMP="$val" ;;
+        --timeout) num "$opt" "$val"; TIMEOUT="$val" ;;
+        --tree) TREE="$val" ;;
+        --daemon) DAEMON="$val"; BUILD=0 ;;
+        --no-build) BUILD=0 ;;
+        -h|--help) usage 0 ;;
+        *) echo "guest.sh: unknown option $opt" >&2; usage 2 ;;
+    esac
+done
+if [ "$DIRS" -lt 1 ] || [ "$DIRS" -gt 100000 ]; then bad "--dirs must be 1..100000"; fi
+[ "$ROUNDS" -ge 1 ] || bad "--rounds must be at least 1"
+[ "$MEM" -ge 512 ] || bad "--mem must be at least 512 (MiB)"
+[ "$SMP" -ge 1 ] || bad "--smp must be at least 1"
+case "$KERNEL" in 6.12|6.1) ;; *) bad "--kernel must be 6.12 or 6.1" ;; esac
+case "$ACCEL" in
+    tcg) ACCEL_ARGS=(-accel tcg -cpu max) ;;
+    kvm) ACCEL_ARGS=(-accel kvm -cpu host) ;;
+    *) bad "--accel must be tcg or kvm" ;;
+esac
+case "$CACHE_MODE" in never|metadata|auto|always) ;; *) bad "--cache must be never, metadata, auto or always" ;; esac
+[[ "$QUEUES" =~ ^[1-9][0-9]*$ ]] || bad "QUEUES must be a positive number"
+COLS=()
+for c in ${COLUMNS//,/ }; do
+    case "$c" in ours|ref|tmpfs) COLS+=("$c") ;; *) bad "--columns takes ours, ref, tmpfs (comma-separated)" ;; esac
+done
+[ "${#COLS[@]}" -gt 0 ] || bad "--columns is empty"
+case "$TREE" in /*) ;; *) bad "--tree must be an absolute path" ;; esac
+case "$TREE" in /|/usr|/usr/*|/etc|/etc/*|/bin|/bin/*|/home|/root|/var|/var/tmp|/tmp) bad "--tree $TREE: pick a dedicated directory (it is deleted and regenerated)" ;; esac
+if [ "$(id -u)" -ne 0 ]; then
+    echo "guest.sh: must run as root (both daemons serve the tree as root; the reference sandboxes itself in namespaces)" >&2
+    exit 2
+fi
+has_col() { [[ " ${COLS[*]} " = *" $1 "* ]]; }
+
+START=$SECONDS
+mkdir -p "$OUT"
+# one run at a time: they would share the logs, the tree and the host's CPUs
+exec 9>"$OUT/.lock"
+if ! flock -n 9; then
+    echo "guest.sh: another guest.sh is running (it holds $OUT/.lock)" >&2
+    exit 1
+fi
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-guest-bench.XXXXXX")"
+PIDS=()   # process (group) ids this script started and has not reaped yet
+
+# shellcheck disable=SC2317  # called by the EXIT trap
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do
+        kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
+    done
+    if [ "${#PIDS[@]}" -gt 0 ]; then
+        sleep 1
+        for p in "${PIDS[@]}"; do
+            kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null
+        done
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'printf "\nguest.sh: interrupted\n" >&2; exit 130' INT TERM HUP
+
+forget_pid() {
+    local p new=()
+    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || new+=("$p"); done
+    PIDS=("${new[@]}")
+}
+
+die() { echo "guest.sh: $*" >&2; exit 1; }
+say() { echo "# $*" >&2; }
+
+# --- prerequisites -----------------------------------------------------------------------------
+need_install=0
+command -v qemu-system-x86_64 >/dev/null || need_install=1
+command -v cpio >/dev/null || need_install=1
+command -v gcc >/dev/null || need_install=1
+[ -x /bin/busybox ] || need_install=1
+[ -f "$CACHE/kernel-$KERNEL/.complete" ] || need_install=1
+if [ "$need_install" = 1 ]; then
+    say "running tests/guest/install.sh (log: $OUT/install.log)"
+    GUEST_KERNELS="$KERNEL" VIRTIOFSD_GUEST_CACHE="$CACHE" "$GUEST/install.sh" >"$OUT/install.log" 2>&1 ||
+        die "tests/guest/install.sh failed; tail of $OUT/install.log:
+$(tail -n 20 "$OUT/install.log")"
+fi
+for b in /usr/bin/find /usr/bin/ls /usr/bin/du /usr/bin/tar /usr/bin/grep /usr/bin/wc; do
+    [ -x "$b" ] || die "$b is missing on the host (GNU findutils, coreutils, tar, grep go into the guest)"
+done
+
+if has_col ours; then
+    if [ "$BUILD" = 1 ]; then
+        say "cargo build --release --bin virtiofsd (log: $OUT/build.log)"
+        (cd "$ROOT" && cargo build --release --locked --bin virtiofsd) >"$OUT/build.log" 2>&1 ||
+            die "cargo build failed; see $OUT/build.log:
+$(grep -E '^error' -A5 "$OUT/build.log" | head -n 30)"
+    fi
+    DAEMON="${DAEMON:-$ROOT/target/release/virtiofsd}"
+    [ -x "$DAEMON" ] || die "$DAEMON is missing or not executable"
+fi
+REF="$REF_ROOT/bin/virtiofsd"
+if has_col ref; then
+    ensure_reference >"$OUT/reference-install.log" 2>&1 ||
+        die "installing the reference failed; see $OUT/reference-install.log"
+    [ -x "$REF" ] || die "$REF is missing"
+fi
+
+gcc -static -O2 -Wall -o "$WORK/benchtool" "$HERE/guest/benchtool.c" 2>"$WORK/benchtool.err" ||
+    die "compiling tests/bench/guest/benchtool.c failed:
+$(cat "$WORK/benchtool.err")"
+
+# --- the tree ----------------------------------------------------------------------------------
+say "generating the tree in $TREE: $FILES files in $DIRS directories (seed $SEED)"
+rm -rf "$TREE"
+mkdir -p "$(dirname "$TREE")"
+TREE_INFO="$("$WORK/benchtool" mktree "$TREE" "$FILES" "$DIRS" "$SEED")" || die "generating the tree failed"
+say "tree: $TREE_INFO"
+tree_field() { printf '%s\n' "$TREE_INFO" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+
+# What each step must print (the same GNU tools on the host; du depends on the file system).
+# This also reads the whole tree, so the host's page cache holds it for every boot.
+declare -A WANT
+host_out() { (cd "$TREE" && bash -c "set -o pipefail; $1") 2>/dev/null | tr '\n' ' '; }
+WANT[find-cold]="$(host_out '/usr/bin/find . | /usr/bin/wc -l')"
+WANT[find-warm]="${WANT[find-cold]}"
+WANT[find-type-f]="$(host_out '/usr/bin/find . -type f | /usr/bin/wc -l')"
+WANT[ls-lR]="$(host_out '/usr/bin/ls -lR | /usr/bin/wc -l')"
+WANT[tar-cold]="$(host_out '/usr/bin/tar cf - . | /usr/bin/wc -c')"
+WANT[tar-warm]="${WANT[tar-cold]}"
+WANT[grep-r]="$(host_out '/usr/bin/grep -r virtiofsd-guest-bench-needle . | /usr/bin/wc -l')"
+WANT[create-rm]=""
+[ "${WANT[find-type-f]}" = "$(tree_field files) " ] ||
+    die "host check: find -type f counted '${WANT[find-type-f]}', the generator made $(tree_field files)"
+[ "${WANT[grep-r]}" = "$(tree_field needles) " ] ||
+    die "host check: grep -r counted '${WANT[grep-r]}', the generator wrote $(tree_field needles) needles"
+STEPS=(find-cold find-warm find-type-f ls-lR du-s tar-cold tar-warm grep-r create-rm)
+
+# --- initramfs ---------------------------------------------------------------------------------
+ST="$WORK/initramfs"
+initramfs_skeleton "$ST"
+mkdir -p "$ST/helpers"
+cp "$HERE/guest/init" "$ST/init"
+chmod 755 "$ST/init"
+cp "$WORK/benchtool" "$ST/helpers/"
+initramfs_modules "$ST" "$CACHE/kernel-$KERNEL"
+initramfs_binaries "$ST" /usr/bin/find /usr/bin/ls /usr/bin/du /usr/bin/tar /usr/bin/grep /usr/bin/wc ||
+    die "copying the GNU tools into the initramfs failed"
+initramfs_pack "$ST" "$WORK/initramfs.cpio" || die "packing the initramfs failed"
+
+# --- boots -------------------------------------------------------------------------------------
+TIMES="$OUT/times.tsv"
+printf 'round\tcolumn\tstep\tseconds\n' > "$TIMES"
+FAILED=0
+GUEST_KERNEL=""
+rm -rf "$OUT"/r[0-9]*-*
+
+# bad_boot MSG: a failure of the current boot (reported, counted; the run goes on)
+bad_boot() { echo "FAILED: $*" >&2; FAILED=$((FAILED + 1)); }
+
+# boot ROUND COLUMN
+boot() {
+    local r="$1" col="$2" logs="$OUT/r$1-$2" sock="$WORK/vfs.sock" dpid="" bin flags=()
+    mkdir -p "$logs"
+    local append="console=ttyS0 quiet panic=-1 bench_churn=$CHURN"
+    local dev=()
+    if [ "$col" = tmpfs ]; then
+        append+=" bench_fs=tmpfs bench_tree=$FILES,$DIRS,$SEED"
+    else
+        append+=" bench_fs=virtiofs"
+        if [ "$col" = ours ]; then bin="$DAEMON"; flags=("${OURS_EXTRA[@]}"); else bin="$REF"; flags=("${REF_EXTRA[@]}"); fi
+        rm -rf "$TREE/.bench-churn" "$sock"
+        # keep the host's page cache warm for every daemon alike
+        (cd "$TREE" && /usr/bin/tar cf - . | /usr/bin/wc -c) >/dev/null 2>&1
+        echo "$bin --socket-path $sock --shared-dir $TREE --cache=$CACHE_MODE ${flags[*]}" > "$logs/daemon.cmd"
+        setsid "$bin" --socket-path "$sock" --shared-dir "$TREE" "--cache=$CACHE_MODE" "${flags[@]}" \
+            >"$logs/daemon.log" 2>&1 </dev/null &
+        dpid=$!
+        PIDS+=("$dpid")
+        for _ in $(seq 1 100); do
+            [ -S "$sock" ] && break
+            kill -0 "$dpid" 2>/dev/null || break
+            sleep 0.1
+        done
+        if [ ! -S "$sock" ]; then
+            bad_boot "round $r, $col: the daemon did not create its socket within 10 s; $logs/daemon.log:
+$(tail -n 10 "$logs/daemon.log")"
+            kill -KILL -- "-$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null; forget_pid "$dpid"
+            return
+        fi
+        dev=(-chardev "socket,id=vfs,path=$sock"
+             -device "vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues=$QUEUES")
+    fi
+
+    local t0=$SECONDS
+    setsid qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m "${MEM}M" -smp "$SMP" -machine q35 -nodefaults \
+        -display none -no-reboot -monitor none -serial "file:$logs/console.log" \
+        -kernel "$CACHE/kernel-$KERNEL/vmlinuz" -initrd "$WORK/initramfs.cpio" -append "$append" \
+        -object "memory-backend-memfd,id=mem,size=${MEM}M,share=on" -numa node,memdev=mem \
+        "${dev[@]}" >"$logs/qemu.log" 2>&1 </dev/null &
+    local qpid=$!
+    PIDS+=("$qpid")
+    # wait for the guest to power off, showing each step's time as it comes
+    local timed_out=0 shown=0 times
+    printf '# round %s/%s %s:' "$r" "$ROUNDS" "$col" >&2
+    while kill -0 "$qpid" 2>/dev/null; do
+        if [ $((SECONDS - t0)) -ge "$TIMEOUT" ]; then timed_out=1; break; fi
+        sleep 0.5
+        mapfile -t times < <(tr -d '\r' < "$logs/console.log" 2>/dev/null | sed -n 's/^#TIME \([^ ]*\) \([0-9.]*\)$/\1=\2/p')
+        while [ "$shown" -lt "${#times[@]}" ]; do
+            printf ' %s' "${times[$shown]}" >&2
+            shown=$((shown + 1))
+        done
+    done
+    if [ "$timed_out" = 1 ]; then
+        kill -TERM "$qpid" 2>/dev/null; sleep 2; kill -KILL "$qpid" 2>/dev/null
+    fi
+    wait "$qpid"; local qrc=$?
+    forget_pid "$qpid"
+    local secs=$((SECONDS - t0))
+
+    if [ -n "$dpid" ]; then
+        for _ in $(seq 1 100); do
+            kill -0 "$dpid" 2>/dev/null || break
+            sleep 0.1
+        done
+        if kill -0 "$dpid" 2>/dev/null; then
+            echo "# the daemon was still running 10 s after QEMU exited; killed" >> "$logs/daemon.log"
+            kill -TERM -- "-$dpid" 2>/dev/null; sleep 1; kill -KILL -- "-$dpid" 2>/dev/null
+        fi
+        wait "$dpid" 2>/dev/null
+        forget_pid "$dpid"
+    fi
+
+    local c="$logs/console.log" line
+    touch "$c"
+    tr -d '\r' < "$c" > "$logs/console.txt"
+    c="$logs/console.txt"
+    [ -n "$GUEST_KERNEL" ] || GUEST_KERNEL="$(sed -n 's/^#GUEST kernel=\([^ ]*\).*/\1/p' "$c" | head -n 1)"
+    while IFS= read -r line; do
+        local step="${line#\#TIME }"; step="${step%% *}"
+        local t="${line##* }"
+        [[ "$t" =~ ^[0-9]+\.[0-9]+$ ]] || continue
+        printf '%s\t%s\t%s\t%s\n' "$r" "$col" "$step" "$t" >> "$TIMES"
+    done < <(grep '^#TIME ' "$c")
+    echo " (boot ${secs}s)" >&2
+
+    if [ "$timed_out" = 1 ]; then
+        bad_boot "round $r, $col: guest still running after ${TIMEOUT}s (killed); console tail:
+$(tail -n 5 "$c")"
+    elif ! grep -q '^#DONE' "$c"; then
+        bad_boot "round $r, $col: the guest did not finish (QEMU exit status $qrc); console tail:
+$(tail -n 10 "$c")
+QEMU log: $(tail -n 5 "$logs/qemu.log")"
+    fi
+    if grep -q 'rcu.*detected stalls' "$c"; then
+        echo "note: round $r, $col: the guest kernel reported RCU stalls (its vCPUs were starved: the host is overloaded; the times of this boot are not worth much)" >&2
+    fi
+    grep '^#BAIL\|^#FAIL' "$c" | while IFS= read -r line; do echo "FAILED: round $r, $col: ${line#\#}" >&2; done
+    FAILED=$((FAILED + $(grep -c '^#BAIL\|^#FAIL' "$c")))
+    # the output of each step must be what the host's GNU tools printed for the same tree
+    local s got
+    for s in "${STEPS[@]}"; do
+        [ -n "${WANT[$s]:-}" ] || continue
+        grep -q "^#TIME $s " "$c" || continue
+        got="$(sed -n "s/^#OUT $s //p" "$c" | head -n 1)"
+        if [ "$got" != "${WANT[$s]}" ]; then
+            bad_boot "round $r, $col: step $s printed '$got', the host's tools '${WANT[$s]}' on the same tree"
+        fi
+    done
+    if [ "$col" = tmpfs ] && grep -q '^#TIME ' "$c"; then
+        got="$(sed -n 's/^#TREE //p' "$c")"
+        [ "$got" = "$TREE_INFO" ] || bad_boot "round $r, tmpfs: the guest made the tree '$got', the host '$TREE_INFO'"
+    fi
+    if [ -n "$dpid" ] && [ -e "$TREE/.bench-churn" ]; then
+        bad_boot "round $r, $col: $TREE/.bench-churn is still there after the boot"
+    fi
+}
+
+say "logs in $OUT; columns ${COLS[*]}; $ROUNDS round(s); guest: Linux $KERNEL, ${ACCEL}, ${SMP} CPUs, ${MEM} MiB"
+for r in $(seq 1 "$ROUNDS"); do
+    for col in "${COLS[@]}"; do
+        boot "$r" "$col"
+    done
+done
+
+# --- report ------------------------------------------------------------------------------------
+cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
+mem_gib="$(awk '/^MemTotal:/ { printf "%d", $2 / 1048576 + 0.5 }' /proc/meminfo)"
+qver="$(qemu-system-x86_64 --version | sed -n '1s/^QEMU emulator version //p')"
+MACHINE="Machine: ${cpu:-unknown CPU}, $(nproc) cores, ${mem_gib} GiB, host Linux $(uname -r); guest Linux ${GUEST_KERNEL:-?} (${ACCEL}, ${SMP} CPUs, ${MEM} MiB); QEMU ${qver}; $(date -u '+%Y-%m-%d %H:%M UTC')"
+SETUP="Tree: $FILES files of 0-4 KiB in $DIRS directories ($(tree_field dirs) with their parents, $(tree_field bytes) bytes); --cache=$CACHE_MODE; ours: ${OURS_EXTRA[*]:-(defaults)}; ref: ${REF_EXTRA[*]:-(defaults)}; $QUEUES request queue(s); create-rm: $CHURN files; medians of $ROUNDS round(s)"
+
+{
+    echo "$MACHINE"
+    echo "$SETUP"
+    echo
+    awk -F'\t' -v steps="${STEPS[*]}" '
+        NR > 1 { v[$2, $3] = v[$2, $3] " " $4 }
+        function median(s,    a, n, i, j, t) {
+            n = split(s, a, " ")
+            if (n == 0) return ""
+            for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
+            return n % 2 ? a[(n + 1) / 2] + 0 : (a[n / 2] + a[n / 2 + 1]) / 2
+        }
+        function fmt(x) { return x == "" ? "-" : sprintf("%.2f", x) }
+        function ratio(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }
+        END {
+            n = split(steps, st, " ")
+            print "| step | ours s | ref s | tmpfs s | ours/ref speedup | ours/tmpfs |"
+            print "| --- | ---: | ---: | ---: | ---: | ---: |"
+            for (i = 1; i <= n; i++) {
+                o = median(v["ours", st[i]]); r = median(v["ref", st[i]]); t = median(v["tmpfs", st[i]])
+                O[st[i]] = o; R[st[i]] = r; T[st[i]] = t
+                printf "| %s | %s | %s | %s | %s | %s |\n", st[i], fmt(o), fmt(r), fmt(t), ratio(r, o), ratio(o, t)
+            }
+            print ""
+            print "Targets (issue 8, --cache=always):"
+            target("warm tar read <= 2x tmpfs", ratio(O["tar-warm"], T["tar-warm"]), "<=", 2, "ours/tmpfs")
+            target("warm find <= 1.5x tmpfs", ratio(O["find-warm"], T["find-warm"]), "<=", 1.5, "ours/tmpfs")
+            target("cold find >= 1.3x faster than ref", ratio(R["find-cold"], O["find-cold"]), ">=", 1.3, "speedup")
+            target("cold tar read >= 1.3x faster than ref", ratio(R["tar-cold"], O["tar-cold"]), ">=", 1.3, "speedup")
+            slow = ""; have = 0
+            for (i = 1; i <= n; i++) {
+                q = ratio(R[st[i]], O[st[i]]); if (q == "-") continue
+                have = 1; if (q + 0 < 1) slow = slow " " st[i] " (" q ")"
+            }
+            if (!have) print "- no step slower than ref: - (no data)"
+            else if (slow == "") print "- no step slower than ref: met"
+            else print "- no step slower than ref: NOT met:" slow
+        }
+        function target(name, q, op, lim, what) {
+            if (q == "-") { print "- " name ": - (no data)"; return }
+            ok = (op == "<=") ? (q + 0 <= lim) : (q + 0 >= lim)
+            print "- " name ": " (ok ? "met" : "NOT met") " (" what " " q ")"
+        }' "$TIMES"
+} > "$OUT/result.md"
+cat "$OUT/result.md"
+echo
+echo "(table saved in $OUT/result.md; raw times in $TIMES; took $((SECONDS - START)) s)"
+if [ "$FAILED" -gt 0 ]; then
+    echo "guest.sh: $FAILED failure(s) above; the numbers of those boots are incomplete or suspect" >&2
+    exit 1
+fi
+exit 0
