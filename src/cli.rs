@@ -3,7 +3,7 @@
 //!
 //! A flag is either supported (it does what it says) or refused at start with exit status 2 and
 //! a message that names it and says it is not implemented yet; none is silently ignored. The
-//! flag whose default differs from the reference's (`--announce-submounts`) says so in `--help`.
+//! defaults are the reference's.
 //! `doc/configuration.md` describes each flag; `tests/cli.rs` checks both against the binary.
 
 use std::ffi::CString;
@@ -108,12 +108,11 @@ pub struct Args {
     pub seccomp: String,
 
     /// Tell the guest which directories are mount points, so that each host filesystem under
-    /// the share gets its own device number in the guest (off by default here; the reference
-    /// announces by default)
+    /// the share gets its own device number in the guest [default]
     #[arg(long = "announce-submounts")]
     pub announce_submounts: bool,
 
-    /// Do not tell the guest which directories are mount points [default here]
+    /// Do not tell the guest which directories are mount points
     #[arg(long = "no-announce-submounts", overrides_with = "announce_submounts")]
     pub no_announce_submounts: bool,
 
@@ -524,7 +523,10 @@ impl Args {
                 "no_security_label" => self.security_label = "never".into(),
                 // No locks are offered to the guest: these ask for what already happens.
                 "no_posix_lock" | "no_flock" => {}
-                "announce_submounts" => self.announce_submounts = true,
+                "announce_submounts" => {
+                    self.announce_submounts = true;
+                    self.no_announce_submounts = false;
+                }
                 "posix_lock" | "flock" => return Err(not_yet(&flag, "")),
                 "norace" => {
                     return Err(usage(format!(
@@ -673,7 +675,8 @@ impl Args {
         fs.readonly = self.readonly;
         fs.readdirplus = !self.no_readdirplus;
         fs.writeback = self.writeback;
-        fs.announce_submounts = self.announce_submounts && !self.no_announce_submounts;
+        // On unless turned off (clap keeps only the last of the pair).
+        fs.announce_submounts = !self.no_announce_submounts;
         fs.allow_direct_io = self.allow_direct_io;
         fs.allow_mmap = self.allow_mmap;
         fs.preserve_noatime = self.preserve_noatime;
@@ -942,7 +945,14 @@ mod tests {
         ]);
         assert!(!off.unwrap().fs.announce_submounts);
         let default = parse(&["--shared-dir=/tmp", "--socket-path=/s"]).unwrap();
-        assert!(!default.fs.announce_submounts);
+        assert!(default.fs.announce_submounts, "on by default, as in the reference");
+        let on_again = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--no-announce-submounts",
+            "--announce-submounts",
+        ]);
+        assert!(on_again.unwrap().fs.announce_submounts);
     }
 
     #[test]

@@ -224,10 +224,10 @@ fn help_lists_exactly_the_reference_flags() {
 }
 
 #[test]
-fn help_states_the_defaults_that_differ_from_the_reference() {
+fn help_states_the_confining_defaults() {
     let out = run(&["--help".to_string()]);
     let text = String::from_utf8(out.stdout).unwrap();
-    for says in ["[default: namespace]", "[default: kill]", "[default here]"] {
+    for says in ["[default: namespace]", "[default: kill]"] {
         assert!(text.contains(says), "--help does not say {says:?}");
     }
 }
