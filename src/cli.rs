@@ -945,7 +945,10 @@ mod tests {
         ]);
         assert!(!off.unwrap().fs.announce_submounts);
         let default = parse(&["--shared-dir=/tmp", "--socket-path=/s"]).unwrap();
-        assert!(default.fs.announce_submounts, "on by default, as in the reference");
+        assert!(
+            default.fs.announce_submounts,
+            "on by default, as in the reference"
+        );
         let on_again = parse(&[
             "--shared-dir=/tmp",
             "--socket-path=/s",

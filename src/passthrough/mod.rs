@@ -953,7 +953,14 @@ impl FileSystem for PassthroughFs {
             | init::ATOMIC_O_TRUNC
             | init::MAX_PAGES;
         if self.cfg.readdirplus {
-            want |= init::DO_READDIRPLUS | init::READDIRPLUS_AUTO;
+            want |= init::DO_READDIRPLUS;
+            // With `always` the guest keeps what a listing brings: every chunk of a listing
+            // carries the entries' attributes, not only the first (READDIRPLUS_AUTO would
+            // list the rest of a large directory without them, and `ls -l` or `tar` would then
+            // look each of those entries up one by one).
+            if self.cfg.cache != CacheMode::Always {
+                want |= init::READDIRPLUS_AUTO;
+            }
         }
         match self.cfg.cache {
             CacheMode::Always => want |= init::CACHE_SYMLINKS,
