@@ -7,12 +7,11 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use tempfile::TempDir;
 use virtiofsd::frontend::{FsFrontend, FuseClient};
 use virtiofsd::fuse::abi::{fattr, ROOT_ID};
 
@@ -21,25 +20,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
 fn as_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
-}
-
-struct Run {
-    _tmp: TempDir,
-    share: PathBuf,
-    socket: PathBuf,
-}
-
-fn run_dirs() -> Run {
-    clear_umask();
-    let tmp = tempfile::tempdir().unwrap();
-    let share = tmp.path().join("share");
-    fs::create_dir(&share).unwrap();
-    let socket = tmp.path().join("vfs.sock");
-    Run {
-        _tmp: tmp,
-        share,
-        socket,
-    }
 }
 
 /// Starts the binary (without a sandbox) on `share` with `extra` flags, through `wrapper` (e.g. `setpriv ...`)

@@ -6,38 +6,17 @@ mod common;
 
 use std::fs;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use tempfile::TempDir;
 use virtiofsd::daemon::{self, DaemonConfig, DaemonError, SocketSpec};
 use virtiofsd::frontend::FsFrontend;
 use virtiofsd::fuse::abi::ROOT_ID;
 use virtiofsd::passthrough::{CacheMode, Config};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
-
-/// A shared directory and a socket path for one run of the binary.
-struct Dirs {
-    _tmp: TempDir,
-    share: PathBuf,
-    socket: PathBuf,
-}
-
-fn dirs() -> Dirs {
-    clear_umask();
-    let tmp = tempfile::tempdir().unwrap();
-    let share = tmp.path().join("share");
-    fs::create_dir(&share).unwrap();
-    let socket = tmp.path().join("vfs.sock");
-    Dirs {
-        _tmp: tmp,
-        share,
-        socket,
-    }
-}
 
 fn spawn(args: &[String]) -> Child {
     Command::new(BIN)
@@ -49,7 +28,7 @@ fn spawn(args: &[String]) -> Child {
         .expect("start virtiofsd")
 }
 
-fn serve_args(d: &Dirs, extra: &[&str]) -> Vec<String> {
+fn serve_args(d: &RunDirs, extra: &[&str]) -> Vec<String> {
     let mut v = vec![
         format!("--socket-path={}", d.socket.display()),
         format!("--shared-dir={}", d.share.display()),
@@ -81,7 +60,7 @@ fn signal(child: &Child, sig: libc::c_int) {
 
 #[test]
 fn binary_serves_one_frontend_and_exits_0_when_it_disconnects() {
-    let d = dirs();
+    let d = run_dirs();
     fs::write(d.share.join("hello"), b"hello from the host").unwrap();
     let child = spawn(&serve_args(&d, &[]));
 
@@ -122,7 +101,7 @@ fn binary_serves_one_frontend_and_exits_0_when_it_disconnects() {
 
 #[test]
 fn binary_with_a_thread_pool_and_two_queues() {
-    let d = dirs();
+    let d = run_dirs();
     let child = spawn(&serve_args(&d, &["--thread-pool-size=2", "--cache=never"]));
     let mut fe = FsFrontend::connect(&d.socket, 2).unwrap();
     let mut c0 = fe.client(0).unwrap();
@@ -140,7 +119,7 @@ fn binary_with_a_thread_pool_and_two_queues() {
 
 #[test]
 fn sigterm_while_waiting_for_a_connection_exits_0_and_removes_the_socket() {
-    let d = dirs();
+    let d = run_dirs();
     let child = spawn(&serve_args(&d, &[]));
     wait_for(&d.socket);
     signal(&child, libc::SIGTERM);
@@ -151,7 +130,7 @@ fn sigterm_while_waiting_for_a_connection_exits_0_and_removes_the_socket() {
 
 #[test]
 fn sigint_while_waiting_for_a_connection_exits_0_and_removes_the_socket() {
-    let d = dirs();
+    let d = run_dirs();
     let child = spawn(&serve_args(&d, &[]));
     wait_for(&d.socket);
     signal(&child, libc::SIGINT);
@@ -163,7 +142,7 @@ fn sigint_while_waiting_for_a_connection_exits_0_and_removes_the_socket() {
 
 #[test]
 fn sigterm_during_a_session_exits_0_and_removes_the_socket() {
-    let d = dirs();
+    let d = run_dirs();
     let child = spawn(&serve_args(&d, &[]));
     let mut fe = FsFrontend::connect(&d.socket, 1).unwrap();
     let mut c = fe.client(0).unwrap();
@@ -179,7 +158,7 @@ fn sigterm_during_a_session_exits_0_and_removes_the_socket() {
 #[test]
 fn binary_serves_a_listening_socket_passed_with_fd() {
     use std::os::fd::AsRawFd;
-    let d = dirs();
+    let d = run_dirs();
     let listener = std::os::unix::net::UnixListener::bind(&d.socket).unwrap();
     let fd = listener.as_raw_fd();
     let mut cmd = Command::new(BIN);
@@ -213,7 +192,7 @@ fn binary_serves_a_listening_socket_passed_with_fd() {
 
 #[test]
 fn callers_do_not_inherit_the_daemons_supplementary_groups() {
-    let d = dirs();
+    let d = run_dirs();
     let grp = d.share.join("grp");
     fs::create_dir(&grp).unwrap();
     std::os::unix::fs::chown(&grp, Some(0), Some(4242)).unwrap();
@@ -275,7 +254,7 @@ fn assert_refused(args: &[String], flag: &str) {
 
 #[test]
 fn bad_command_lines_exit_2_naming_the_flag() {
-    let d = dirs();
+    let d = run_dirs();
     let share = format!("--shared-dir={}", d.share.display());
     let sock = format!("--socket-path={}", d.socket.display());
     let with = |extra: &str| vec![share.clone(), sock.clone(), extra.to_string()];
@@ -334,7 +313,7 @@ fn config(share: &Path, socket: &Path) -> DaemonConfig {
 
 #[test]
 fn serve_refuses_a_missing_shared_directory_without_creating_the_socket() {
-    let d = dirs();
+    let d = run_dirs();
     let missing = d.share.join("missing");
     match daemon::serve(config(&missing, &d.socket)) {
         Err(DaemonError::SharedDir(p, e)) => {
@@ -348,7 +327,7 @@ fn serve_refuses_a_missing_shared_directory_without_creating_the_socket() {
 
 #[test]
 fn serve_refuses_a_socket_path_it_cannot_bind() {
-    let d = dirs();
+    let d = run_dirs();
     let bad = d.share.join("no/such/dir/vfs.sock");
     assert!(matches!(
         daemon::serve(config(&d.share, &bad)),
@@ -358,7 +337,7 @@ fn serve_refuses_a_socket_path_it_cannot_bind() {
 
 #[test]
 fn serve_refuses_a_tag_longer_than_the_config_space() {
-    let d = dirs();
+    let d = run_dirs();
     let mut cfg = config(&d.share, &d.socket);
     cfg.tag = Some("t".repeat(37));
     assert!(matches!(daemon::serve(cfg), Err(DaemonError::Device(_))));

@@ -6,37 +6,17 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use tempfile::TempDir;
 use virtiofsd::frontend::{FsFrontend, FuseClient};
 use virtiofsd::fuse::abi::{self, fattr, ROOT_ID};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
 
-struct Dirs {
-    _tmp: TempDir,
-    share: PathBuf,
-    socket: PathBuf,
-}
-
-fn dirs() -> Dirs {
-    clear_umask();
-    let tmp = tempfile::tempdir().unwrap();
-    let share = tmp.path().join("share");
-    fs::create_dir(&share).unwrap();
-    let socket = tmp.path().join("vfs.sock");
-    Dirs {
-        _tmp: tmp,
-        share,
-        socket,
-    }
-}
-
-fn spawn(d: &Dirs, extra: &[&str]) -> Child {
+fn spawn(d: &RunDirs, extra: &[&str]) -> Child {
     let child = Command::new(BIN)
         .arg(format!("--socket-path={}", d.socket.display()))
         .arg(format!("--shared-dir={}", d.share.display()))
@@ -267,7 +247,7 @@ fn exercise(c: &mut FuseClient, share: &Path) {
 /// Serves a session with `flags` (and `--xattr`), checks every thread is under the daemon's
 /// filter, disconnects, and expects exit status 0; returns the daemon's stderr.
 fn session(flags: &[&str], queues: usize) -> String {
-    let d = dirs();
+    let d = run_dirs();
     let mut args = vec!["--xattr"];
     args.extend_from_slice(flags);
     let child = spawn(&d, &args);
@@ -331,7 +311,7 @@ fn trap_and_log_filters_let_every_request_through() {
 
 #[test]
 fn the_kill_filter_survives_sigterm_and_removes_the_socket() {
-    let d = dirs();
+    let d = run_dirs();
     let child = spawn(&d, &[]);
     // The filter is installed just after the socket appears: wait for it.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -353,7 +333,7 @@ fn the_kill_filter_survives_sigterm_and_removes_the_socket() {
 
 #[test]
 fn none_installs_no_filter() {
-    let d = dirs();
+    let d = run_dirs();
     let child = spawn(&d, &["--seccomp=none"]);
     let pid = child.id();
     let mut fe = FsFrontend::connect(&d.socket, 1).unwrap();

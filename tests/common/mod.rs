@@ -546,3 +546,24 @@ pub fn wait_exit(mut child: std::process::Child) -> (std::process::ExitStatus, S
     }
     (status, err)
 }
+
+/// A shared directory and a socket path for one run of the daemon binary.
+pub struct RunDirs {
+    _tmp: TempDir,
+    pub share: PathBuf,
+    pub socket: PathBuf,
+}
+
+/// A fresh, empty shared directory (`share/`) and a socket path next to it; clears the umask.
+pub fn run_dirs() -> RunDirs {
+    clear_umask();
+    let tmp = tempfile::tempdir().unwrap();
+    let share = tmp.path().join("share");
+    fs::create_dir(&share).unwrap();
+    let socket = tmp.path().join("vfs.sock");
+    RunDirs {
+        _tmp: tmp,
+        share,
+        socket,
+    }
+}
