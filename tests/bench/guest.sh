@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # Guest benchmark: what a Linux guest sees. Boots a guest under QEMU (TCG by default) on the
-# guest-test kit (tests/guest/: QEMU 10, the Debian 6.12 cloud kernel, a busybox initramfs with
+# guest-test kit (tests/guest/: QEMU 10, the Debian 6.12 generic kernel, a busybox initramfs with
 # the host's GNU find, ls, du, tar, grep and wc) and times, inside the guest, a fixed list of
 # steps on one generated tree served by
 #   ours   target/release/virtiofsd
 #   ref    the reference virtiofsd 1.14 (/opt/ref-virtiofsd/bin/virtiofsd; installed if missing)
+#   9p     QEMU's own 9p server (-fsdev local + virtio-9p-pci), mounted in the guest with
+#          NINEP_OPTS (default trans=virtio,version=9p2000.L,msize=512 KiB,cache=loose: 9p's
+#          fastest mode, where the guest keeps pages, attributes and entries like --cache=always)
 #   tmpfs  no daemon: the same tree made on a tmpfs inside the guest, by the same generator
-# one boot per column per round, alternating (ours, ref, tmpfs, ours, ...). Prints seconds per
-# step (medians over the rounds), the ratios, whether the targets of issue 8 are met, and one
-# line describing the machine. A benchmark, not a test: tests/run.sh does not run it.
+# one boot per column per round, alternating (ours, ref, 9p, tmpfs, ours, ...). Prints seconds
+# per step (medians over the rounds), the ratios, whether the targets of issue 8 are met, and
+# one line describing the machine. A benchmark, not a test: tests/run.sh does not run it.
 #
 # Steps (from the tree's root; "cold" = after `echo 3 > /proc/sys/vm/drop_caches` in the guest):
 #   find-cold, find-warm   find . | wc -l
+#   find-hot               the same a third time
+#   stat-rtt               2,000 statx(".", AT_STATX_FORCE_SYNC): one round trip each (a
+#                          GETATTR on virtio-fs); a diagnostic of the guest-visible round-trip
+#                          time, left out of the "no step slower" check
 #   find-type-f            find . -type f | wc -l
 #   ls-lR                  ls -lR | wc -l
 #   du-s                   du -s .
@@ -25,9 +32,10 @@
 #   --seed N         generator seed (default 1)
 #   --churn N        files the create-rm step creates and removes (default 2000)
 #   --rounds N       boots per column (default 1); the table shows medians
-#   --columns LIST   comma-separated subset of ours,ref,tmpfs (default all three)
+#   --columns LIST   comma-separated subset of ours,ref,9p,tmpfs (default all four)
 #   --cache MODE     --cache= of both daemons (default always)
-#   --kernel K       guest kernel, 6.12 or 6.1 (default 6.12)
+#   --kernel K       guest kernel: 6.12-generic (default; has 9p), 6.12 or 6.1 (the cloud kernels
+#                    of the guest tests; no 9p)
 #   --accel A        tcg (default) or kvm
 #   --mem MIB        guest RAM in MiB (default 2048); --smp N guest CPUs (default 2)
 #   --timeout S      kill a guest still running after S seconds (default 1800)
@@ -38,6 +46,7 @@
 #   OURS_FLAGS, REF_FLAGS  more flags for each daemon (default none: each daemon's own defaults
 #                          besides --cache; both are started as root)
 #   QUEUES                 num-request-queues of the vhost-user-fs-pci device (default 1)
+#   NINEP_OPTS             mount options of the 9p column (default above)
 #   REF_ROOT               where the reference is installed (default /opt/ref-virtiofsd)
 # Logs (console, daemon, QEMU per boot), the raw times (times.tsv) and the table (result.md) go
 # to target/guest-bench/. Exit status 0 when every boot ran every step with the expected output
@@ -54,10 +63,11 @@ OUT="$ROOT/target/guest-bench"
 # shellcheck source=tests/bench/reference.sh
 . "$HERE/reference.sh"
 
-FILES=30000 DIRS=1000 SEED=1 CHURN=2000 ROUNDS=1 COLUMNS="ours,ref,tmpfs" CACHE_MODE=always
-KERNEL=6.12 ACCEL=tcg MEM=2048 SMP=2 TIMEOUT=1800 TREE=/var/tmp/virtiofsd-guest-bench
+FILES=30000 DIRS=1000 SEED=1 CHURN=2000 ROUNDS=1 COLUMNS="ours,ref,9p,tmpfs" CACHE_MODE=always
+KERNEL=6.12-generic ACCEL=tcg MEM=2048 SMP=2 TIMEOUT=1800 TREE=/var/tmp/virtiofsd-guest-bench
 DAEMON="" BUILD=1
 QUEUES="${QUEUES:-1}"
+NINEP_OPTS="${NINEP_OPTS:-trans=virtio,version=9p2000.L,msize=524288,cache=loose}"
 read -r -a OURS_EXTRA <<< "${OURS_FLAGS:-}"
 read -r -a REF_EXTRA <<< "${REF_FLAGS:-}"
 
@@ -97,7 +107,7 @@ if [ "$DIRS" -lt 1 ] || [ "$DIRS" -gt 100000 ]; then bad "--dirs must be 1..1000
 [ "$ROUNDS" -ge 1 ] || bad "--rounds must be at least 1"
 [ "$MEM" -ge 512 ] || bad "--mem must be at least 512 (MiB)"
 [ "$SMP" -ge 1 ] || bad "--smp must be at least 1"
-case "$KERNEL" in 6.12|6.1) ;; *) bad "--kernel must be 6.12 or 6.1" ;; esac
+case "$KERNEL" in 6.12-generic|6.12|6.1) ;; *) bad "--kernel must be 6.12-generic, 6.12 or 6.1" ;; esac
 case "$ACCEL" in
     tcg) ACCEL_ARGS=(-accel tcg -cpu max) ;;
     kvm) ACCEL_ARGS=(-accel kvm -cpu host) ;;
@@ -107,9 +117,10 @@ case "$CACHE_MODE" in never|metadata|auto|always) ;; *) bad "--cache must be nev
 [[ "$QUEUES" =~ ^[1-9][0-9]*$ ]] || bad "QUEUES must be a positive number"
 COLS=()
 for c in ${COLUMNS//,/ }; do
-    case "$c" in ours|ref|tmpfs) COLS+=("$c") ;; *) bad "--columns takes ours, ref, tmpfs (comma-separated)" ;; esac
+    case "$c" in ours|ref|9p|tmpfs) COLS+=("$c") ;; *) bad "--columns takes ours, ref, 9p, tmpfs (comma-separated)" ;; esac
 done
 [ "${#COLS[@]}" -gt 0 ] || bad "--columns is empty"
+[[ "$NINEP_OPTS" =~ ^[A-Za-z0-9_.=,]+$ ]] || bad "NINEP_OPTS must be a comma-separated list of mount options"
 case "$TREE" in /*) ;; *) bad "--tree must be an absolute path" ;; esac
 case "$TREE" in /|/usr|/usr/*|/etc|/etc/*|/bin|/bin/*|/home|/root|/var|/var/tmp|/tmp) bad "--tree $TREE: pick a dedicated directory (it is deleted and regenerated)" ;; esac
 if [ "$(id -u)" -ne 0 ]; then
@@ -117,6 +128,9 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 2
 fi
 has_col() { [[ " ${COLS[*]} " = *" $1 "* ]]; }
+if has_col 9p && [ "$KERNEL" != 6.12-generic ]; then
+    bad "the 9p column needs --kernel 6.12-generic (the cloud kernels have no 9p); or drop it from --columns"
+fi
 
 START=$SECONDS
 mkdir -p "$OUT"
@@ -207,6 +221,8 @@ declare -A WANT
 host_out() { (cd "$TREE" && bash -c "set -o pipefail; $1") 2>/dev/null | tr '\n' ' '; }
 WANT[find-cold]="$(host_out '/usr/bin/find . | /usr/bin/wc -l')"
 WANT[find-warm]="${WANT[find-cold]}"
+WANT[find-hot]="${WANT[find-cold]}"
+WANT[stat-rtt]=""
 WANT[find-type-f]="$(host_out '/usr/bin/find . -type f | /usr/bin/wc -l')"
 WANT[ls-lR]="$(host_out '/usr/bin/ls -lR | /usr/bin/wc -l')"
 WANT[tar-cold]="$(host_out '/usr/bin/tar cf - . | /usr/bin/wc -c')"
@@ -217,7 +233,9 @@ WANT[create-rm]=""
     die "host check: find -type f counted '${WANT[find-type-f]}', the generator made $(tree_field files)"
 [ "${WANT[grep-r]}" = "$(tree_field needles) " ] ||
     die "host check: grep -r counted '${WANT[grep-r]}', the generator wrote $(tree_field needles) needles"
-STEPS=(find-cold find-warm find-type-f ls-lR du-s tar-cold tar-warm grep-r create-rm)
+STEPS=(find-cold find-warm find-hot stat-rtt find-type-f ls-lR du-s tar-cold tar-warm grep-r create-rm)
+# diagnostics: shown, but not steps a user runs (left out of the "no step slower" check)
+DIAGNOSTIC_STEPS="stat-rtt"
 
 # --- initramfs ---------------------------------------------------------------------------------
 ST="$WORK/initramfs"
@@ -249,6 +267,13 @@ boot() {
     local dev=()
     if [ "$col" = tmpfs ]; then
         append+=" bench_fs=tmpfs bench_tree=$FILES,$DIRS,$SEED"
+    elif [ "$col" = 9p ]; then
+        append+=" bench_fs=9p bench_9p_opts=$NINEP_OPTS"
+        rm -rf "$TREE/.bench-churn"
+        (cd "$TREE" && /usr/bin/tar cf - . | /usr/bin/wc -c) >/dev/null 2>&1
+        # QEMU serves the tree itself (as root, like the daemons)
+        dev=(-fsdev "local,id=fs9p,path=$TREE,security_model=passthrough"
+             -device "virtio-9p-pci,fsdev=fs9p,mount_tag=share")
     else
         append+=" bench_fs=virtiofs"
         if [ "$col" = ours ]; then bin="$DAEMON"; flags=("${OURS_EXTRA[@]}"); else bin="$REF"; flags=("${REF_EXTRA[@]}"); fi
@@ -355,7 +380,7 @@ QEMU log: $(tail -n 5 "$logs/qemu.log")"
         got="$(sed -n 's/^#TREE //p' "$c")"
         [ "$got" = "$TREE_INFO" ] || bad_boot "round $r, tmpfs: the guest made the tree '$got', the host '$TREE_INFO'"
     fi
-    if [ -n "$dpid" ] && [ -e "$TREE/.bench-churn" ]; then
+    if [ "$col" != tmpfs ] && [ -e "$TREE/.bench-churn" ]; then
         bad_boot "round $r, $col: $TREE/.bench-churn is still there after the boot"
     fi
 }
@@ -372,13 +397,13 @@ cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
 mem_gib="$(awk '/^MemTotal:/ { printf "%d", $2 / 1048576 + 0.5 }' /proc/meminfo)"
 qver="$(qemu-system-x86_64 --version | sed -n '1s/^QEMU emulator version //p')"
 MACHINE="Machine: ${cpu:-unknown CPU}, $(nproc) cores, ${mem_gib} GiB, host Linux $(uname -r); guest Linux ${GUEST_KERNEL:-?} (${ACCEL}, ${SMP} CPUs, ${MEM} MiB); QEMU ${qver}; $(date -u '+%Y-%m-%d %H:%M UTC')"
-SETUP="Tree: $FILES files of 0-4 KiB in $DIRS directories ($(tree_field dirs) with their parents, $(tree_field bytes) bytes); --cache=$CACHE_MODE; ours: ${OURS_EXTRA[*]:-(defaults)}; ref: ${REF_EXTRA[*]:-(defaults)}; $QUEUES request queue(s); create-rm: $CHURN files; medians of $ROUNDS round(s)"
+SETUP="Tree: $FILES files of 0-4 KiB in $DIRS directories ($(tree_field dirs) with their parents, $(tree_field bytes) bytes); --cache=$CACHE_MODE; ours: ${OURS_EXTRA[*]:-(defaults)}; ref: ${REF_EXTRA[*]:-(defaults)}; 9p: -o $NINEP_OPTS; $QUEUES request queue(s); create-rm: $CHURN files; medians of $ROUNDS round(s)"
 
 {
     echo "$MACHINE"
     echo "$SETUP"
     echo
-    awk -F'\t' -v steps="${STEPS[*]}" '
+    awk -F'\t' -v steps="${STEPS[*]}" -v diag="$DIAGNOSTIC_STEPS" '
         NR > 1 { v[$2, $3] = v[$2, $3] " " $4 }
         function median(s,    a, n, i, j, t) {
             n = split(s, a, " ")
@@ -390,12 +415,14 @@ SETUP="Tree: $FILES files of 0-4 KiB in $DIRS directories ($(tree_field dirs) wi
         function ratio(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }
         END {
             n = split(steps, st, " ")
-            print "| step | ours s | ref s | tmpfs s | ours/ref speedup | ours/tmpfs |"
-            print "| --- | ---: | ---: | ---: | ---: | ---: |"
+            split(diag, dl, " "); for (i in dl) D[dl[i]] = 1
+            print "| step | ours s | ref s | 9p s | tmpfs s | ours/ref speedup | ours/9p speedup | ours/tmpfs |"
+            print "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
             for (i = 1; i <= n; i++) {
                 o = median(v["ours", st[i]]); r = median(v["ref", st[i]]); t = median(v["tmpfs", st[i]])
-                O[st[i]] = o; R[st[i]] = r; T[st[i]] = t
-                printf "| %s | %s | %s | %s | %s | %s |\n", st[i], fmt(o), fmt(r), fmt(t), ratio(r, o), ratio(o, t)
+                p = median(v["9p", st[i]])
+                O[st[i]] = o; R[st[i]] = r; T[st[i]] = t; P[st[i]] = p
+                printf "| %s%s | %s | %s | %s | %s | %s | %s | %s |\n", st[i], (st[i] in D) ? " (diagnostic)" : "", fmt(o), fmt(r), fmt(p), fmt(t), ratio(r, o), ratio(p, o), ratio(o, t)
             }
             print ""
             print "Targets (issue 8, --cache=always):"
@@ -403,14 +430,21 @@ SETUP="Tree: $FILES files of 0-4 KiB in $DIRS directories ($(tree_field dirs) wi
             target("warm find <= 1.5x tmpfs", ratio(O["find-warm"], T["find-warm"]), "<=", 1.5, "ours/tmpfs")
             target("cold find >= 1.3x faster than ref", ratio(R["find-cold"], O["find-cold"]), ">=", 1.3, "speedup")
             target("cold tar read >= 1.3x faster than ref", ratio(R["tar-cold"], O["tar-cold"]), ">=", 1.3, "speedup")
+            slower("ref", R, "- no step slower than ref: ")
+            slower("9p", P, "- (not a target) steps slower than 9p: ")
+        }
+        function slower(name, X, label,    i, q, slow, have) {
             slow = ""; have = 0
             for (i = 1; i <= n; i++) {
-                q = ratio(R[st[i]], O[st[i]]); if (q == "-") continue
+                if (st[i] in D) continue
+                q = ratio(X[st[i]], O[st[i]]); if (q == "-") continue
                 have = 1; if (q + 0 < 1) slow = slow " " st[i] " (" q ")"
             }
-            if (!have) print "- no step slower than ref: - (no data)"
-            else if (slow == "") print "- no step slower than ref: met"
-            else print "- no step slower than ref: NOT met:" slow
+            if (name == "ref") {
+                if (!have) print label "- (no data)"
+                else if (slow == "") print label "met"
+                else print label "NOT met:" slow
+            } else if (have) print label (slow == "" ? "none" : slow)
         }
         function target(name, q, op, lim, what) {
             if (q == "-") { print "- " name ": - (no data)"; return }

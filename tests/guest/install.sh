@@ -4,10 +4,13 @@
 #   - qemu-system-x86 from bookworm-backports (QEMU 10), busybox-static, cpio, gcc, libc6-dev,
 #     findutils and strace (GNU find and strace go into the guest with their shared libraries)
 #   - the newest 6.12 cloud kernel (bookworm-backports) and the newest 6.1 cloud kernel
-#     (bookworm), fetched with `apt-get download` into a cache dir and unpacked there.
+#     (bookworm), fetched with `apt-get download` into a cache dir and unpacked there;
+#     on request (GUEST_KERNELS=6.12-generic) also the newest generic 6.12 kernel, which the
+#     guest benchmark uses because, unlike the cloud kernels, it has 9p (as modules).
 # The cloud kernels have virtio-pci, FUSE and virtiofs built in (checked against the config
-# shipped in the .deb); if a kernel ships them as modules instead, the modules are unpacked too
-# and run.sh puts them into the initramfs.
+# shipped in the .deb); if a kernel ships them (or 9p) as modules instead, the modules are
+# unpacked too (decompressed when the kernel compresses them) and the guest kits put them into
+# the initramfs.
 #
 # Usage: tests/guest/install.sh            (as root)
 # Env:   VIRTIOFSD_GUEST_CACHE  cache dir (default /var/cache/virtiofsd-guest)
@@ -64,7 +67,7 @@ case "$qemu_ver" in
 esac
 
 missing=()
-for p in busybox-static cpio gcc libc6-dev findutils strace; do
+for p in busybox-static cpio gcc libc6-dev findutils strace xz-utils; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
 # run.sh makes its fixtures (sockets, xattrs, device nodes) with python3
@@ -80,6 +83,7 @@ newest_pkg() {
     local series="$1" re
     case "$series" in
         6.12) re='^linux-image-6\.12\.[0-9]+\+deb12(\.[0-9]+)?-cloud-amd64$' ;;
+        6.12-generic) re='^linux-image-6\.12\.[0-9]+\+deb12(\.[0-9]+)?-amd64$' ;;
         6.1)  re='^linux-image-6\.1\.0-[0-9]+-cloud-amd64$' ;;
         *) log "unknown kernel series $series"; return 1 ;;
     esac
@@ -95,6 +99,8 @@ newest_pkg() {
 
 # Kernel config symbols that must be y (built in) or m (then we ship the module).
 NEEDED_SYMS="CONFIG_VIRTIO_PCI CONFIG_VIRTIO_FS CONFIG_FUSE_FS CONFIG_SERIAL_8250_CONSOLE"
+# and, for the kernels the benchmark's 9p column boots, 9p over virtio
+NEEDED_9P_SYMS="CONFIG_NETFS_SUPPORT CONFIG_NET_9P CONFIG_NET_9P_VIRTIO CONFIG_9P_FS"
 
 fetch_kernel() {
     local series="$1" pkg dir deb cfg
@@ -118,7 +124,9 @@ fetch_kernel() {
     cfg="$(ls "$dir"/root/boot/config-* | head -n1)"
     cp "$cfg" "$dir/config"
     : > "$dir/modules.list"
-    for s in $NEEDED_SYMS; do
+    local syms="$NEEDED_SYMS"
+    case "$series" in *-generic) syms="$syms $NEEDED_9P_SYMS" ;; esac
+    for s in $syms; do
         v="$(grep -E "^$s=" "$cfg" | cut -d= -f2 || true)"
         log "  $series: $s=${v:-unset}"
         case "$v" in
@@ -128,7 +136,7 @@ fetch_kernel() {
         esac
     done
     if [ -s "$dir/modules.list" ]; then
-        # Keep the modules the guest has to load (fuse, virtiofs and what they depend on).
+        # Keep the modules the guest has to load (fuse, virtiofs, 9p and what they depend on).
         local kver mroot
         kver="$(ls "$dir/root/lib/modules" | head -n1)"
         mroot="$dir/root/lib/modules/$kver"
@@ -136,13 +144,17 @@ fetch_kernel() {
         # In dependency order (from each module's depends= field); the guest /init insmods
         # them in the order of load-order. Built-in ones are simply not found and skipped.
         for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci \
-                 fuse virtiofs; do
+                 fuse virtiofs netfs 9pnet 9pnet_virtio 9p; do
             f="$(find "$mroot" -name "$m.ko" | head -n1)"
             if [ -n "$f" ]; then
                 cp "$f" "$dir/modules/"
                 echo "$m.ko" >> "$dir/modules/load-order"
+            elif f="$(find "$mroot" -name "$m.ko.xz" | head -n1)" && [ -n "$f" ]; then
+                # busybox insmod takes plain ELF modules only
+                xz -dc "$f" > "$dir/modules/$m.ko"
+                echo "$m.ko" >> "$dir/modules/load-order"
             elif find "$mroot" -name "$m.ko.*" | grep . >/dev/null; then
-                log "kernel $series: $m is a compressed module; not supported"; return 1
+                log "kernel $series: $m is compressed in a format this script does not unpack"; return 1
             fi
         done
     fi

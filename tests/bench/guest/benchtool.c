@@ -15,6 +15,10 @@
  *       Creates DIR, creates COUNT empty files in it (open O_CREAT|O_EXCL + close), unlinks
  *       them all, removes DIR.
  *
+ *   benchtool statsync PATH COUNT
+ *       statx(PATH) COUNT times with AT_STATX_FORCE_SYNC: each call asks the file system
+ *       (a GETATTR round trip on virtio-fs), whatever the guest has cached.
+ *
  *   benchtool time CMD [ARGS...]
  *       Runs CMD and prints "#ELAPSED SECONDS" (CLOCK_MONOTONIC, microseconds) on stderr when
  *       it has exited; exits with CMD's status.
@@ -174,6 +178,15 @@ static int churn(const char *dir, long count)
     return 0;
 }
 
+static int statsync(const char *path, long count)
+{
+    struct statx sx;
+    for (long i = 0; i < count; i++)
+        if (statx(AT_FDCWD, path, AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, &sx) != 0)
+            die("statx", path);
+    return 0;
+}
+
 static int timeit(char **argv)
 {
     struct timespec a, b;
@@ -204,8 +217,10 @@ int main(int argc, char **argv)
         return mktree(argv[2], atol(argv[3]), atol(argv[4]), strtoull(argv[5], NULL, 0));
     if (argc == 4 && strcmp(argv[1], "churn") == 0)
         return churn(argv[2], atol(argv[3]));
+    if (argc == 4 && strcmp(argv[1], "statsync") == 0)
+        return statsync(argv[2], atol(argv[3]));
     if (argc >= 3 && strcmp(argv[1], "time") == 0)
         return timeit(argv + 2);
-    fprintf(stderr, "usage: benchtool mktree DIR FILES DIRS SEED | churn DIR COUNT | time CMD...\n");
+    fprintf(stderr, "usage: benchtool mktree DIR FILES DIRS SEED | churn DIR COUNT | statsync PATH COUNT | time CMD...\n");
     return 2;
 }
