@@ -166,6 +166,9 @@ pub const ATTR_SUBMOUNT: u32 = 1 << 0;
 
 /// `fuse_getattr_in::getattr_flags`: `fh` is valid.
 pub const GETATTR_FH: u32 = 1 << 0;
+/// `fuse_write_in::write_flags`: the kernel writes back its page cache (with
+/// `WRITEBACK_CACHE`); such a WRITE carries no caller (uid = gid = pid = 0).
+pub const WRITE_CACHE: u32 = 1 << 0;
 /// `fuse_write_in::write_flags`: kill suid/sgid (with `HANDLE_KILLPRIV_V2`).
 pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
 /// `fuse_open_in::open_flags` / `fuse_create_in::open_flags`: kill suid/sgid on truncate.

@@ -765,6 +765,21 @@ impl<F: FileSystem> Server<F> {
         }
         r.read_exact(&mut wb)?;
         let wi = abi::WriteIn::from_prefix(&wb).ok_or_else(einval)?;
+        // The header's ids of a write-back (WRITE_CACHE) are no caller's: the debug log shows
+        // the flags so that the two kinds can be told apart.
+        debug!(
+            "write unique={} nodeid={} offset={} size={} write_flags={:#x}{}",
+            h.unique,
+            h.nodeid,
+            wi.offset,
+            wi.size,
+            wi.write_flags,
+            if wi.write_flags & abi::WRITE_CACHE != 0 {
+                " (page cache write-back)"
+            } else {
+                ""
+            }
+        );
         let data_len = body_len - wb.len();
         if wi.size as usize > data_len {
             warn!(
