@@ -15,9 +15,8 @@
 //!     --tree /var/tmp/virtiofsd-bench-tree --rounds 3 --markdown
 //! ```
 //!
-//! Both daemons run as the same user with the same `--cache`; the reference gets
-//! `--sandbox=none --seccomp=none` (this daemon has no seccomp filter yet) and this daemon
-//! `--sandbox=none`, unless `--reference-defaults`.
+//! Both daemons run as the same user with the same `--cache` and, unless
+//! `--reference-defaults`, both with `--sandbox=none --seccomp=none`.
 //! `tests/bench/run.sh` builds and installs everything and runs the full comparison.
 
 #[path = "virtiofsd-bench/daemon.rs"]
@@ -102,8 +101,8 @@ struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     reply_timeout: u64,
 
-    /// Run both daemons with their default sandbox (and the reference with its default
-    /// seccomp policy) instead of --sandbox=none (--seccomp=none)
+    /// Run both daemons with their default sandbox and seccomp policy instead of
+    /// --sandbox=none --seccomp=none
     #[arg(long)]
     reference_defaults: bool,
 
@@ -200,6 +199,7 @@ fn run(args: &Args) -> Result<(), String> {
     let mut ours_extra: Vec<OsString> = Vec::new();
     if !args.reference_defaults {
         ours_extra.push("--sandbox=none".into());
+        ours_extra.push("--seccomp=none".into());
     }
     ours_extra.extend(args.ours_arg.iter().cloned());
     let mut specs = vec![DaemonSpec {
