@@ -770,21 +770,18 @@ host_checks_idmap() {
         while read -r u f; do (( f & 1 )) && echo "$u"; done > "$wbfile"
     creating="$(grep -E 'request unique=[0-9]+ opcode=(6|8|9|35) ' "$reqlog" |
         grep -vc 'uid=4294967295' || true)"
-    # non-creating requests with ids, without the write-backs (WRITE_CACHE, uid=gid=0)
-    grep -E 'request unique=[0-9]+ opcode=(1|3|4|10|13|14|16) ' "$reqlog" |
-        grep -v 'uid=4294967295 gid=4294967295' |
-        awk 'FILENAME == ARGV[1] { wb[$1] = 1; next }
-             { u = $0; sub(/.*request unique=/, "", u); sub(/ .*/, "", u) }
-             / opcode=16 / && / uid=0 gid=0$/ && (u in wb) { next }
-             { print }' "$wbfile" - > "$withids"
-    other="$(wc -l < "$withids")"
+    # non-creating requests with ids into $withids, without the write-backs (WRITE_CACHE,
+    # uid=gid=0), which are counted instead
     local flushed
-    flushed="$(awk 'FILENAME == ARGV[1] { wb[$1] = 1; next }
-                    / request unique=[0-9]+ opcode=16 / && / uid=0 gid=0$/ {
-                        u = $0; sub(/.*request unique=/, "", u); sub(/ .*/, "", u)
-                        if (u in wb) n++
-                    }
-                    END { print n + 0 }' "$wbfile" "$reqlog")"
+    : > "$withids"
+    flushed="$(grep -E 'request unique=[0-9]+ opcode=(1|3|4|10|13|14|16) ' "$reqlog" |
+        grep -v 'uid=4294967295 gid=4294967295' |
+        awk -v out="$withids" 'FILENAME == ARGV[1] { wb[$1] = 1; next }
+             { u = $0; sub(/.*request unique=/, "", u); sub(/ .*/, "", u) }
+             / opcode=16 / && / uid=0 gid=0$/ && (u in wb) { n++; next }
+             { print > out }
+             END { close(out); print n + 0 }' "$wbfile" -)"
+    other="$(wc -l < "$withids")"
     if [[ " $BOOT_FLAGS " != *" --writeback "* ]] && [ "$flushed" != 0 ]; then
         result fail "${prefix}only creating requests carry caller ids" \
             "$flushed page cache write-backs (WRITE_CACHE) in a boot without --writeback"
