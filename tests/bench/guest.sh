@@ -265,21 +265,22 @@ boot() {
     mkdir -p "$logs"
     local append="console=ttyS0 quiet panic=-1 bench_churn=$CHURN"
     local dev=()
+    if [ "$col" != tmpfs ]; then
+        # the host's tree: no leftovers, and the host's page cache warm for every column alike
+        rm -rf "$TREE/.bench-churn"
+        (cd "$TREE" && /usr/bin/tar cf - . | /usr/bin/wc -c) >/dev/null 2>&1
+    fi
     if [ "$col" = tmpfs ]; then
         append+=" bench_fs=tmpfs bench_tree=$FILES,$DIRS,$SEED"
     elif [ "$col" = 9p ]; then
         append+=" bench_fs=9p bench_9p_opts=$NINEP_OPTS"
-        rm -rf "$TREE/.bench-churn"
-        (cd "$TREE" && /usr/bin/tar cf - . | /usr/bin/wc -c) >/dev/null 2>&1
         # QEMU serves the tree itself (as root, like the daemons)
         dev=(-fsdev "local,id=fs9p,path=$TREE,security_model=passthrough"
              -device "virtio-9p-pci,fsdev=fs9p,mount_tag=share")
     else
         append+=" bench_fs=virtiofs"
         if [ "$col" = ours ]; then bin="$DAEMON"; flags=("${OURS_EXTRA[@]}"); else bin="$REF"; flags=("${REF_EXTRA[@]}"); fi
-        rm -rf "$TREE/.bench-churn" "$sock"
-        # keep the host's page cache warm for every daemon alike
-        (cd "$TREE" && /usr/bin/tar cf - . | /usr/bin/wc -c) >/dev/null 2>&1
+        rm -f "$sock"
         echo "$bin --socket-path $sock --shared-dir $TREE --cache=$CACHE_MODE ${flags[*]}" > "$logs/daemon.cmd"
         setsid "$bin" --socket-path "$sock" --shared-dir "$TREE" "--cache=$CACHE_MODE" "${flags[@]}" \
             >"$logs/daemon.log" 2>&1 </dev/null &
