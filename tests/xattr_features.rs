@@ -486,6 +486,76 @@ fn killpriv_v2_truncation_by_setattr_open_and_create_clears_set_id_bits() {
     assert_eq!(mode(&d.host("plain")), 0o4755);
 }
 
+/// A `security.capability` value (revision 2, effective, `CAP_NET_RAW` permitted).
+const FILE_CAP: &[u8] =
+    b"\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00";
+
+/// FALLOCATE and COPY_FILE_RANGE (destination `name`, opened read-write) on a host file made
+/// with `start` and `FILE_CAP`; returns its mode afterwards and whether the capability is left.
+fn after_fallocate_and_copy(d: &mut Daemon, name: &str, start: u32) -> [(u32, bool); 2] {
+    let src = d.file(&format!("{name}.src"), b"abcdef");
+    let src_fh = d.open(src, libc::O_RDONLY);
+    let mut out = [(0, false); 2];
+    for (i, op) in ["fallocate", "copy"].into_iter().enumerate() {
+        let f = format!("{name}.{op}");
+        let n = suid_file(d, &f, start);
+        host_setxattr(&d.host(&f), b"security.capability", FILE_CAP);
+        let fh = d.open(n, libc::O_RDWR);
+        if op == "fallocate" {
+            d.c.fallocate(n, fh, 0, 8192, 0).unwrap();
+            assert_eq!(fs::metadata(d.host(&f)).unwrap().len(), 8192);
+        } else {
+            let arg = abi::CopyFileRangeIn {
+                fh_in: src_fh,
+                off_in: 0,
+                nodeid_out: n,
+                fh_out: fh,
+                off_out: 2,
+                len: 3,
+                flags: 0,
+            };
+            assert_eq!(d.c.copy_file_range(src, &arg).unwrap(), 3);
+            assert_eq!(fs::read(d.host(&f)).unwrap(), b"01abc56789");
+        }
+        let cap = host_getxattr(&d.host(&f), b"security.capability").is_some();
+        out[i] = (mode(&d.host(&f)), cap);
+    }
+    out
+}
+
+#[test]
+fn killpriv_v2_fallocate_and_copy_file_range_clear_set_id_bits_and_capabilities() {
+    if skip_unless_root("a daemon that keeps set-id bits and sets capabilities") {
+        return;
+    }
+    let mut d = killpriv_daemon(true);
+    // The requests carry no kill flag: with HANDLE_KILLPRIV_V2 the guest kernel leaves the
+    // clearing it does before either call (file_modified) to the daemon.
+    for (name, start, end) in [
+        ("gx", 0o6775, 0o0775),
+        // set-group-id without group execute is a locking mark, not a privilege.
+        ("nogx", 0o6765, 0o2765),
+        ("uid", 0o4755, 0o0755),
+    ] {
+        for (op, (mode, cap)) in ["fallocate", "copy_file_range"]
+            .into_iter()
+            .zip(after_fallocate_and_copy(&mut d, name, start))
+        {
+            assert_eq!(mode, end, "{op} on {name} ({start:o})");
+            assert!(!cap, "{op} on {name}: security.capability removed");
+        }
+    }
+    // Without --killpriv-v2 the guest kernel clears the bits itself (a SETATTR before the
+    // request); the daemon, allowed to keep them, leaves them alone.
+    let mut d = killpriv_daemon(false);
+    for (op, (mode, _)) in ["fallocate", "copy_file_range"]
+        .into_iter()
+        .zip(after_fallocate_and_copy(&mut d, "off", 0o6775))
+    {
+        assert_eq!(mode, 0o6775, "{op} without --killpriv-v2");
+    }
+}
+
 #[test]
 fn killpriv_v2_is_not_offered_by_default() {
     killpriv_daemon(false);
@@ -517,4 +587,41 @@ fn a_remapped_capability_is_removed_where_the_kernel_would_remove_the_real_one()
     d.c.setxattr(n, "user.other", b"o", 0).unwrap();
     d.c.write(n, fh, 0, b"z").unwrap();
     assert!(host_getxattr(&d.host("f"), b"user.virtiofs.user.other").is_some());
+}
+
+#[test]
+fn a_remapped_capability_is_removed_by_fallocate_and_copy_file_range() {
+    for killpriv in [false, true] {
+        let mut opts = Options::default().xattrmap(":map::user.virtiofs.:");
+        if killpriv {
+            opts = opts.killpriv_v2();
+        }
+        let mut d = Daemon::with(opts);
+        let host = b"user.virtiofs.security.capability";
+        let src = d.file("src", b"abc");
+        let src_fh = d.open(src, libc::O_RDONLY);
+        let n = d.file("f", b"x");
+        let fh = d.open(n, libc::O_RDWR);
+        d.c.setxattr(n, "security.capability", FILE_CAP, 0).unwrap();
+        d.c.fallocate(n, fh, 0, 4096, 0).unwrap();
+        assert!(
+            host_getxattr(&d.host("f"), host).is_none(),
+            "fallocate removes it (killpriv {killpriv})"
+        );
+        d.c.setxattr(n, "security.capability", FILE_CAP, 0).unwrap();
+        let arg = abi::CopyFileRangeIn {
+            fh_in: src_fh,
+            off_in: 0,
+            nodeid_out: n,
+            fh_out: fh,
+            off_out: 0,
+            len: 3,
+            flags: 0,
+        };
+        assert_eq!(d.c.copy_file_range(src, &arg).unwrap(), 3);
+        assert!(
+            host_getxattr(&d.host("f"), host).is_none(),
+            "copy_file_range removes it (killpriv {killpriv})"
+        );
+    }
 }

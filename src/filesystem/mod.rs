@@ -407,6 +407,10 @@ pub trait FileSystem: Send + Sync {
         enosys()
     }
 
+    /// Allocates, punches or zeroes `length` bytes at `offset` (`fallocate(2)` `mode`).
+    /// `kill_priv` asks to clear set-user-id / set-group-id bits and `security.capability` as
+    /// a change of the file by an unprivileged process would (the client handles them itself
+    /// unless `FUSE_HANDLE_KILLPRIV_V2` was agreed; the request carries no flag of its own).
     fn fallocate(
         &self,
         ctx: &Context,
@@ -415,6 +419,7 @@ pub trait FileSystem: Send + Sync {
         mode: u32,
         offset: u64,
         length: u64,
+        kill_priv: bool,
     ) -> io::Result<()> {
         enosys()
     }
@@ -430,6 +435,8 @@ pub trait FileSystem: Send + Sync {
         enosys()
     }
 
+    /// Copies `len` bytes between two open files; returns how many were copied. `kill_priv`
+    /// is as for [`FileSystem::fallocate`], for the destination.
     fn copy_file_range(
         &self,
         ctx: &Context,
@@ -441,6 +448,7 @@ pub trait FileSystem: Send + Sync {
         offset_out: u64,
         len: u64,
         flags: u64,
+        kill_priv: bool,
     ) -> io::Result<usize> {
         enosys()
     }

@@ -253,6 +253,15 @@ impl<F: FileSystem> Server<F> {
         self.options.load(Ordering::Relaxed)
     }
 
+    /// Whether set-id bits and capabilities are the filesystem's to clear
+    /// (`FUSE_HANDLE_KILLPRIV_V2` agreed). For WRITE, SETATTR and OPEN the client marks the
+    /// requests that need it; FALLOCATE and COPY_FILE_RANGE carry no such flag, and the Linux
+    /// client, which clears the bits itself before either (`file_modified`), leaves that to the
+    /// filesystem once the flag is agreed: they clear them whenever it is.
+    fn killpriv_v2(&self) -> bool {
+        self.options() & abi::init::HANDLE_KILLPRIV_V2 != 0
+    }
+
     /// Handles one request. Returns the number of reply bytes written to `w` (0 when the
     /// request takes no reply).
     pub fn handle_message<R: Reader, W: Writer>(&self, mut r: R, mut w: W) -> Result<usize> {
@@ -613,7 +622,8 @@ impl<F: FileSystem> Server<F> {
             }
             opcode::FALLOCATE => {
                 let f: abi::FallocateIn = a.take()?;
-                fs.fallocate(ctx, node, f.fh, f.mode, f.offset, f.length)?;
+                let kill_priv = self.killpriv_v2();
+                fs.fallocate(ctx, node, f.fh, f.mode, f.offset, f.length, kill_priv)?;
                 self.ok(w, h, &[])
             }
             opcode::LSEEK => {
@@ -633,6 +643,7 @@ impl<F: FileSystem> Server<F> {
                     c.off_out,
                     c.len,
                     c.flags,
+                    self.killpriv_v2(),
                 )?;
                 // The reply carries a 32-bit count; a larger copy is reported as a short one.
                 let size = u32::try_from(n).unwrap_or(u32::MAX);

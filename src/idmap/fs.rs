@@ -478,9 +478,17 @@ impl<F: FileSystem> FileSystem for MappedFs<F> {
         mode: u32,
         offset: u64,
         length: u64,
+        kill_priv: bool,
     ) -> io::Result<()> {
-        self.inner
-            .fallocate(&self.ctx(ctx), inode, handle, mode, offset, length)
+        self.inner.fallocate(
+            &self.ctx(ctx),
+            inode,
+            handle,
+            mode,
+            offset,
+            length,
+            kill_priv,
+        )
     }
 
     fn lseek(
@@ -506,6 +514,7 @@ impl<F: FileSystem> FileSystem for MappedFs<F> {
         offset_out: u64,
         len: u64,
         flags: u64,
+        kill_priv: bool,
     ) -> io::Result<usize> {
         self.inner.copy_file_range(
             &self.ctx(ctx),
@@ -517,6 +526,7 @@ impl<F: FileSystem> FileSystem for MappedFs<F> {
             offset_out,
             len,
             flags,
+            kill_priv,
         )
     }
 

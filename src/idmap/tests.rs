@@ -644,7 +644,16 @@ impl FileSystem for Fake {
         self.log("removexattr", ctx);
         Ok(())
     }
-    fn fallocate(&self, ctx: &Context, _: u64, _: u64, _: u32, _: u64, _: u64) -> io::Result<()> {
+    fn fallocate(
+        &self,
+        ctx: &Context,
+        _: u64,
+        _: u64,
+        _: u32,
+        _: u64,
+        _: u64,
+        _: bool,
+    ) -> io::Result<()> {
         self.log("fallocate", ctx);
         Ok(())
     }
@@ -663,6 +672,7 @@ impl FileSystem for Fake {
         _: u64,
         _: u64,
         _: u64,
+        _: bool,
     ) -> io::Result<usize> {
         self.log("copy_file_range", ctx);
         Ok(0)
@@ -739,11 +749,12 @@ fn call_everything(fs: &dyn FileSystem, ctx: &Context) -> Vec<&'static str> {
     check("getxattr", fs.getxattr(ctx, 2, &cs("user.a"), 16).is_ok());
     check("listxattr", fs.listxattr(ctx, 2, 0).is_ok());
     check("removexattr", fs.removexattr(ctx, 2, &cs("user.a")).is_ok());
-    check("fallocate", fs.fallocate(ctx, 2, 1, 0, 0, 1).is_ok());
+    check("fallocate", fs.fallocate(ctx, 2, 1, 0, 0, 1, false).is_ok());
     check("lseek", fs.lseek(ctx, 2, 1, 0, 0).is_ok());
     check(
         "copy_file_range",
-        fs.copy_file_range(ctx, 2, 1, 0, 2, 1, 0, 1, 0).is_ok(),
+        fs.copy_file_range(ctx, 2, 1, 0, 2, 1, 0, 1, 0, false)
+            .is_ok(),
     );
     check("syncfs", fs.syncfs(ctx, 1).is_ok());
     failed

@@ -1688,9 +1688,11 @@ impl FileSystem for PassthroughFs {
         mode: u32,
         offset: u64,
         length: u64,
+        kill_priv: bool,
     ) -> io::Result<()> {
         self.check_writable()?;
         let h = self.file_ref(inode, handle, Access::Write)?;
+        self.modifying(h.fd(), kill_priv)?;
         sys::fallocate(h.fd(), mode, offset, length)
     }
 
@@ -1725,12 +1727,14 @@ impl FileSystem for PassthroughFs {
         offset_out: u64,
         len: u64,
         flags: u64,
+        kill_priv: bool,
     ) -> io::Result<usize> {
         self.check_writable()?;
         let flags = u32::try_from(flags).map_err(|_| error(libc::EINVAL))?;
         let len = usize::try_from(len).unwrap_or(usize::MAX);
         let hin = self.file_ref(inode_in, handle_in, Access::Read)?;
         let hout = self.file_ref(inode_out, handle_out, Access::Write)?;
+        self.modifying(hout.fd(), kill_priv)?;
         sys::copy_file_range(hin.fd(), offset_in, hout.fd(), offset_out, len, flags)
     }
 

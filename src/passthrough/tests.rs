@@ -447,9 +447,12 @@ fn readonly_refuses_mkdir_with_erofs() {
         errno(fs.write(&c, f.inode, fh, &mut r, 1, 0, false)),
         libc::EROFS
     );
-    assert_eq!(errno(fs.fallocate(&c, f.inode, fh, 0, 0, 10)), libc::EROFS);
     assert_eq!(
-        errno(fs.copy_file_range(&c, f.inode, fh, 0, f.inode, fh, 10, 1, 0)),
+        errno(fs.fallocate(&c, f.inode, fh, 0, 0, 10, false)),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno(fs.copy_file_range(&c, f.inode, fh, 0, f.inode, fh, 10, 1, 0, false)),
         libc::EROFS
     );
     assert_eq!(
@@ -805,12 +808,23 @@ fn copy_file_range_copies() {
     let hin = fs.open(&ctx(), src.inode, 0, 0).unwrap().handle.unwrap();
     let (dst, hout) = create(&fs, ROOT_ID, "dst", 0o644);
     let n = fs
-        .copy_file_range(&ctx(), src.inode, hin, 2, dst.inode, hout, 1, 5, 0)
+        .copy_file_range(&ctx(), src.inode, hin, 2, dst.inode, hout, 1, 5, 0, false)
         .unwrap();
     assert_eq!(n, 5);
     assert_eq!(std::fs::read(tmp.path().join("dst")).unwrap(), b"\x0023456");
     assert_eq!(
-        errno(fs.copy_file_range(&ctx(), src.inode, hin, 0, dst.inode, hout, 0, 1, 1 << 40)),
+        errno(fs.copy_file_range(
+            &ctx(),
+            src.inode,
+            hin,
+            0,
+            dst.inode,
+            hout,
+            0,
+            1,
+            1 << 40,
+            false
+        )),
         libc::EINVAL
     );
 }
@@ -848,10 +862,11 @@ fn fallocate_extends_the_file() {
     let tmp = tempfile::tempdir().unwrap();
     let fs = new_fs(tmp.path());
     let (f, fh) = create(&fs, ROOT_ID, "f", 0o644);
-    fs.fallocate(&ctx(), f.inode, fh, 0, 0, 8192).unwrap();
+    fs.fallocate(&ctx(), f.inode, fh, 0, 0, 8192, false)
+        .unwrap();
     assert_eq!(std::fs::metadata(tmp.path().join("f")).unwrap().len(), 8192);
     assert_eq!(
-        errno(fs.fallocate(&ctx(), f.inode, fh, 0, u64::MAX, 1)),
+        errno(fs.fallocate(&ctx(), f.inode, fh, 0, u64::MAX, 1, false)),
         libc::EINVAL
     );
 }
@@ -1675,7 +1690,7 @@ fn no_open_reads_writes_and_lists_without_handles() {
     assert_eq!(std::fs::read(tmp.path().join("f")).unwrap(), b"HELLO world");
     assert_eq!(try_read(&fs, f.inode, 0, 64, 0).unwrap(), b"HELLO world");
     fs.fsync(&ctx(), f.inode, true, 0).unwrap();
-    fs.fallocate(&ctx(), f.inode, 0, 0, 0, 20).unwrap();
+    fs.fallocate(&ctx(), f.inode, 0, 0, 0, 20, false).unwrap();
     assert_eq!(std::fs::metadata(tmp.path().join("f")).unwrap().len(), 20);
     assert_eq!(
         fs.lseek(&ctx(), f.inode, 0, 3, libc::SEEK_DATA as u32)
@@ -1817,7 +1832,7 @@ fn no_open_on_a_readonly_share_refuses_writes() {
     let f = lookup(&fs, "f");
     assert_eq!(errno(try_write(&fs, f.inode, 0, b"x", 0)), libc::EROFS);
     assert_eq!(
-        errno(fs.fallocate(&ctx(), f.inode, 0, 0, 0, 10)),
+        errno(fs.fallocate(&ctx(), f.inode, 0, 0, 0, 10, false)),
         libc::EROFS
     );
     assert_eq!(try_read(&fs, f.inode, 0, 8, 0).unwrap(), b"ro");

@@ -239,6 +239,18 @@ impl PassthroughFs {
         self.drop_remapped_capability(fd)
     }
 
+    /// Before the file `fd` is changed by FALLOCATE or COPY_FILE_RANGE: clears its set-id
+    /// bits and capability when `kill_priv` (`--killpriv-v2` agreed, see [`Self::kill_priv`]),
+    /// and otherwise its remapped capability only (the host kernel drops the real one, the guest
+    /// kernel has cleared the bits itself).
+    pub(super) fn modifying(&self, fd: BorrowedFd<'_>, kill_priv: bool) -> io::Result<()> {
+        if kill_priv {
+            self.kill_priv(fd)
+        } else {
+            self.drop_remapped_capability(fd)
+        }
+    }
+
     /// The creation `make` (a syscall on the parent), with the guest's `umask` applied by the
     /// host kernel when POSIX ACLs are enabled: it uses the umask only when the parent has no
     /// default ACL. Without ACLs `mode` was masked by the guest already.

@@ -231,6 +231,7 @@ impl FileSystem for FixedFs {
         _: u64,
         len: u64,
         _: u64,
+        _: bool,
     ) -> io::Result<usize> {
         Ok(len as usize)
     }

@@ -697,12 +697,12 @@ fn apply(fs: &PassthroughFs, st: &mut State, op: &Op) {
             len,
         } => {
             let (n, h) = st.handle(handle);
-            let _ = fs.fallocate(ctx, n, h, 0, u64::from(offset), u64::from(len));
+            let _ = fs.fallocate(ctx, n, h, 0, u64::from(offset), u64::from(len), false);
         }
         Op::CopyFileRange { from, to, len } => {
             let (n1, h1) = st.handle(from);
             let (n2, h2) = st.handle(to);
-            let _ = fs.copy_file_range(ctx, n1, h1, 0, n2, h2, 0, u64::from(len), 0);
+            let _ = fs.copy_file_range(ctx, n1, h1, 0, n2, h2, 0, u64::from(len), 0, false);
         }
         Op::Access { node, mask } => {
             let _ = fs.access(ctx, st.node(node), u32::from(mask & 7));
