@@ -4,10 +4,14 @@
 //! its own worker thread from `vhost-user-backend`; a worker pops a chain, hands it to the
 //! shared [`Server`] as a reader/writer pair, and returns it to the guest with the reply length.
 //! With `--thread-pool-size N` each queue's chains are handed to a pool of N threads instead, so
-//! slow requests on one queue do not hold up the ones behind them.
+//! slow requests on one queue do not hold up the ones behind them. At most [`POOL_BACKLOG`] times
+//! N chains are taken off the rings and not yet answered: a queue that finds the pool that busy
+//! stops popping and leaves the rest in its ring, and the pool thread that next answers a chain
+//! kicks it again (through its kick eventfd, as the guest would), so it resumes where it stopped.
 
 use std::io;
-use std::sync::{Arc, Mutex, RwLock};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread;
 
 use log::{error, warn};
@@ -35,6 +39,8 @@ pub const MAX_REQUEST_QUEUES: usize = 16;
 const SIGNAL_BATCH: usize = 16;
 /// Size of the virtio-fs tag field in the device configuration space.
 const TAG_LEN: usize = 36;
+/// With a thread pool, chains taken off the rings and not yet answered, per pool thread.
+pub const POOL_BACKLOG: usize = 4;
 
 /// A chain queued for a pool thread, with the memory it was resolved against.
 struct Job {
@@ -45,6 +51,86 @@ struct Job {
     event_idx: bool,
 }
 
+/// What the queue threads and the pool threads share: the chains in flight.
+#[derive(Default)]
+struct Backlog {
+    /// Chains taken off the rings and not yet returned.
+    in_flight: usize,
+    /// Most chains ever in flight at once.
+    peak: usize,
+    /// Queues that stopped popping because the pool was full, to kick when a chain is answered,
+    /// by the worker thread serving them (one queue per thread).
+    stalled: Vec<(usize, VringRwLock)>,
+}
+
+/// The request thread pool.
+struct Pool {
+    jobs: Mutex<std::sync::mpsc::Sender<Job>>,
+    backlog: Arc<Mutex<Backlog>>,
+    /// Most chains in flight at once.
+    limit: usize,
+}
+
+impl Pool {
+    /// Counts one more chain in flight, if the pool has room; otherwise records `vring`, served by
+    /// the queue thread `queue`, as stalled (it is kicked once a chain is answered) and returns
+    /// `false`.
+    fn take_slot(&self, queue: usize, vring: &VringRwLock) -> bool {
+        let mut b = self.backlog.lock().unwrap_or_else(PoisonError::into_inner);
+        if b.in_flight >= self.limit {
+            if !b.stalled.iter().any(|(q, _)| *q == queue) {
+                b.stalled.push((queue, vring.clone()));
+            }
+            return false;
+        }
+        b.in_flight += 1;
+        b.peak = b.peak.max(b.in_flight);
+        true
+    }
+}
+
+/// One chain fewer in flight (it was answered, or never taken); the queues that stopped for
+/// lack of room are kicked to pop again.
+fn give_slot(backlog: &Mutex<Backlog>) {
+    let stalled = {
+        let mut b = backlog.lock().unwrap_or_else(PoisonError::into_inner);
+        b.in_flight = b.in_flight.saturating_sub(1);
+        std::mem::take(&mut b.stalled)
+    };
+    for (queue, vring) in stalled {
+        if let Err(e) = kick(&vring) {
+            error!("queue {queue} could not be resumed: {e}");
+        }
+    }
+}
+
+/// Signals the queue's kick eventfd, so that its thread serves it again as after a guest kick.
+fn kick(vring: &VringRwLock) -> io::Result<()> {
+    let state = vring.get_ref();
+    let Some(kick) = state.get_kick() else {
+        // Not started (or stopped): the next start reads the ring anyway.
+        return Ok(());
+    };
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writes the 8 bytes of the local `one` to the kick eventfd, which the read guard
+    // `state` keeps open; the result is checked.
+    let n = unsafe { libc::write(kick.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    if n == one.len() as isize {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// How a pass over a queue ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// No chain left in the ring.
+    Drained,
+    /// The pool is full: chains were left in the ring, and the queue will be kicked.
+    Stalled,
+}
+
 /// The vhost-user-fs device backend.
 pub struct FsBackend<F: FileSystem + 'static> {
     server: Arc<Server<F>>,
@@ -52,7 +138,7 @@ pub struct FsBackend<F: FileSystem + 'static> {
     event_idx: std::sync::atomic::AtomicBool,
     tag: Option<String>,
     num_queues: usize,
-    pool: Option<Mutex<std::sync::mpsc::Sender<Job>>>,
+    pool: Option<Pool>,
 }
 
 impl<F: FileSystem + 'static> FsBackend<F> {
@@ -69,7 +155,12 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         }
         let server = Arc::new(Server::new(fs));
         let pool = if pool_size > 0 {
-            Some(Mutex::new(start_pool(server.clone(), pool_size)?))
+            let backlog = Arc::new(Mutex::new(Backlog::default()));
+            Some(Pool {
+                jobs: Mutex::new(start_pool(server.clone(), backlog.clone(), pool_size)?),
+                backlog,
+                limit: pool_size.saturating_mul(POOL_BACKLOG),
+            })
         } else {
             None
         };
@@ -92,18 +183,37 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         self.mem.read().unwrap_or_else(|p| p.into_inner()).memory()
     }
 
-    /// Serves every available chain of `vring`.
-    fn process_queue(&self, vring: &VringRwLock) -> io::Result<()> {
+    /// Most chains in flight at once so far, with a thread pool.
+    #[cfg(test)]
+    pub(crate) fn pool_peak(&self) -> Option<(usize, usize)> {
+        let pool = self.pool.as_ref()?;
+        let b = pool.backlog.lock().unwrap_or_else(PoisonError::into_inner);
+        Some((b.peak, pool.limit))
+    }
+
+    /// Serves every available chain of `vring` (served by the queue thread `queue`), or with a
+    /// thread pool hands them to it until it is full.
+    fn process_queue(&self, vring: &VringRwLock, queue: usize) -> io::Result<Pass> {
         let mem = self.memory();
         let event_idx = self.event_idx.load(std::sync::atomic::Ordering::Relaxed);
         // Chains returned since the guest was last told.
         let mut unsignalled = 0;
         loop {
+            if let Some(pool) = &self.pool {
+                if !pool.take_slot(queue, vring) {
+                    return Ok(Pass::Stalled);
+                }
+            }
             let chain = vring
                 .get_mut()
                 .get_queue_mut()
                 .pop_descriptor_chain(mem.clone());
-            let Some(chain) = chain else { break };
+            let Some(chain) = chain else {
+                if let Some(pool) = &self.pool {
+                    give_slot(&pool.backlog);
+                }
+                break;
+            };
             let head = chain.head_index();
             if let Some(pool) = &self.pool {
                 let job = Job {
@@ -113,8 +223,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                     vring: vring.clone(),
                     event_idx,
                 };
-                let sent = pool.lock().unwrap_or_else(|p| p.into_inner()).send(job);
+                let sent = pool
+                    .jobs
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .send(job);
                 if sent.is_err() {
+                    give_slot(&pool.backlog);
                     return Err(io::Error::other("request thread pool is gone"));
                 }
                 continue;
@@ -134,7 +249,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         if unsignalled > 0 {
             notify(vring, event_idx)?;
         }
-        Ok(())
+        Ok(Pass::Drained)
     }
 }
 
@@ -181,8 +296,11 @@ fn notify(vring: &VringRwLock, event_idx: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// Starts `size` threads serving the chains sent to the returned channel; each counts its
+/// chain out of `backlog` once returned.
 fn start_pool<F: FileSystem + 'static>(
     server: Arc<Server<F>>,
+    backlog: Arc<Mutex<Backlog>>,
     size: usize,
 ) -> io::Result<std::sync::mpsc::Sender<Job>> {
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
@@ -190,10 +308,11 @@ fn start_pool<F: FileSystem + 'static>(
     for i in 0..size {
         let rx = rx.clone();
         let server = server.clone();
+        let backlog = backlog.clone();
         thread::Builder::new()
             .name(format!("virtiofsd-pool-{i}"))
             .spawn(move || loop {
-                let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
+                let job = match rx.lock().unwrap_or_else(PoisonError::into_inner).recv() {
                     Ok(job) => job,
                     Err(_) => return,
                 };
@@ -201,6 +320,7 @@ fn start_pool<F: FileSystem + 'static>(
                 if let Err(e) = complete(&job.vring, job.head, len, job.event_idx) {
                     error!("failed to return chain {}: {e}", job.head);
                 }
+                give_slot(&backlog);
             })?;
     }
     Ok(tx)
@@ -272,7 +392,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         device_event: u16,
         evset: EventSet,
         vrings: &[VringRwLock],
-        _thread_id: usize,
+        thread_id: usize,
     ) -> io::Result<()> {
         if evset != EventSet::IN {
             return Err(io::Error::other(format!("unexpected event set {evset:?}")));
@@ -281,12 +401,15 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             .get(usize::from(device_event))
             .ok_or_else(|| io::Error::other(format!("unknown queue event {device_event}")))?;
         if self.event_idx.load(std::sync::atomic::Ordering::Relaxed) {
-            // Keep draining until the guest has added nothing new since the last pass.
+            // Keep draining until the guest has added nothing new since the last pass. A queue
+            // left for a full pool is kicked again when a chain is answered, and drained then.
             loop {
                 vring
                     .disable_notification()
                     .map_err(|e| io::Error::other(format!("disable_notification: {e}")))?;
-                self.process_queue(vring)?;
+                if self.process_queue(vring, thread_id)? == Pass::Stalled {
+                    break;
+                }
                 let more = vring
                     .enable_notification()
                     .map_err(|e| io::Error::other(format!("enable_notification: {e}")))?;
@@ -295,7 +418,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
                 }
             }
         } else {
-            self.process_queue(vring)?;
+            self.process_queue(vring, thread_id)?;
         }
         Ok(())
     }

@@ -3,5 +3,7 @@
 
 pub mod backend;
 pub mod descriptor;
+#[cfg(test)]
+mod pool_tests;
 
 pub use backend::FsBackend;

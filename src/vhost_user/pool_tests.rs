@@ -1,0 +1,178 @@
+//! The request thread pool under a flood: a guest queues far more requests than the pool has
+//! threads while every request blocks. The device must take at most its backlog off the rings,
+//! leave the rest there, and resume popping as the pool answers, until every request is
+//! answered: no notification may be lost, whether or not event-index is negotiated.
+
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vhost::vhost_user::Listener;
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+use super::backend::{FsBackend, POOL_BACKLOG};
+use crate::filesystem::{Context, FileSystem};
+use crate::frontend::{FrontendConfig, FsFrontend};
+use crate::fuse::abi::{opcode, Pod};
+
+/// A filesystem whose GETATTR waits until the gate opens.
+#[derive(Default)]
+struct Gated {
+    open: Mutex<bool>,
+    opened: Condvar,
+    /// GETATTRs entered so far.
+    entered: AtomicUsize,
+}
+
+impl Gated {
+    fn release(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+/// The filesystem the device serves: the shared gate.
+struct GatedFs(Arc<Gated>);
+
+impl FileSystem for GatedFs {
+    fn getattr(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        _handle: Option<u64>,
+    ) -> io::Result<(libc::stat64, Duration)> {
+        let g = &self.0;
+        g.entered.fetch_add(1, Ordering::SeqCst);
+        let mut open = g.open.lock().unwrap();
+        while !*open {
+            open = g.opened.wait(open).unwrap();
+        }
+        // SAFETY: stat64 is plain data; all-zero is a valid value.
+        let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+        st.st_ino = inode;
+        st.st_mode = libc::S_IFREG | 0o644;
+        Ok((st, Duration::ZERO))
+    }
+}
+
+struct Device {
+    backend: Arc<FsBackend<GatedFs>>,
+    gate: Arc<Gated>,
+    thread: Option<JoinHandle<()>>,
+    path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn start(pool: usize) -> Device {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pool.sock");
+    let gate = Arc::new(Gated::default());
+    let backend = Arc::new(FsBackend::new(GatedFs(gate.clone()), None, pool).unwrap());
+    let mut listener = Listener::new(&path, true).unwrap();
+    let b = backend.clone();
+    let thread = std::thread::spawn(move || {
+        let mut daemon = VhostUserDaemon::new(
+            "pool-test".into(),
+            b,
+            GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+        )
+        .unwrap();
+        daemon.start(&mut listener).unwrap();
+        let _ = daemon.wait();
+        for h in daemon.get_epoll_handlers() {
+            h.send_exit_event();
+        }
+    });
+    Device {
+        backend,
+        gate,
+        thread: Some(thread),
+        path,
+        _dir: dir,
+    }
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `queues` request queues each flooded with `per_queue` GETATTRs while a pool of `pool`
+/// threads is stuck on the first ones; then the gate opens and every request must come back.
+fn flood(pool: usize, queues: usize, per_queue: usize, event_idx: bool) {
+    let mut d = start(pool);
+    let cfg = FrontendConfig {
+        mem_size: 32 << 20,
+        client_arena_size: 2 << 20,
+        event_idx,
+        timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let mut fe = FsFrontend::connect_with(&d.path, queues, &cfg).unwrap();
+    assert_eq!(fe.event_idx(), event_idx);
+    let mut clients: Vec<_> = (0..queues).map(|q| fe.client(q).unwrap()).collect();
+    clients[0].init().unwrap();
+    let mut tickets = Vec::new();
+    for (q, c) in clients.iter_mut().enumerate() {
+        // One ring slot per request.
+        c.set_indirect(true).unwrap();
+        for i in 0..per_queue {
+            let node = (q * per_queue + i + 1) as u64;
+            let t = c
+                .enqueue(opcode::GETATTR, node, &[&[0u8; 16]], 120)
+                .unwrap();
+            tickets.push((q, node, t));
+        }
+        c.publish().unwrap();
+    }
+    // Every pool thread is stuck in a GETATTR; give the queue threads time to pop all they will.
+    wait_for("the pool to be busy", || {
+        d.gate.entered.load(Ordering::SeqCst) == pool
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let (peak, limit) = d.backend.pool_peak().unwrap();
+    assert_eq!(limit, pool * POOL_BACKLOG);
+    assert_eq!(peak, limit, "popped up to the backlog and no further");
+    assert_eq!(d.gate.entered.load(Ordering::SeqCst), pool);
+
+    d.gate.release();
+    for (q, node, t) in tickets {
+        let r = clients[q].wait(t).unwrap();
+        assert_eq!(r.error, 0, "GETATTR {node} on queue {q}");
+        let out = <crate::fuse::abi::AttrOut as Pod>::from_prefix(&r.body).unwrap();
+        assert_eq!(out.attr.ino, node);
+    }
+    assert_eq!(
+        d.gate.entered.load(Ordering::SeqCst),
+        queues * per_queue,
+        "every request reached the filesystem once"
+    );
+    let (peak, limit) = d.backend.pool_peak().unwrap();
+    assert!(peak <= limit, "{peak} chains in flight, limit {limit}");
+    drop(clients);
+    fe.disconnect();
+    let t = d.thread.take().unwrap();
+    wait_for("the device to stop", || t.is_finished());
+    t.join().unwrap();
+}
+
+#[test]
+fn a_flooded_pool_takes_at_most_its_backlog_and_answers_everything() {
+    flood(2, 1, 100, true);
+}
+
+#[test]
+fn a_flooded_pool_resumes_every_queue_without_event_index() {
+    flood(1, 3, 40, false);
+}
+
+#[test]
+fn a_flooded_pool_resumes_several_queues_with_event_index() {
+    flood(3, 2, 60, true);
+}
