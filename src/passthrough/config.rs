@@ -107,6 +107,9 @@ impl FromStr for Negotiate {
     }
 }
 
+/// Default of [`Config::listing_memory`].
+pub const DEFAULT_LISTING_MEMORY: usize = 64 << 20;
+
 /// Configuration of a [`super::PassthroughFs`].
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -145,6 +148,10 @@ pub struct Config {
     /// The daemon clears set-user-id / set-group-id bits itself on writes, truncations and
     /// ownership changes the guest marks (`--killpriv-v2`: `FUSE_HANDLE_KILLPRIV_V2`).
     pub killpriv_v2: bool,
+    /// Most bytes all directory listings may hold together (snapshots, shared or not, of every
+    /// handle and inode); a listing that does not fit is read from the directory at each
+    /// READDIR instead. One listing takes at most a quarter.
+    pub listing_memory: usize,
     /// Entry timeout; defaults from `cache`.
     pub entry_timeout: Duration,
     /// Attribute timeout; defaults from `cache`.
@@ -170,6 +177,7 @@ impl Config {
             posix_acl: Negotiate::Never,
             security_label: Negotiate::Never,
             killpriv_v2: false,
+            listing_memory: DEFAULT_LISTING_MEMORY,
             entry_timeout: cache.timeout(),
             attr_timeout: cache.timeout(),
         }

@@ -1,8 +1,8 @@
 //! The handle table: files and directories the guest has open (OPEN, CREATE, TMPFILE,
 //! OPENDIR) until the matching RELEASE / RELEASEDIR.
 //!
-//! A handle owns a real (not `O_PATH`) descriptor of its inode; a directory handle also owns
-//! the [`DirSnapshot`] its READDIRs are served from. Handle numbers come from a counter that
+//! A handle owns a real (not `O_PATH`) descriptor of its inode; a directory handle also keeps
+//! the [`Listing`] its READDIRs are served from (a snapshot, or its own descriptor read anew). Handle numbers come from a counter that
 //! starts at 1 and are never reused: handle 0 is never a handle (in no-open mode it stands for
 //! the inode's own descriptor, see `io_fds`). Requests name the inode as well as the handle; a handle used with another
 //! inode is refused with `EBADF`.
@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use super::dir::DirSnapshot;
+use super::dir::Listing;
 use super::sys;
 
 /// One open file or directory.
@@ -22,8 +22,9 @@ pub struct HandleData {
     pub inode: u64,
     pub file: OwnedFd,
     /// The directory listing, for handles made by OPENDIR: empty until the first READDIR,
-    /// replaced on each READDIR at offset 0.
-    pub dir: Option<Mutex<Option<Arc<DirSnapshot>>>>,
+    /// replaced on each READDIR at offset 0. A streamed listing's READDIRs hold the lock while
+    /// they read `file`.
+    pub dir: Option<Mutex<Option<Listing>>>,
 }
 
 impl HandleData {
@@ -99,6 +100,16 @@ impl HandleStore {
     pub fn clear(&self) {
         let old = std::mem::take(&mut *self.map.write().unwrap_or_else(PoisonError::into_inner));
         drop(old);
+    }
+
+    /// The listings of every open directory handle.
+    #[cfg(test)]
+    pub fn dir_listings(&self) -> Vec<Listing> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        map.values()
+            .filter_map(|h| h.dir.as_ref())
+            .filter_map(|d| d.lock().unwrap_or_else(PoisonError::into_inner).clone())
+            .collect()
     }
 
     #[cfg(test)]

@@ -11,15 +11,16 @@
 //! runs out of descriptors. A request that holds a descriptor keeps it open (it is reference
 //! counted) even if it is evicted meanwhile.
 //!
-//! Directories listed with handle 0 keep the snapshot their READDIRs are served from here too,
-//! until the listing was read to its end or the inode is forgotten.
+//! Directories listed with handle 0 keep the listing their READDIRs are served from here too: a
+//! snapshot until it was read to its end or the inode is forgotten, or the mark that it is
+//! streamed (each READDIR opens the directory anew).
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::dir::DirSnapshot;
+use super::dir::{DirSnapshot, Listing};
 
 /// Descriptors kept aside from the budget for everything else (inodes' `O_PATH` descriptors,
 /// handles, sockets, the vhost-user connection).
@@ -110,8 +111,8 @@ impl Inner {
 pub struct IoFds {
     inner: Mutex<Inner>,
     capacity: AtomicUsize,
-    /// Directory snapshots served to READDIRs with handle 0, by inode.
-    dirs: Mutex<HashMap<u64, Arc<DirSnapshot>>>,
+    /// Directory listings served to READDIRs with handle 0, by inode.
+    dirs: Mutex<HashMap<u64, Listing>>,
 }
 
 impl Default for IoFds {
@@ -249,7 +250,7 @@ impl IoFds {
     }
 
     /// The listing a READDIR with handle 0 of `inode` continues from.
-    pub fn listing(&self, inode: u64) -> Option<Arc<DirSnapshot>> {
+    pub fn listing(&self, inode: u64) -> Option<Listing> {
         self.dirs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -257,19 +258,30 @@ impl IoFds {
             .cloned()
     }
 
-    pub fn set_listing(&self, inode: u64, snap: Arc<DirSnapshot>) {
-        self.dirs
+    pub fn set_listing(&self, inode: u64, listing: Listing) {
+        let old = self
+            .dirs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(inode, snap);
+            .insert(inode, listing);
+        drop(old);
     }
 
     /// Forgets the listing of `inode` if it is still `snap` (read to its end).
     pub fn end_listing(&self, inode: u64, snap: &Arc<DirSnapshot>) {
         let mut dirs = self.dirs.lock().unwrap_or_else(PoisonError::into_inner);
-        if dirs.get(&inode).is_some_and(|s| Arc::ptr_eq(s, snap)) {
-            dirs.remove(&inode);
+        if matches!(dirs.get(&inode), Some(Listing::Snapshot(s)) if Arc::ptr_eq(s, snap)) {
+            let old = dirs.remove(&inode);
+            drop(dirs);
+            drop(old);
         }
+    }
+
+    /// Every listing kept for an inode.
+    #[cfg(test)]
+    pub fn all_listings(&self) -> Vec<Listing> {
+        let dirs = self.dirs.lock().unwrap_or_else(PoisonError::into_inner);
+        dirs.values().cloned().collect()
     }
 
     #[cfg(test)]

@@ -219,7 +219,7 @@ impl PassthroughFs {
             fh_mode,
             mounts,
             handles: HandleStore::default(),
-            dircache: DirCache::new(dircache::DEFAULT_CAP),
+            dircache: DirCache::new(cfg.listing_memory),
             proc_self_fd,
             as_root: credentials::running_as_root(),
             posix_acl_on: AtomicBool::new(false),
@@ -587,47 +587,135 @@ impl PassthroughFs {
         }
     }
 
-    /// The listing of the directory `data` (open for reading as `dir`), from the cache when the
-    /// directory is unchanged since a settled snapshot was taken, read afresh otherwise.
-    fn dir_snapshot(
+    /// What the cache holds for the directory `data` with `stamp`: a shared snapshot (the stamp
+    /// is settled) or the mark that it is too large for one; `None` when it must be read.
+    fn cached_listing(&self, data: &InodeData, stamp: &Stamp) -> Option<(dir::Listing, bool)> {
+        match self.dircache.get(&data.key, stamp) {
+            dircache::Found::Snapshot(snap) => Some((dir::Listing::Snapshot(snap), true)),
+            dircache::Found::TooBig => Some((dir::Listing::Stream, false)),
+            dircache::Found::Miss => None,
+        }
+    }
+
+    /// A new listing of the directory `data`, open for reading as `dir` (`rewind` when that was
+    /// read before) and stamped `stamp` just before: a snapshot when it fits the listing budget
+    /// (shared from then on if the stamp is settled), a stream otherwise. The flag tells whether
+    /// a settled snapshot serves it.
+    fn read_listing(
         &self,
         data: &InodeData,
+        stamp: Stamp,
         dir: BorrowedFd<'_>,
         rewind: bool,
-    ) -> io::Result<Arc<DirSnapshot>> {
-        let stamp = Stamp::of(&sys::stat_fd(dir)?);
-        let (snap, settled) = match self.dircache.get(&data.key, &stamp) {
-            Some(snap) => (snap, true),
-            None => {
-                let settled = stamp.settled(dircache::now());
-                let snap = Arc::new(DirSnapshot::read(dir, rewind)?);
+    ) -> io::Result<(dir::Listing, bool)> {
+        let settled = stamp.settled(dircache::now());
+        match DirSnapshot::read(dir, rewind, &mut |c, n| self.dircache.reserve(c, n))? {
+            Ok(snap) => {
+                let snap = Arc::new(snap);
                 if settled {
                     self.dircache.insert(data.key, stamp, snap.clone());
                 }
-                (snap, settled)
+                Ok((dir::Listing::Snapshot(snap), settled))
             }
-        };
-        *data.listing.lock().unwrap_or_else(PoisonError::into_inner) = settled.then_some(stamp);
-        Ok(snap)
+            Err(why) => {
+                if why == dircache::Overflow::TooBig {
+                    self.dircache.too_big(data.key, stamp);
+                }
+                log::debug!(
+                    "directory {}: listing streamed ({why:?}); listings hold {} of {} bytes",
+                    data.id,
+                    self.dircache.used(),
+                    self.dircache.cap()
+                );
+                Ok((dir::Listing::Stream, false))
+            }
+        }
     }
 
-    /// The snapshot a READDIR at `offset` on handle `h` is served from.
-    fn handle_snapshot(
+    /// Records whether the listing just started for `data` was a settled snapshot of `stamp`,
+    /// which lets a later OPENDIR keep the guest's cached listing (`dir_open_flags`).
+    fn served_listing(&self, data: &InodeData, stamp: Stamp, settled: bool) {
+        *data.listing.lock().unwrap_or_else(PoisonError::into_inner) = settled.then_some(stamp);
+    }
+
+    /// Serves the entries of the directory `data` from `offset` for a READDIR on `handle` to
+    /// `f`, with the offset to resume after each, until `f` returns `false` or the listing ends.
+    /// Offset 0 starts a new listing (a rewind); later offsets continue the handle's, or in
+    /// no-opendir mode with handle 0 the inode's. A streamed listing reads `chunk` bytes of
+    /// records at a time.
+    fn list(
         &self,
         data: &InodeData,
-        h: &HandleData,
+        handle: u64,
         offset: u64,
-    ) -> io::Result<Arc<DirSnapshot>> {
-        let Some(dir) = &h.dir else {
+        chunk: usize,
+        f: &mut dyn FnMut(dir::SnapEntry<'_>, u64) -> io::Result<bool>,
+    ) -> io::Result<()> {
+        if handle != 0 || !self.no_opendir() {
+            let h = self.dir_handle(data.id, handle)?;
+            let Some(dir) = &h.dir else {
+                return Err(error(libc::ENOTDIR));
+            };
+            let mut cur = dir.lock().unwrap_or_else(PoisonError::into_inner);
+            let listing = match &*cur {
+                Some(l) if offset != 0 => l.clone(),
+                _ => {
+                    let stamp = Stamp::of(&sys::stat_fd(h.fd())?);
+                    let (l, settled) = match self.cached_listing(data, &stamp) {
+                        Some(hit) => hit,
+                        None => self.read_listing(data, stamp, h.fd(), cur.is_some())?,
+                    };
+                    self.served_listing(data, stamp, settled);
+                    *cur = Some(l.clone());
+                    l
+                }
+            };
+            return match listing {
+                dir::Listing::Snapshot(snap) => {
+                    drop(cur);
+                    snap.serve(offset, f)
+                }
+                // The handle's descriptor is read from where the guest resumes: the lock is held
+                // until the reply is full.
+                dir::Listing::Stream => dir::stream(h.fd(), offset, chunk, f),
+            };
+        }
+        if !data.is_dir() {
             return Err(error(libc::ENOTDIR));
+        }
+        let known = if offset != 0 {
+            self.io_fds.listing(data.id)
+        } else {
+            None
         };
-        let mut cur = dir.lock().unwrap_or_else(PoisonError::into_inner);
-        match &*cur {
-            Some(snap) if offset != 0 => Ok(snap.clone()),
-            _ => {
-                let snap = self.dir_snapshot(data, h.fd(), cur.is_some())?;
-                *cur = Some(snap.clone());
-                Ok(snap)
+        let listing = match known {
+            Some(l) => l,
+            None => {
+                let stamp = Stamp::of(&self.stat_node(data)?);
+                let (l, stamp, settled) = match self.cached_listing(data, &stamp) {
+                    Some((l, settled)) => (l, stamp, settled),
+                    None => {
+                        let dir = self.open_io(data, libc::O_RDONLY | libc::O_DIRECTORY)?;
+                        let stamp = Stamp::of(&sys::stat_fd(dir.as_fd())?);
+                        let (l, settled) = self.read_listing(data, stamp, dir.as_fd(), false)?;
+                        (l, stamp, settled)
+                    }
+                };
+                self.served_listing(data, stamp, settled);
+                self.io_fds.set_listing(data.id, l.clone());
+                l
+            }
+        };
+        match listing {
+            dir::Listing::Snapshot(snap) => {
+                if usize::try_from(offset).map_or(true, |o| o >= snap.len()) {
+                    self.io_fds.end_listing(data.id, &snap);
+                }
+                snap.serve(offset, f)
+            }
+            dir::Listing::Stream => {
+                let dir = self.open_io(data, libc::O_RDONLY | libc::O_DIRECTORY)?;
+                dir::stream(dir.as_fd(), offset, chunk, f)
             }
         }
     }
@@ -883,39 +971,6 @@ impl PassthroughFs {
             }
             r => r,
         }
-    }
-
-    /// The snapshot a READDIR of `data` at `offset` is served from: the handle's, or in
-    /// no-opendir mode with handle 0 the inode's (offset 0 takes a fresh or settled shared
-    /// snapshot; later offsets continue the inode's current one). The flag tells which.
-    fn listing(
-        &self,
-        data: &InodeData,
-        handle: u64,
-        offset: u64,
-    ) -> io::Result<(Arc<DirSnapshot>, bool)> {
-        if handle != 0 || !self.no_opendir() {
-            let h = self.dir_handle(data.id, handle)?;
-            return Ok((self.handle_snapshot(data, &h, offset)?, false));
-        }
-        if !data.is_dir() {
-            return Err(error(libc::ENOTDIR));
-        }
-        if offset != 0 {
-            if let Some(snap) = self.io_fds.listing(data.id) {
-                return Ok((snap, true));
-            }
-        }
-        let stamp = Stamp::of(&self.stat_node(data)?);
-        let snap = match self.dircache.get(&data.key, &stamp) {
-            Some(snap) => snap,
-            None => {
-                let dir = self.open_io(data, libc::O_RDONLY | libc::O_DIRECTORY)?;
-                self.dir_snapshot(data, dir.as_fd(), false)?
-            }
-        };
-        self.io_fds.set_listing(data.id, snap.clone());
-        Ok((snap, true))
     }
 
     /// In no-open mode, before `name` in `dir` is unlinked or replaced: the guest may hold the
@@ -1484,31 +1539,21 @@ impl FileSystem for PassthroughFs {
         _ctx: &Context,
         inode: u64,
         handle: u64,
-        _size: u32,
+        size: u32,
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry<'_>) -> io::Result<usize>,
     ) -> io::Result<()> {
         let data = self.inode(inode)?;
-        let (snap, own) = self.listing(&data, handle, offset)?;
-        let Ok(start) = usize::try_from(offset) else {
-            return Ok(());
-        };
-        if own && start >= snap.len() {
-            self.io_fds.end_listing(inode, &snap);
-        }
-        for i in start..snap.len() {
-            let Some(e) = snap.get(i) else { break };
+        let chunk = dir::stream_chunk(size, false);
+        self.list(&data, handle, offset, chunk, &mut |e, next| {
             let n = add_entry(DirEntry {
                 ino: e.ino,
-                offset: i as u64 + 1,
+                offset: next,
                 type_: u32::from(e.dtype),
                 name: e.name,
             })?;
-            if n == 0 {
-                break;
-            }
-        }
-        Ok(())
+            Ok(n != 0)
+        })
     }
 
     fn readdirplus(
@@ -1516,24 +1561,17 @@ impl FileSystem for PassthroughFs {
         _ctx: &Context,
         inode: u64,
         handle: u64,
-        _size: u32,
+        size: u32,
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry<'_>, Entry) -> io::Result<usize>,
     ) -> io::Result<()> {
         let parent = self.inode(inode)?;
-        let (snap, own) = self.listing(&parent, handle, offset)?;
-        let Ok(start) = usize::try_from(offset) else {
-            return Ok(());
-        };
-        if own && start >= snap.len() {
-            self.io_fds.end_listing(inode, &snap);
-        }
+        let chunk = dir::stream_chunk(size, true);
         let mut emitted = false;
-        for i in start..snap.len() {
-            let Some(e) = snap.get(i) else { break };
+        self.list(&parent, handle, offset, chunk, &mut |e, next| {
             let dirent = |type_: u32| DirEntry {
                 ino: e.ino,
-                offset: i as u64 + 1,
+                offset: next,
                 type_,
                 name: e.name,
             };
@@ -1557,25 +1595,27 @@ impl FileSystem for PassthroughFs {
                         let t = sys::mode_to_dtype(entry.attr.st_mode);
                         (dirent(u32::from(t)), entry)
                     }
-                    // Removed since the snapshot was taken.
-                    Err(err) if err.raw_os_error() == Some(libc::ENOENT) => continue,
-                    Err(_) if emitted => break,
+                    // Removed since the listing was read.
+                    Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(true),
+                    Err(_) if emitted => return Ok(false),
                     Err(err) => return Err(err),
                 }
             };
             let id = entry.inode;
             match add_entry(dent, entry) {
-                Ok(n) if n > 0 => emitted = true,
+                Ok(n) if n > 0 => {
+                    emitted = true;
+                    Ok(true)
+                }
                 res => {
                     // Refused (or failed): the guest never saw this reference.
                     if id != 0 {
                         self.inodes.forget(id, 1);
                     }
-                    return res.map(drop);
+                    res.map(|_| false)
                 }
             }
-        }
-        Ok(())
+        })
     }
 
     fn releasedir(&self, _ctx: &Context, inode: u64, _flags: u32, handle: u64) -> io::Result<()> {
