@@ -66,6 +66,8 @@ pub struct Options {
     pub posix_acl: Negotiate,
     pub security_label: Negotiate,
     pub killpriv_v2: bool,
+    /// Bytes all directory listings may hold (`Config::listing_memory`).
+    pub listing_memory: usize,
 }
 
 impl Default for Options {
@@ -91,6 +93,7 @@ impl Default for Options {
             posix_acl: Negotiate::Never,
             security_label: Negotiate::Never,
             killpriv_v2: false,
+            listing_memory: virtiofsd::passthrough::config::DEFAULT_LISTING_MEMORY,
         }
     }
 }
@@ -195,6 +198,12 @@ impl Options {
         self
     }
 
+    /// Bytes all directory listings may hold together.
+    pub fn listing_memory(mut self, bytes: usize) -> Self {
+        self.listing_memory = bytes;
+        self
+    }
+
     /// How long the frontend waits for each reply.
     pub fn timeout(mut self, t: Duration) -> Self {
         self.frontend.timeout = t;
@@ -249,6 +258,7 @@ impl Daemon {
         fs_cfg.posix_acl = opts.posix_acl;
         fs_cfg.security_label = opts.security_label;
         fs_cfg.killpriv_v2 = opts.killpriv_v2;
+        fs_cfg.listing_memory = opts.listing_memory;
         let cfg = DaemonConfig {
             fs: fs_cfg,
             socket: SocketSpec::Path(socket.clone()),
