@@ -6,8 +6,9 @@
 //! With `--thread-pool-size N` each queue's chains are handed to a pool of N threads instead, so
 //! slow requests on one queue do not hold up the ones behind them. At most [`POOL_BACKLOG`] times
 //! N chains are taken off the rings and not yet answered: a queue that finds the pool that busy
-//! stops popping and leaves the rest in its ring, and the pool thread that next answers a chain
-//! kicks it again (through its kick eventfd, as the guest would), so it resumes where it stopped.
+//! stops popping and leaves the rest in its ring, and the pool thread whose answer brings the
+//! pool down to half that kicks it again (through its kick eventfd, as the guest would), so it
+//! resumes where it stopped.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -56,6 +57,9 @@ struct Job {
 struct Backlog {
     /// Chains taken off the rings and not yet returned.
     in_flight: usize,
+    /// Stalled queues are kicked once no more than this many chains are in flight (half the
+    /// limit: the pool still has work queued, and a queue is not woken for every answer).
+    resume_at: usize,
     /// Most chains ever in flight at once.
     peak: usize,
     /// Queues that stopped popping because the pool was full, to kick when a chain is answered,
@@ -89,12 +93,15 @@ impl Pool {
     }
 }
 
-/// One chain fewer in flight (it was answered, or never taken); the queues that stopped for
-/// lack of room are kicked to pop again.
+/// One chain fewer in flight (it was answered, or never taken); once the pool has drained to
+/// half its limit, the queues that stopped for lack of room are kicked to pop again.
 fn give_slot(backlog: &Mutex<Backlog>) {
     let stalled = {
         let mut b = backlog.lock().unwrap_or_else(PoisonError::into_inner);
         b.in_flight = b.in_flight.saturating_sub(1);
+        if b.in_flight > b.resume_at {
+            return;
+        }
         std::mem::take(&mut b.stalled)
     };
     for (queue, vring) in stalled {
@@ -155,11 +162,15 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         }
         let server = Arc::new(Server::new(fs));
         let pool = if pool_size > 0 {
-            let backlog = Arc::new(Mutex::new(Backlog::default()));
+            let limit = pool_size.saturating_mul(POOL_BACKLOG);
+            let backlog = Arc::new(Mutex::new(Backlog {
+                resume_at: limit / 2,
+                ..Backlog::default()
+            }));
             Some(Pool {
                 jobs: Mutex::new(start_pool(server.clone(), backlog.clone(), pool_size)?),
                 backlog,
-                limit: pool_size.saturating_mul(POOL_BACKLOG),
+                limit,
             })
         } else {
             None
@@ -402,7 +413,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             .ok_or_else(|| io::Error::other(format!("unknown queue event {device_event}")))?;
         if self.event_idx.load(std::sync::atomic::Ordering::Relaxed) {
             // Keep draining until the guest has added nothing new since the last pass. A queue
-            // left for a full pool is kicked again when a chain is answered, and drained then.
+            // left for a full pool is kicked again once the pool has drained to half, and drained then.
             loop {
                 vring
                     .disable_notification()
