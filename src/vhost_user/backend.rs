@@ -413,7 +413,8 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             .ok_or_else(|| io::Error::other(format!("unknown queue event {device_event}")))?;
         if self.event_idx.load(std::sync::atomic::Ordering::Relaxed) {
             // Keep draining until the guest has added nothing new since the last pass. A queue
-            // left for a full pool is kicked again once the pool has drained to half, and drained then.
+            // left for a full pool is kicked again once the pool has drained to half of it, and
+            // drained then.
             loop {
                 vring
                     .disable_notification()
