@@ -2,10 +2,10 @@
 //! OPENDIR) until the matching RELEASE / RELEASEDIR.
 //!
 //! A handle owns a real (not `O_PATH`) descriptor of its inode; a directory handle also keeps
-//! the [`Listing`] its READDIRs are served from (a snapshot, or its own descriptor read anew). Handle numbers come from a counter that
-//! starts at 1 and are never reused: handle 0 is never a handle (in no-open mode it stands for
-//! the inode's own descriptor, see `io_fds`). Requests name the inode as well as the handle; a handle used with another
-//! inode is refused with `EBADF`.
+//! the [`Listing`] its READDIRs are served from (a snapshot, or its own descriptor read anew).
+//! Handle numbers come from a counter that starts at 1 and are never reused: handle 0 is never a
+//! handle (in no-open mode it stands for the inode's own descriptor, see `io_fds`). Requests name
+//! the inode as well as the handle; a handle used with another inode is refused with `EBADF`.
 
 use std::collections::HashMap;
 use std::io;
