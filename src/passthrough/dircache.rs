@@ -177,6 +177,8 @@ mod tests {
             dev: 1,
             ino,
             mnt_id: 1,
+            kind: libc::S_IFDIR,
+            btime: Some((1, 0)),
         }
     }
 

@@ -1903,3 +1903,51 @@ fn no_open_out_of_descriptors_evicts_and_retries() {
     assert!(fs.io_fds.len() < 64, "{}", fs.io_fds.len());
     println!("EMFILE-CHILD-OK");
 }
+
+#[test]
+fn a_fresh_file_is_proven_by_its_handle_until_its_birth_time_settles() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    std::fs::write(tmp.path().join("old"), b"x").unwrap();
+    let st = std::fs::metadata(tmp.path().join("old")).unwrap();
+    if st.created().is_err() {
+        eprintln!("skipped: the temporary file system stamps no birth time");
+        return;
+    }
+    let fresh = lookup(&fs, "old");
+    let node = fs.inodes.get(fresh.inode).unwrap();
+    assert!(
+        !node.proven_by_key(),
+        "born just now: the key alone proves nothing"
+    );
+    assert!(
+        node.ident_handle().is_some(),
+        "its file handle proves it instead"
+    );
+    std::thread::sleep(dircache::SETTLE + Duration::from_millis(100));
+    // Found again after its birth time settled: the key proves it from now on.
+    assert_eq!(lookup(&fs, "old").inode, fresh.inode);
+    assert!(node.proven_by_key());
+    assert_eq!(fs.getattr(&ctx(), fresh.inode, None).unwrap().0.st_size, 1);
+}
+
+#[test]
+fn a_file_born_long_ago_is_proven_by_its_key_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"x").unwrap();
+    if std::fs::metadata(tmp.path().join("f"))
+        .unwrap()
+        .created()
+        .is_err()
+    {
+        eprintln!("skipped: the temporary file system stamps no birth time");
+        return;
+    }
+    std::thread::sleep(dircache::SETTLE + Duration::from_millis(100));
+    let fs = new_fs(tmp.path());
+    let e = lookup(&fs, "f");
+    let node = fs.inodes.get(e.inode).unwrap();
+    assert!(node.proven_by_key());
+    assert!(node.ident_handle().is_none(), "no file handle taken");
+    assert!(node.opened_fd().is_none(), "no descriptor kept");
+}
