@@ -198,19 +198,21 @@ impl PassthroughFs {
         let mut pending: Option<NewInode> = None;
         for _ in 0..4 {
             if let Some(known) = self.inodes.ref_known(&key) {
-                match self.same_file(&known, &key, at).and_then(|same| match (same, at) {
-                    // The name may have changed between the `statx` and the handle: check once
-                    // more through one descriptor before retiring a node the guest holds.
-                    (false, At::Name(..)) if !known.is_stale() => {
-                        let fd = at.open_path(self)?;
-                        let (st, x) = sys::stat_fd_mnt(fd.as_fd())?;
-                        if InodeKey::new(&st, &x, identity) != key {
-                            return Err(error(libc::ESTALE));
+                match self
+                    .same_file(&known, &key, at)
+                    .and_then(|same| match (same, at) {
+                        // The name may have changed between the `statx` and the handle: check once
+                        // more through one descriptor before retiring a node the guest holds.
+                        (false, At::Name(..)) if !known.is_stale() => {
+                            let fd = at.open_path(self)?;
+                            let (st, x) = sys::stat_fd_mnt(fd.as_fd())?;
+                            if InodeKey::new(&st, &x, identity) != key {
+                                return Err(error(libc::ESTALE));
+                            }
+                            self.is_inode(fd.as_fd(), &known)
                         }
-                        self.is_inode(fd.as_fd(), &known)
-                    }
-                    _ => Ok(same),
-                }) {
+                        _ => Ok(same),
+                    }) {
                     Ok(true) => return Ok((known, false)),
                     Ok(false) => {
                         log::debug!(

@@ -758,6 +758,29 @@ impl PassthroughFs {
         Ok((entry, opened))
     }
 
+    /// How long the guest may remember that a name does not exist: as long as it keeps entries
+    /// in `auto` and `always`; not at all in `never` and `metadata`, where the guest asks again
+    /// each time.
+    fn negative_timeout(&self) -> Duration {
+        match self.cfg.cache {
+            CacheMode::Auto | CacheMode::Always => self.cfg.entry_timeout,
+            CacheMode::Never | CacheMode::Metadata => Duration::ZERO,
+        }
+    }
+
+    /// The reply to a LOOKUP of a missing name: node id 0 ("no such entry") with a timeout, which
+    /// the guest keeps as a negative entry. A name the guest creates replaces it at once.
+    fn negative_entry(&self) -> Entry {
+        Entry {
+            inode: 0,
+            generation: 0,
+            attr: sys::zeroed_stat(),
+            attr_flags: 0,
+            attr_timeout: Duration::ZERO,
+            entry_timeout: self.negative_timeout(),
+        }
+    }
+
     /// Registers an open handle of `node`, remembered by the node for when its name is gone.
     fn open_handle(&self, node: &InodeData, data: HandleData) -> u64 {
         let (id, h) = self.handles.insert(data);
@@ -1061,7 +1084,14 @@ impl FileSystem for PassthroughFs {
         if name.to_bytes() == b".." {
             return self.lookup_parent(&p, name);
         }
-        self.do_lookup(&p, name)
+        match self.do_lookup(&p, name) {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ENOENT) && !self.negative_timeout().is_zero() =>
+            {
+                Ok(self.negative_entry())
+            }
+            r => r,
+        }
     }
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {

@@ -138,7 +138,7 @@ fn lookup_refuses_name_with_slash() {
     assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"")), libc::EINVAL);
     let long = cs(&"a".repeat(256));
     assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, &long)), libc::ENAMETOOLONG);
-    assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"missing")), libc::ENOENT);
+    assert_eq!(fs.lookup(&ctx(), ROOT_ID, c"missing").unwrap().inode, 0);
 }
 
 #[test]
@@ -537,7 +537,11 @@ fn unlink_while_open_still_reads() {
     assert_eq!(read_at(&fs, f.inode, fh, 64, 0), b"still here");
     let (st, _) = fs.getattr(&ctx(), f.inode, Some(fh)).unwrap();
     assert_eq!(st.st_nlink, 0);
-    assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"f")), libc::ENOENT);
+    assert_eq!(
+        fs.lookup(&ctx(), ROOT_ID, c"f").unwrap().inode,
+        0,
+        "negative entry"
+    );
 }
 
 #[test]
@@ -1950,4 +1954,40 @@ fn a_file_born_long_ago_is_proven_by_its_key_alone() {
     assert!(node.proven_by_key());
     assert!(node.ident_handle().is_none(), "no file handle taken");
     assert!(node.opened_fd().is_none(), "no descriptor kept");
+}
+
+#[test]
+fn a_missing_name_is_a_negative_entry_kept_as_long_as_the_cache_mode_keeps_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (mode, timeout) in [
+        (CacheMode::Always, Some(Duration::from_secs(86400))),
+        (CacheMode::Auto, Some(Duration::from_secs(1))),
+        (CacheMode::Metadata, None),
+        (CacheMode::Never, None),
+    ] {
+        let fs = fs_with(tmp.path(), |c| *c = Config::new(tmp.path(), mode));
+        let r = fs.lookup(&ctx(), ROOT_ID, c"missing");
+        match timeout {
+            Some(t) => {
+                let e = r.unwrap();
+                assert_eq!((e.inode, e.entry_timeout), (0, t), "{mode:?}");
+                // No reference is taken: nothing to forget.
+                assert_eq!(fs.inodes.len(), 1, "{mode:?}");
+            }
+            None => assert_eq!(errno(r), libc::ENOENT, "{mode:?}"),
+        }
+    }
+}
+
+#[test]
+fn other_lookup_errors_are_never_negative_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"x").unwrap();
+    let fs = fs_with(tmp.path(), |c| {
+        *c = Config::new(tmp.path(), CacheMode::Always)
+    });
+    let f = lookup(&fs, "f");
+    assert_eq!(errno(fs.lookup(&ctx(), f.inode, c"x")), libc::ENOTDIR);
+    assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"a/b")), libc::EINVAL);
+    assert_eq!(errno(fs.lookup(&ctx(), 9999, c"x")), libc::EBADF);
 }
