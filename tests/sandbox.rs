@@ -20,9 +20,10 @@ use virtiofsd::fuse::abi::{fattr, ROOT_ID};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
 
-/// CapEff of a daemon run as root: chown, dac_override, dac_read_search, fowner, fsetid,
-/// setgid, setuid, mknod, setfcap.
-const ROOT_CAPS: u64 = 0x8800_00df;
+/// CapEff of a daemon run as root: chown, dac_override, fowner, fsetid, setgid, setuid, mknod,
+/// setfcap (no dac_read_search: the default `--inode-file-handles=never` opens no handles).
+const ROOT_CAPS: u64 = 0x8800_00db;
+const CAP_DAC_READ_SEARCH: u64 = 1 << 2;
 const CAP_SYS_ADMIN: u64 = 1 << 21;
 const CAP_MKNOD: u64 = 1 << 27;
 
@@ -346,6 +347,38 @@ fn modcaps_changes_the_capabilities_kept() {
             Err(libc::EPERM),
             "--sandbox={sandbox}"
         );
+        fe.disconnect();
+        finish(parent, &d.socket);
+    }
+}
+
+#[test]
+fn only_file_handles_keep_cap_dac_read_search() {
+    if !is_root() {
+        eprintln!("skipped: the capabilities kept are those of a daemon run as root");
+        return;
+    }
+    for (flag, expected) in [
+        (None, ROOT_CAPS),
+        (Some("--inode-file-handles=never"), ROOT_CAPS),
+        (
+            Some("--inode-file-handles=prefer"),
+            ROOT_CAPS | CAP_DAC_READ_SEARCH,
+        ),
+        (
+            Some("--inode-file-handles=mandatory"),
+            ROOT_CAPS | CAP_DAC_READ_SEARCH,
+        ),
+    ] {
+        let d = dirs();
+        let parent = command("namespace", &d.share, &d.socket, flag.as_slice())
+            .spawn()
+            .unwrap();
+        let child = serving_child(&parent);
+        let mut fe = FsFrontend::connect(&d.socket, 1).expect("connect");
+        fe.client(0).unwrap().init().unwrap();
+        assert_eq!(cap_eff(child), expected, "{flag:?}");
+        assert_eq!(cap_bnd(child), expected, "{flag:?}");
         fe.disconnect();
         finish(parent, &d.socket);
     }
