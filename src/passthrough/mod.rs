@@ -1399,6 +1399,12 @@ impl FileSystem for PassthroughFs {
                         kind => check_openable(kind)?,
                     }
                     let file = self.reopen_fd(path_fd.as_fd(), self.host_open_flags(flags))?;
+                    let opened = sys::stat_fd(file.as_fd())?;
+                    if (opened.st_dev, opened.st_ino, opened.st_mode & libc::S_IFMT)
+                        != (st.st_dev, st.st_ino, st.st_mode & libc::S_IFMT)
+                    {
+                        return Err(error(libc::ESTALE));
+                    }
                     if flags & libc::O_TRUNC != 0 {
                         self.truncated_on_open(file.as_fd(), fuse_flags)?;
                     }
