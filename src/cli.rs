@@ -119,18 +119,21 @@ pub struct Args {
     /// When to reference inodes by file handle instead of a kept O_PATH file descriptor
     /// (never, prefer, mandatory)
     ///
-    /// Inodes the guest only looks up or stats hold no file descriptor in any mode. "never": an
-    /// inode keeps the O_PATH descriptor opened for it the first time an operation needs one.
-    /// "prefer": inodes other than directories keep a file handle instead and open a descriptor
-    /// only for the operation; files on file systems without handles keep descriptors, and so
-    /// does every inode when the daemon may not open handles (CAP_DAC_READ_SEARCH). "mandatory":
-    /// as "prefer", but a lookup fails when no handle can be had, and the daemon refuses to
-    /// start when it cannot open handles. ("fallback" is a deprecated alias for "prefer".)
+    /// Inodes the guest only looks up or stats hold no file descriptor in any mode. "never"
+    /// (the default, as the reference's): an inode keeps the O_PATH descriptor opened for it
+    /// the first time an operation needs one. "prefer": inodes other than directories keep a
+    /// file handle instead and open a descriptor only for the operation; files on file systems
+    /// without handles keep descriptors, and so does every inode when the daemon may not open
+    /// handles (CAP_DAC_READ_SEARCH). "mandatory": as "prefer", but a lookup fails when no
+    /// handle can be had, and the daemon refuses to start when it cannot open handles. "prefer"
+    /// and "mandatory" keep CAP_DAC_READ_SEARCH, with which open_by_handle_at(2) can open any
+    /// file of the shared directory's file system, also outside the share: a daemon the guest
+    /// took over could read it. ("fallback" is a deprecated alias for "prefer".)
     #[arg(
         long = "inode-file-handles",
         value_name = "MODE",
         require_equals = true,
-        default_value = "prefer"
+        default_value = "never"
     )]
     pub inode_file_handles: String,
 
@@ -162,8 +165,9 @@ pub struct Args {
     /// Change the capabilities the daemon keeps, e.g. +sys_admin:-mknod
     ///
     /// CAPS is a ':'-separated list of +NAME (keep) or -NAME (drop), NAME a capability
-    /// without "cap_" in any case. Run as root, the daemon keeps chown, dac_override,
-    /// dac_read_search, fowner, fsetid, setgid, setuid, mknod and setfcap; otherwise none.
+    /// without "cap_" in any case. Run as root, the daemon keeps chown, dac_override, fowner,
+    /// fsetid, setgid, setuid, mknod and setfcap (and dac_read_search with
+    /// --inode-file-handles=prefer or mandatory); otherwise none.
     #[arg(long = "modcaps", value_name = "CAPS")]
     pub modcaps: Option<String>,
 
@@ -966,7 +970,8 @@ mod tests {
             v.extend_from_slice(extra);
             settings(&v).map(|s| (s.daemon.fs.inode_file_handles, s.warnings))
         };
-        assert_eq!(mode(&[]).unwrap(), (InodeFileHandles::Prefer, vec![]));
+        // The reference's default: no file handles, so no CAP_DAC_READ_SEARCH.
+        assert_eq!(mode(&[]).unwrap(), (InodeFileHandles::Never, vec![]));
         for (arg, want) in [
             ("--inode-file-handles=never", InodeFileHandles::Never),
             ("--inode-file-handles=prefer", InodeFileHandles::Prefer),

@@ -234,18 +234,26 @@ fn without_cap_dac_read_search_prefer_warns_and_mandatory_refuses() {
     assert_ne!(status.code(), Some(0));
     assert!(err.contains("CAP_DAC_READ_SEARCH"), "{err}");
 
-    let mut child = spawn(&d.share, &d.socket, &[], &nocap);
-    assert!(wait_listening(&mut child, &d.socket));
-    let mut fe = FsFrontend::connect(&d.socket, 1).unwrap();
-    let mut c = fe.client(0).unwrap();
-    c.init().unwrap();
-    let f = c.lookup(ROOT_ID, "f").unwrap();
-    chmod(&mut c, f.nodeid, 0o600);
-    fe.disconnect();
-    let (status, err) = wait_exit(child);
-    assert_eq!(status.code(), Some(0), "{err}");
-    assert!(
-        err.contains("CAP_DAC_READ_SEARCH") && err.contains("runs as never"),
-        "{err}"
-    );
+    // prefer warns and runs as never; the default (never) needs no such capability and says
+    // nothing about it.
+    for (flags, warns) in [
+        (&["--inode-file-handles=prefer"][..], true),
+        (&[][..], false),
+    ] {
+        let mut child = spawn(&d.share, &d.socket, flags, &nocap);
+        assert!(wait_listening(&mut child, &d.socket));
+        let mut fe = FsFrontend::connect(&d.socket, 1).unwrap();
+        let mut c = fe.client(0).unwrap();
+        c.init().unwrap();
+        let f = c.lookup(ROOT_ID, "f").unwrap();
+        chmod(&mut c, f.nodeid, 0o600);
+        fe.disconnect();
+        let (status, err) = wait_exit(child);
+        assert_eq!(status.code(), Some(0), "{err}");
+        assert_eq!(
+            err.contains("CAP_DAC_READ_SEARCH") && err.contains("runs as never"),
+            warns,
+            "{flags:?}: {err}"
+        );
+    }
 }

@@ -14,6 +14,7 @@ use virtiofsd::frontend::fuse_client::{
 };
 use virtiofsd::frontend::{DirEntry, XattrReply};
 use virtiofsd::fuse::abi::{self, fattr, init, opcode, Pod, ROOT_ID};
+use virtiofsd::passthrough::CacheMode;
 
 const RENAME_NOREPLACE: u32 = 1;
 const RENAME_EXCHANGE: u32 = 2;
@@ -152,6 +153,42 @@ fn lookup_of_a_missing_name_gets_enoent() {
     let dir = d.node("dir");
     assert_eq!(d.c.lookup(dir, "missing").unwrap_err(), libc::ENOENT);
     d.finish();
+}
+
+/// A missing name is answered with node id 0 and an entry timeout (a negative entry the guest
+/// keeps) in `auto` and `always`, as long as positive entries; with `ENOENT` in `never` and
+/// `metadata`, so the guest asks again each time.
+#[test]
+fn lookup_of_a_missing_name_is_a_negative_entry_that_follows_the_cache_mode() {
+    for (mode, valid) in [
+        (CacheMode::Always, Some(86400)),
+        (CacheMode::Auto, Some(1)),
+        (CacheMode::Metadata, None),
+        (CacheMode::Never, None),
+    ] {
+        let mut d = Daemon::with(Options::default().cache(mode));
+        match (valid, d.c.lookup_entry(ROOT_ID, "missing.h")) {
+            (Some(v), Ok(e)) => {
+                assert_eq!((e.nodeid, e.entry_valid), (0, v), "{mode:?}");
+                assert_eq!(e.attr_valid, 0, "{mode:?}");
+            }
+            (None, Err(errno)) => assert_eq!(errno, libc::ENOENT, "{mode:?}"),
+            (v, r) => panic!("{mode:?}: expected {v:?}, got {r:?}"),
+        }
+        // The guest creating the name replaces its negative entry with the new file's.
+        let (e, o) =
+            d.c.create(ROOT_ID, "missing.h", libc::O_WRONLY as u32, 0o644, 0)
+                .unwrap();
+        assert_ne!(e.nodeid, 0);
+        if o.fh != 0 {
+            d.c.release(e.nodeid, o.fh, 0).unwrap();
+        }
+        assert_eq!(
+            d.c.lookup_entry(ROOT_ID, "missing.h").unwrap().nodeid,
+            e.nodeid
+        );
+        d.finish();
+    }
 }
 
 #[test]

@@ -20,9 +20,10 @@ use virtiofsd::fuse::abi::{fattr, ROOT_ID};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
 
-/// CapEff of a daemon run as root: chown, dac_override, dac_read_search, fowner, fsetid,
-/// setgid, setuid, mknod, setfcap.
-const ROOT_CAPS: u64 = 0x8800_00df;
+/// CapEff of a daemon run as root: chown, dac_override, fowner, fsetid, setgid, setuid, mknod,
+/// setfcap (no dac_read_search: the default `--inode-file-handles=never` opens no handles).
+const ROOT_CAPS: u64 = 0x8800_00db;
+const CAP_DAC_READ_SEARCH: u64 = 1 << 2;
 const CAP_SYS_ADMIN: u64 = 1 << 21;
 const CAP_MKNOD: u64 = 1 << 27;
 
@@ -107,6 +108,59 @@ fn cap_bnd(pid: u32) -> u64 {
 
 fn ns(pid: &str, kind: &str) -> PathBuf {
     fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap()
+}
+
+/// The mounts of process `pid`: (mount point, per-mount options), from its mountinfo.
+fn mounts(pid: u32) -> Vec<(String, Vec<String>)> {
+    fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (
+                f[4].to_string(),
+                f[5].split(',').map(str::to_string).collect(),
+            )
+        })
+        .collect()
+}
+
+/// Checks that the serving process `child` holds a descriptor into a procfs of its own pid
+/// namespace mounted with `subset=pid` (its `/proc/self/fd`, opened before the old root was
+/// detached): walking up from it shows only the process itself, and no `sys`, `sysrq-trigger`
+/// or any other system-wide file.
+fn assert_only_a_pid_procfs_is_reachable(child: u32) {
+    let mut found = false;
+    for e in fs::read_dir(format!("/proc/{child}/fd")).unwrap() {
+        let fd = e.unwrap().path();
+        // SAFETY: statfs is plain data, for which all-zero bytes are a valid value.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        let c = std::ffi::CString::new(fd.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path, `st` a local out value.
+        if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0
+            || st.f_type != libc::PROC_SUPER_MAGIC
+            || !fd.is_dir()
+        {
+            continue;
+        }
+        found = true;
+        // The descriptor is /proc/self/fd = /proc/1/fd of the new pid namespace.
+        let top = fd.join("../..");
+        let mut names: Vec<String> = fs::read_dir(&top)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["1", "self", "thread-self"], "{}", top.display());
+        assert!(top.join("1/status").exists());
+        for p in ["sys", "sysrq-trigger", "kcore", "mounts", "net"] {
+            assert!(
+                fs::symlink_metadata(top.join(p)).is_err(),
+                "{p} reachable through the procfs of the serving process"
+            );
+        }
+    }
+    assert!(found, "no procfs descriptor in the serving process");
 }
 
 /// Serves a few requests: lookups, a read, a create and write, an open with `O_TRUNC`, a hard
@@ -214,6 +268,7 @@ fn namespace_sandbox_serves_the_share_from_namespaces_of_its_own() {
         "not pid 1 of its namespace: {nspid}"
     );
     assert_root_is_the_share(child);
+    assert_only_a_pid_procfs_is_reachable(child);
     let expected = if is_root() { ROOT_CAPS } else { 0 };
     assert_eq!(cap_eff(child), expected, "CapEff of the serving process");
     assert_eq!(
@@ -292,6 +347,38 @@ fn modcaps_changes_the_capabilities_kept() {
             Err(libc::EPERM),
             "--sandbox={sandbox}"
         );
+        fe.disconnect();
+        finish(parent, &d.socket);
+    }
+}
+
+#[test]
+fn only_file_handles_keep_cap_dac_read_search() {
+    if !is_root() {
+        eprintln!("skipped: the capabilities kept are those of a daemon run as root");
+        return;
+    }
+    for (flag, expected) in [
+        (None, ROOT_CAPS),
+        (Some("--inode-file-handles=never"), ROOT_CAPS),
+        (
+            Some("--inode-file-handles=prefer"),
+            ROOT_CAPS | CAP_DAC_READ_SEARCH,
+        ),
+        (
+            Some("--inode-file-handles=mandatory"),
+            ROOT_CAPS | CAP_DAC_READ_SEARCH,
+        ),
+    ] {
+        let d = dirs();
+        let parent = command("namespace", &d.share, &d.socket, flag.as_slice())
+            .spawn()
+            .unwrap();
+        let child = serving_child(&parent);
+        let mut fe = FsFrontend::connect(&d.socket, 1).expect("connect");
+        fe.client(0).unwrap().init().unwrap();
+        assert_eq!(cap_eff(child), expected, "{flag:?}");
+        assert_eq!(cap_bnd(child), expected, "{flag:?}");
         fe.disconnect();
         finish(parent, &d.socket);
     }
@@ -417,6 +504,11 @@ fn an_unprivileged_daemon_creates_a_user_namespace_and_keeps_no_capability() {
         "{status}"
     );
     assert_root_is_the_share(child);
+    // The bind mount is nodev in a user namespace too, where the kernel refuses to change
+    // the mount's locked flags.
+    let m = mounts(child);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert!(m[0].1.contains(&"nodev".to_string()), "{m:?}");
     drop(probe);
     finish(parent, &socket);
 
@@ -443,30 +535,40 @@ fn an_unprivileged_daemon_creates_a_user_namespace_and_keeps_no_capability() {
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&md), NOBODY);
 }
 
-/// In the child between fork and exec: makes `unshare(2)` fail with `EPERM`, as the seccomp
-/// policy of many container runtimes does.
-fn deny_unshare() -> std::io::Result<()> {
+/// In the child between fork and exec: installs a seccomp filter that makes system call `nr`
+/// fail with `errno` (when `arg3_low` is given, only when the low 32 bits of its fourth
+/// argument are that value); everything else runs.
+fn deny(nr: libc::c_long, arg3_low: Option<u32>, errno: i32) -> std::io::Result<()> {
     let stmt = |code: u32, k: u32| libc::sock_filter {
         code: code as u16,
         jt: 0,
         jf: 0,
         k,
     };
-    let filter = [
-        // seccomp_data.nr is at offset 0.
-        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
-        libc::sock_filter {
-            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-            jt: 0,
-            jf: 1,
-            k: libc::SYS_unshare as u32,
-        },
-        stmt(
-            libc::BPF_RET | libc::BPF_K,
-            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
-        ),
-        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
-    ];
+    let jeq = |k: u32, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt: 0,
+        jf,
+        k,
+    };
+    let allow = stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW);
+    let refuse = stmt(
+        libc::BPF_RET | libc::BPF_K,
+        libc::SECCOMP_RET_ERRNO | errno as u32,
+    );
+    // seccomp_data: nr at offset 0, args[3] at 16 + 3 * 8 (low half first on little-endian).
+    let load = |offset: u32| stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, offset);
+    let filter: Vec<libc::sock_filter> = match arg3_low {
+        None => vec![load(0), jeq(nr as u32, 1), refuse, allow],
+        Some(v) => vec![
+            load(0),
+            jeq(nr as u32, 3),
+            load(40),
+            jeq(v, 1),
+            refuse,
+            allow,
+        ],
+    };
     let prog = libc::sock_fprog {
         len: filter.len() as u16,
         filter: filter.as_ptr() as *mut _,
@@ -486,6 +588,16 @@ fn deny_unshare() -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// In the child between fork and exec: makes `unshare(2)` fail with `EPERM`, as the seccomp
+/// policy of many container runtimes does.
+fn deny_unshare() -> std::io::Result<()> {
+    deny(libc::SYS_unshare, None, libc::EPERM)
+}
+
+/// The flags of the sandbox's procfs mount (and of no other mount it makes).
+const PROC_MOUNT_FLAGS: u32 =
+    (libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RELATIME) as u32;
 
 #[test]
 fn where_namespaces_cannot_be_created_the_daemon_says_so_and_exits_1() {
@@ -515,4 +627,133 @@ fn where_namespaces_cannot_be_created_the_daemon_says_so_and_exits_1() {
         }
         fs::set_permissions(d.share.join("hello"), fs::Permissions::from_mode(0o644)).unwrap();
     }
+}
+
+#[test]
+fn where_a_fresh_procfs_cannot_be_mounted_the_daemon_says_so_and_exits_1() {
+    // EPERM: a container that refuses new procfs mounts; EINVAL: a kernel older than 5.8,
+    // which does not know subset=pid. Neither falls back to the host's /proc (nor to a procfs
+    // with system-wide files).
+    for (errno, says) in [
+        (libc::EPERM, "Operation not permitted"),
+        (libc::EINVAL, "Linux 5.8"),
+    ] {
+        let d = dirs();
+        let mut cmd = command("namespace", &d.share, &d.socket, &["--rlimit-nofile=0"]);
+        // SAFETY: runs in the child between fork and exec; deny only calls prctl.
+        unsafe { cmd.pre_exec(move || deny(libc::SYS_mount, Some(PROC_MOUNT_FLAGS), errno)) };
+        let (status, err) = wait_exit(cmd.spawn().unwrap());
+        assert_eq!(status.code(), Some(1), "stderr: {err}");
+        assert!(err.contains("cannot mount a procfs (subset=pid)"), "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(err.contains("--sandbox=chroot or --sandbox=none"), "{err}");
+        assert!(!err.contains("using the existing /proc"), "{err}");
+        assert!(!d.socket.exists(), "socket left behind");
+    }
+}
+
+/// Mounts a tmpfs on `at` (made a directory first); unmounted (detached) when dropped.
+struct Tmpfs(std::ffi::CString);
+
+impl Tmpfs {
+    fn mount(at: &Path) -> Tmpfs {
+        fs::create_dir(at).unwrap();
+        let c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: the strings are NUL-terminated and outlive the call.
+        let rc = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                c.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                c"mode=0755".as_ptr().cast(),
+            )
+        };
+        assert_eq!(rc, 0, "mount tmpfs: {}", std::io::Error::last_os_error());
+        Tmpfs(c)
+    }
+
+    /// Remounts it with `flags` (MS_REMOUNT added).
+    fn remount(&self, flags: libc::c_ulong) {
+        // SAFETY: the path is NUL-terminated and outlives the call.
+        let rc = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                self.0.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REMOUNT | flags,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "remount: {}", std::io::Error::last_os_error());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // SAFETY: the path is NUL-terminated; detaching our own test mount.
+        unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+fn mknod_null(at: &Path) {
+    let c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path; mknod creates a device node with /dev/null's numbers.
+    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(rc, 0, "mknod: {}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn device_nodes_in_the_share_cannot_be_opened_in_the_sandbox() {
+    if !is_root() {
+        eprintln!("skipped: making device nodes needs root");
+        return;
+    }
+    let d = dirs();
+    mknod_null(&d.share.join("null"));
+    // A submount of the share, read-only, nosuid and noexec: it is made nodev too, and keeps
+    // its other flags.
+    let sub = Tmpfs::mount(&d.share.join("sub"));
+    mknod_null(&d.share.join("sub/null"));
+    sub.remount(libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NOEXEC);
+
+    // On the host both open (unless the test's own file system is nodev).
+    let host_opens = fs::File::open(d.share.join("null")).is_ok();
+    assert!(fs::File::open(d.share.join("sub/null")).is_ok());
+
+    let parent = command("namespace", &d.share, &d.socket, &[])
+        .spawn()
+        .unwrap();
+    let child = serving_child(&parent);
+    let mut fe = FsFrontend::connect(&d.socket, 1).expect("connect");
+    let mut c = fe.client(0).unwrap();
+    c.init().unwrap();
+    // The guest still sees the device node (it opens it in the guest, not on the host).
+    let e = c.lookup(ROOT_ID, "null").unwrap();
+    assert_eq!(e.attr.mode & libc::S_IFMT, libc::S_IFCHR);
+
+    let m = mounts(child);
+    let opts = |point: &str| {
+        m.iter()
+            .find(|(p, _)| p == point)
+            .unwrap_or_else(|| panic!("no mount at {point}: {m:?}"))
+            .1
+            .clone()
+    };
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(opts("/").contains(&"nodev".into()), "{m:?}");
+    let sub_opts = opts("/sub");
+    for o in ["nodev", "ro", "nosuid", "noexec"] {
+        assert!(sub_opts.contains(&o.into()), "{o} missing: {m:?}");
+    }
+    // Opening the nodes through the serving process's own mounts fails.
+    for p in ["null", "sub/null"] {
+        let err = fs::File::open(format!("/proc/{child}/root/{p}")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{p}");
+    }
+    if !host_opens {
+        eprintln!("note: the test's file system is nodev itself");
+    }
+    fe.disconnect();
+    finish(parent, &d.socket);
 }

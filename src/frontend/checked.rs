@@ -138,8 +138,21 @@ impl FuseClient {
         Ok(Ok(out))
     }
 
-    /// FUSE_LOOKUP of `name` in `parent`.
+    /// FUSE_LOOKUP of `name` in `parent`, read as the Linux client reads it: a reply with node
+    /// id 0 (a negative entry) is `ENOENT`.
     pub fn try_lookup(&mut self, parent: u64, name: impl AsRef<[u8]>) -> FuseResult<abi::EntryOut> {
+        Ok(match self.try_lookup_entry(parent, name)? {
+            Ok(e) if e.nodeid == 0 => Err(libc::ENOENT),
+            r => r,
+        })
+    }
+
+    /// FUSE_LOOKUP of `name` in `parent`, with a negative entry (node id 0) as it came.
+    pub fn try_lookup_entry(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+    ) -> FuseResult<abi::EntryOut> {
         let n = cstr(name.as_ref());
         self.try_call_obj(opcode::LOOKUP, parent, &[&n])
     }

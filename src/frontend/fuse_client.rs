@@ -1100,13 +1100,23 @@ impl FuseClient {
         self.call_empty(opcode::DESTROY, 0, &[])
     }
 
-    /// FUSE_LOOKUP of `name` in `parent`.
+    /// FUSE_LOOKUP of `name` in `parent`; a negative entry (node id 0) is `ENOENT`, as the
+    /// Linux client reads it.
     pub fn lookup(
         &mut self,
         parent: u64,
         name: impl AsRef<[u8]>,
     ) -> std::result::Result<abi::EntryOut, i32> {
         settle(opcode::LOOKUP, self.try_lookup(parent, name))
+    }
+
+    /// FUSE_LOOKUP of `name` in `parent`, a negative entry (node id 0) given as it came.
+    pub fn lookup_entry(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+    ) -> std::result::Result<abi::EntryOut, i32> {
+        settle(opcode::LOOKUP, self.try_lookup_entry(parent, name))
     }
 
     /// FUSE_FORGET (no reply; waits until the device returned the chain).

@@ -2,8 +2,9 @@
 //! FUSE server (as in `include/uapi/linux/fuse.h`, protocol 7.x).
 //!
 //! Every struct here is plain old data. The [`Pod`] trait marks them so that the server can read
-//! them from and write them to raw bytes; the layout of each is asserted by the tests at the
-//! bottom of this file. Nothing here knows about virtio.
+//! them from and write them to raw bytes; the layout of each is proven at compile time by the
+//! [`wire!`] macro that declares it (the size of the Linux header's struct, and no padding).
+//! Nothing here knows about virtio.
 
 /// Protocol major version spoken by this server.
 pub const KERNEL_VERSION: u32 = 7;
@@ -210,452 +211,549 @@ pub unsafe trait Pod: Copy + Default + Sized {
     }
 }
 
-macro_rules! pod {
-    ($($t:ty),* $(,)?) => {
-        $(
-            // SAFETY: the type is `#[repr(C)]`, made only of integers laid out without implicit
-            // padding; its size is asserted in this module's tests.
-            unsafe impl Pod for $t {}
-        )*
+/// Declares a wire struct: `#[repr(C)]`, [`Pod`], and a compile-time proof of its layout. The
+/// struct's size must equal both the size the Linux header gives (`size N`) and the sum of its
+/// fields' sizes: with `#[repr(C)]`, the latter means no padding anywhere, so every field sits
+/// at the offset the kernel's C struct gives it.
+macro_rules! wire {
+    (
+        $(#[$doc:meta])*
+        size $size:literal;
+        $(#[$attr:meta])*
+        pub struct $name:ident { $($(#[$fattr:meta])* pub $field:ident: $ty:ty),* $(,)? }
+    ) => {
+        $(#[$doc])*
+        #[repr(C)]
+        $(#[$attr])*
+        pub struct $name { $($(#[$fattr])* pub $field: $ty),* }
+
+        const _: () = {
+            assert!(
+                std::mem::size_of::<$name>() == $size,
+                concat!(stringify!($name), ": not the size of the Linux header's struct"),
+            );
+            assert!(
+                std::mem::size_of::<$name>() == 0 $(+ std::mem::size_of::<$ty>())*,
+                concat!(stringify!($name), ": has padding"),
+            );
+        };
+
+        // SAFETY: `#[repr(C)]`, made only of integers (or arrays of them), and proven above to
+        // have no padding: every byte pattern is a valid value and every byte is initialised.
+        unsafe impl Pod for $name {}
     };
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct InHeader {
-    pub len: u32,
-    pub opcode: u32,
-    pub unique: u64,
-    pub nodeid: u64,
-    pub uid: u32,
-    pub gid: u32,
-    pub pid: u32,
-    pub total_extlen: u16,
-    pub padding: u16,
+wire! {
+    /// `struct fuse_in_header`.
+    size 40;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct InHeader {
+        pub len: u32,
+        pub opcode: u32,
+        pub unique: u64,
+        pub nodeid: u64,
+        pub uid: u32,
+        pub gid: u32,
+        pub pid: u32,
+        pub total_extlen: u16,
+        pub padding: u16,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct OutHeader {
-    pub len: u32,
-    pub error: i32,
-    pub unique: u64,
+wire! {
+    /// `struct fuse_out_header`.
+    size 16;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct OutHeader {
+        pub len: u32,
+        pub error: i32,
+        pub unique: u64,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Attr {
-    pub ino: u64,
-    pub size: u64,
-    pub blocks: u64,
-    pub atime: u64,
-    pub mtime: u64,
-    pub ctime: u64,
-    pub atimensec: u32,
-    pub mtimensec: u32,
-    pub ctimensec: u32,
-    pub mode: u32,
-    pub nlink: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub rdev: u32,
-    pub blksize: u32,
-    pub flags: u32,
+wire! {
+    /// `struct fuse_attr`.
+    size 88;
+    #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+    pub struct Attr {
+        pub ino: u64,
+        pub size: u64,
+        pub blocks: u64,
+        pub atime: u64,
+        pub mtime: u64,
+        pub ctime: u64,
+        pub atimensec: u32,
+        pub mtimensec: u32,
+        pub ctimensec: u32,
+        pub mode: u32,
+        pub nlink: u32,
+        pub uid: u32,
+        pub gid: u32,
+        pub rdev: u32,
+        pub blksize: u32,
+        pub flags: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct EntryOut {
-    pub nodeid: u64,
-    pub generation: u64,
-    pub entry_valid: u64,
-    pub attr_valid: u64,
-    pub entry_valid_nsec: u32,
-    pub attr_valid_nsec: u32,
-    pub attr: Attr,
+wire! {
+    /// `struct fuse_entry_out`.
+    size 128;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct EntryOut {
+        pub nodeid: u64,
+        pub generation: u64,
+        pub entry_valid: u64,
+        pub attr_valid: u64,
+        pub entry_valid_nsec: u32,
+        pub attr_valid_nsec: u32,
+        pub attr: Attr,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ForgetIn {
-    pub nlookup: u64,
+wire! {
+    /// `struct fuse_forget_in`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct ForgetIn {
+        pub nlookup: u64,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ForgetOne {
-    pub nodeid: u64,
-    pub nlookup: u64,
+wire! {
+    /// `struct fuse_forget_one`.
+    size 16;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct ForgetOne {
+        pub nodeid: u64,
+        pub nlookup: u64,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct BatchForgetIn {
-    pub count: u32,
-    pub dummy: u32,
+wire! {
+    /// `struct fuse_batch_forget_in`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct BatchForgetIn {
+        pub count: u32,
+        pub dummy: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct GetattrIn {
-    pub getattr_flags: u32,
-    pub dummy: u32,
-    pub fh: u64,
+wire! {
+    /// `struct fuse_getattr_in`.
+    size 16;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct GetattrIn {
+        pub getattr_flags: u32,
+        pub dummy: u32,
+        pub fh: u64,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct AttrOut {
-    pub attr_valid: u64,
-    pub attr_valid_nsec: u32,
-    pub dummy: u32,
-    pub attr: Attr,
+wire! {
+    /// `struct fuse_attr_out`.
+    size 104;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct AttrOut {
+        pub attr_valid: u64,
+        pub attr_valid_nsec: u32,
+        pub dummy: u32,
+        pub attr: Attr,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct MknodIn {
-    pub mode: u32,
-    pub rdev: u32,
-    pub umask: u32,
-    pub padding: u32,
+wire! {
+    /// `struct fuse_mknod_in`.
+    size 16;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct MknodIn {
+        pub mode: u32,
+        pub rdev: u32,
+        pub umask: u32,
+        pub padding: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct MkdirIn {
-    pub mode: u32,
-    pub umask: u32,
+wire! {
+    /// `struct fuse_mkdir_in`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct MkdirIn {
+        pub mode: u32,
+        pub umask: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct RenameIn {
-    pub newdir: u64,
+wire! {
+    /// `struct fuse_rename_in`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct RenameIn {
+        pub newdir: u64,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Rename2In {
-    pub newdir: u64,
-    pub flags: u32,
-    pub padding: u32,
+wire! {
+    /// `struct fuse_rename2_in`.
+    size 16;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct Rename2In {
+        pub newdir: u64,
+        pub flags: u32,
+        pub padding: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct LinkIn {
-    pub oldnodeid: u64,
+wire! {
+    /// `struct fuse_link_in`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct LinkIn {
+        pub oldnodeid: u64,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SetattrIn {
-    pub valid: u32,
-    pub padding: u32,
-    pub fh: u64,
-    pub size: u64,
-    pub lock_owner: u64,
-    pub atime: u64,
-    pub mtime: u64,
-    pub ctime: u64,
-    pub atimensec: u32,
-    pub mtimensec: u32,
-    pub ctimensec: u32,
-    pub mode: u32,
-    pub unused4: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub unused5: u32,
+wire! {
+    /// `struct fuse_setattr_in`.
+    size 88;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct SetattrIn {
+        pub valid: u32,
+        pub padding: u32,
+        pub fh: u64,
+        pub size: u64,
+        pub lock_owner: u64,
+        pub atime: u64,
+        pub mtime: u64,
+        pub ctime: u64,
+        pub atimensec: u32,
+        pub mtimensec: u32,
+        pub ctimensec: u32,
+        pub mode: u32,
+        pub unused4: u32,
+        pub uid: u32,
+        pub gid: u32,
+        pub unused5: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct OpenIn {
-    pub flags: u32,
-    pub open_flags: u32,
+wire! {
+    /// `struct fuse_open_in`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct OpenIn {
+        pub flags: u32,
+        pub open_flags: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CreateIn {
-    pub flags: u32,
-    pub mode: u32,
-    pub umask: u32,
-    pub open_flags: u32,
+wire! {
+    /// `struct fuse_create_in`.
+    size 16;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct CreateIn {
+        pub flags: u32,
+        pub mode: u32,
+        pub umask: u32,
+        pub open_flags: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct OpenOut {
-    pub fh: u64,
-    pub open_flags: u32,
-    pub backing_id: i32,
+wire! {
+    /// `struct fuse_open_out`.
+    size 16;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct OpenOut {
+        pub fh: u64,
+        pub open_flags: u32,
+        pub backing_id: i32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ReleaseIn {
-    pub fh: u64,
-    pub flags: u32,
-    pub release_flags: u32,
-    pub lock_owner: u64,
+wire! {
+    /// `struct fuse_release_in`.
+    size 24;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct ReleaseIn {
+        pub fh: u64,
+        pub flags: u32,
+        pub release_flags: u32,
+        pub lock_owner: u64,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct FlushIn {
-    pub fh: u64,
-    pub unused: u32,
-    pub padding: u32,
-    pub lock_owner: u64,
+wire! {
+    /// `struct fuse_flush_in`.
+    size 24;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct FlushIn {
+        pub fh: u64,
+        pub unused: u32,
+        pub padding: u32,
+        pub lock_owner: u64,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ReadIn {
-    pub fh: u64,
-    pub offset: u64,
-    pub size: u32,
-    pub read_flags: u32,
-    pub lock_owner: u64,
-    pub flags: u32,
-    pub padding: u32,
+wire! {
+    /// `struct fuse_read_in`.
+    size 40;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct ReadIn {
+        pub fh: u64,
+        pub offset: u64,
+        pub size: u32,
+        pub read_flags: u32,
+        pub lock_owner: u64,
+        pub flags: u32,
+        pub padding: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct WriteIn {
-    pub fh: u64,
-    pub offset: u64,
-    pub size: u32,
-    pub write_flags: u32,
-    pub lock_owner: u64,
-    pub flags: u32,
-    pub padding: u32,
+wire! {
+    /// `struct fuse_write_in`.
+    size 40;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct WriteIn {
+        pub fh: u64,
+        pub offset: u64,
+        pub size: u32,
+        pub write_flags: u32,
+        pub lock_owner: u64,
+        pub flags: u32,
+        pub padding: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct WriteOut {
-    pub size: u32,
-    pub padding: u32,
+wire! {
+    /// `struct fuse_write_out`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct WriteOut {
+        pub size: u32,
+        pub padding: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Kstatfs {
-    pub blocks: u64,
-    pub bfree: u64,
-    pub bavail: u64,
-    pub files: u64,
-    pub ffree: u64,
-    pub bsize: u32,
-    pub namelen: u32,
-    pub frsize: u32,
-    pub padding: u32,
-    pub spare: [u32; 6],
+wire! {
+    /// `struct fuse_kstatfs`.
+    size 80;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct Kstatfs {
+        pub blocks: u64,
+        pub bfree: u64,
+        pub bavail: u64,
+        pub files: u64,
+        pub ffree: u64,
+        pub bsize: u32,
+        pub namelen: u32,
+        pub frsize: u32,
+        pub padding: u32,
+        pub spare: [u32; 6],
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct FsyncIn {
-    pub fh: u64,
-    pub fsync_flags: u32,
-    pub padding: u32,
+wire! {
+    /// `struct fuse_fsync_in`.
+    size 16;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct FsyncIn {
+        pub fh: u64,
+        pub fsync_flags: u32,
+        pub padding: u32,
+    }
 }
 
-/// `fuse_setxattr_in` as sent without `SETXATTR_EXT`.
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SetxattrInCompat {
-    pub size: u32,
-    pub flags: u32,
+wire! {
+    /// `fuse_setxattr_in` as sent without `SETXATTR_EXT`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct SetxattrInCompat {
+        pub size: u32,
+        pub flags: u32,
+    }
 }
 
-/// `fuse_setxattr_in` as sent when `SETXATTR_EXT` was negotiated.
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SetxattrIn {
-    pub size: u32,
-    pub flags: u32,
-    pub setxattr_flags: u32,
-    pub padding: u32,
+wire! {
+    /// `fuse_setxattr_in` as sent when `SETXATTR_EXT` was negotiated.
+    size 16;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct SetxattrIn {
+        pub size: u32,
+        pub flags: u32,
+        pub setxattr_flags: u32,
+        pub padding: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct GetxattrIn {
-    pub size: u32,
-    pub padding: u32,
+wire! {
+    /// `struct fuse_getxattr_in`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct GetxattrIn {
+        pub size: u32,
+        pub padding: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct GetxattrOut {
-    pub size: u32,
-    pub padding: u32,
+wire! {
+    /// `struct fuse_getxattr_out`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct GetxattrOut {
+        pub size: u32,
+        pub padding: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct AccessIn {
-    pub mask: u32,
-    pub padding: u32,
+wire! {
+    /// `struct fuse_access_in`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct AccessIn {
+        pub mask: u32,
+        pub padding: u32,
+    }
 }
 
-/// The first, always-present part of `fuse_init_in` (16 bytes, as sent before 7.36).
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct InitInCompat {
-    pub major: u32,
-    pub minor: u32,
-    pub max_readahead: u32,
-    pub flags: u32,
+wire! {
+    /// The first, always-present part of `fuse_init_in` (16 bytes, as sent before 7.36).
+    size 16;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct InitInCompat {
+        pub major: u32,
+        pub minor: u32,
+        pub max_readahead: u32,
+        pub flags: u32,
+    }
 }
 
-/// The extension of `fuse_init_in` sent from 7.36 on (after [`InitInCompat`]).
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct InitInExt {
-    pub flags2: u32,
-    pub unused: [u32; 11],
+wire! {
+    /// The extension of `fuse_init_in` sent from 7.36 on (after [`InitInCompat`]).
+    size 48;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct InitInExt {
+        pub flags2: u32,
+        pub unused: [u32; 11],
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct InitOut {
-    pub major: u32,
-    pub minor: u32,
-    pub max_readahead: u32,
-    pub flags: u32,
-    pub max_background: u16,
-    pub congestion_threshold: u16,
-    pub max_write: u32,
-    pub time_gran: u32,
-    pub max_pages: u16,
-    pub map_alignment: u16,
-    pub flags2: u32,
-    pub max_stack_depth: u32,
-    pub unused: [u32; 6],
+wire! {
+    /// `struct fuse_init_out`.
+    size 64;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct InitOut {
+        pub major: u32,
+        pub minor: u32,
+        pub max_readahead: u32,
+        pub flags: u32,
+        pub max_background: u16,
+        pub congestion_threshold: u16,
+        pub max_write: u32,
+        pub time_gran: u32,
+        pub max_pages: u16,
+        pub map_alignment: u16,
+        pub flags2: u32,
+        pub max_stack_depth: u32,
+        pub unused: [u32; 6],
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct InterruptIn {
-    pub unique: u64,
+wire! {
+    /// `struct fuse_interrupt_in`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct InterruptIn {
+        pub unique: u64,
+    }
 }
 
-/// Header of one `fuse_dirent`; the name follows, padded to 8 bytes.
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Dirent {
-    pub ino: u64,
-    pub off: u64,
-    pub namelen: u32,
-    pub typ: u32,
+wire! {
+    /// Header of one `fuse_dirent`; the name follows, padded to 8 bytes.
+    size 24;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct Dirent {
+        pub ino: u64,
+        pub off: u64,
+        pub namelen: u32,
+        pub typ: u32,
+    }
 }
 
-/// Header of one request extension (after the arguments, `total_extlen * 8` bytes in all).
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ExtHeader {
-    /// Size of the extension including this header, a multiple of 8.
-    pub size: u32,
-    pub typ: u32,
+wire! {
+    /// Header of one request extension (after the arguments, `total_extlen * 8` bytes in all).
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct ExtHeader {
+        /// Size of the extension including this header, a multiple of 8.
+        pub size: u32,
+        pub typ: u32,
+    }
 }
 
 /// Extension type: the caller's supplementary groups (`u32` count, then the groups).
 pub const EXT_GROUPS: u32 = 32;
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct FallocateIn {
-    pub fh: u64,
-    pub offset: u64,
-    pub length: u64,
-    pub mode: u32,
-    pub padding: u32,
+wire! {
+    /// `struct fuse_fallocate_in`.
+    size 32;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct FallocateIn {
+        pub fh: u64,
+        pub offset: u64,
+        pub length: u64,
+        pub mode: u32,
+        pub padding: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct LseekIn {
-    pub fh: u64,
-    pub offset: u64,
-    pub whence: u32,
-    pub padding: u32,
+wire! {
+    /// `struct fuse_lseek_in`.
+    size 24;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct LseekIn {
+        pub fh: u64,
+        pub offset: u64,
+        pub whence: u32,
+        pub padding: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct LseekOut {
-    pub offset: u64,
+wire! {
+    /// `struct fuse_lseek_out`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct LseekOut {
+        pub offset: u64,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CopyFileRangeIn {
-    pub fh_in: u64,
-    pub off_in: u64,
-    pub nodeid_out: u64,
-    pub fh_out: u64,
-    pub off_out: u64,
-    pub len: u64,
-    pub flags: u64,
+wire! {
+    /// `struct fuse_copy_file_range_in`.
+    size 56;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct CopyFileRangeIn {
+        pub fh_in: u64,
+        pub off_in: u64,
+        pub nodeid_out: u64,
+        pub fh_out: u64,
+        pub off_out: u64,
+        pub len: u64,
+        pub flags: u64,
+    }
 }
 
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SyncfsIn {
-    pub padding: u64,
+wire! {
+    /// `struct fuse_syncfs_in`.
+    size 8;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct SyncfsIn {
+        pub padding: u64,
+    }
 }
 
-pod!(u32);
-
-pod!(
-    InHeader,
-    ExtHeader,
-    OutHeader,
-    Attr,
-    EntryOut,
-    ForgetIn,
-    ForgetOne,
-    BatchForgetIn,
-    GetattrIn,
-    AttrOut,
-    MknodIn,
-    MkdirIn,
-    RenameIn,
-    Rename2In,
-    LinkIn,
-    SetattrIn,
-    OpenIn,
-    CreateIn,
-    OpenOut,
-    ReleaseIn,
-    FlushIn,
-    ReadIn,
-    WriteIn,
-    WriteOut,
-    Kstatfs,
-    FsyncIn,
-    SetxattrInCompat,
-    SetxattrIn,
-    GetxattrIn,
-    GetxattrOut,
-    AccessIn,
-    InitInCompat,
-    InitInExt,
-    InitOut,
-    InterruptIn,
-    Dirent,
-    FallocateIn,
-    LseekIn,
-    LseekOut,
-    CopyFileRangeIn,
-    SyncfsIn,
-);
+// SAFETY: an integer: every byte pattern is a valid value, no padding.
+unsafe impl Pod for u32 {}
 
 /// Size of a `fuse_dirent` record (header plus name) after padding to 8 bytes.
 pub fn dirent_size(namelen: usize) -> usize {
@@ -670,30 +768,6 @@ pub fn direntplus_size(namelen: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::mem::size_of;
-
-    #[test]
-    fn struct_sizes_match_the_kernel_abi() {
-        assert_eq!(size_of::<InHeader>(), 40);
-        assert_eq!(size_of::<OutHeader>(), 16);
-        assert_eq!(size_of::<Attr>(), 88);
-        assert_eq!(size_of::<EntryOut>(), 128);
-        assert_eq!(size_of::<AttrOut>(), 104);
-        assert_eq!(size_of::<SetattrIn>(), 88);
-        assert_eq!(size_of::<ReadIn>(), 40);
-        assert_eq!(size_of::<WriteIn>(), 40);
-        assert_eq!(size_of::<Kstatfs>(), 80);
-        assert_eq!(size_of::<InitInCompat>() + size_of::<InitInExt>(), 64);
-        assert_eq!(size_of::<InitOut>(), 64);
-        assert_eq!(size_of::<Dirent>(), 24);
-        assert_eq!(size_of::<CopyFileRangeIn>(), 56);
-        assert_eq!(size_of::<OpenOut>(), 16);
-        assert_eq!(size_of::<ReleaseIn>(), 24);
-        assert_eq!(size_of::<FallocateIn>(), 32);
-        assert_eq!(size_of::<LseekIn>(), 24);
-        assert_eq!(size_of::<MknodIn>(), 16);
-        assert_eq!(size_of::<CreateIn>(), 16);
-    }
 
     #[test]
     fn from_prefix_refuses_short_input() {

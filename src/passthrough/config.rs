@@ -52,11 +52,12 @@ impl CacheMode {
 /// (`--inode-file-handles`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum InodeFileHandles {
-    /// Every inode the daemon needed a descriptor of keeps an `O_PATH` descriptor.
+    /// Every inode the daemon needed a descriptor of keeps an `O_PATH` descriptor: the
+    /// default, as the reference's (the daemon needs no `CAP_DAC_READ_SEARCH`).
+    #[default]
     Never,
     /// Inodes other than directories keep a file handle instead of a descriptor where the
     /// host file system gives handles and the daemon may open them; a descriptor otherwise.
-    #[default]
     Prefer,
     /// As `Prefer`, but a file without a handle is refused (lookups fail) and the daemon does
     /// not start when it cannot open handles.
@@ -213,7 +214,7 @@ mod tests {
         assert!(p("always")
             .unwrap_err()
             .contains("never, prefer, mandatory"));
-        assert_eq!(InodeFileHandles::default(), InodeFileHandles::Prefer);
+        assert_eq!(InodeFileHandles::default(), InodeFileHandles::Never);
     }
 
     #[test]

@@ -43,22 +43,31 @@ impl FileHandle {
     /// The handle of the file `fd` refers to (any descriptor, `O_PATH` included; a symlink is
     /// not followed). `EOPNOTSUPP` when the file system gives no handles.
     pub fn of_fd(fd: BorrowedFd<'_>) -> io::Result<FileHandle> {
+        Self::of(fd, c"", libc::AT_EMPTY_PATH)
+    }
+
+    /// The handle of `name` in `dir`, not following a symlink.
+    pub fn at(dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> io::Result<FileHandle> {
+        Self::of(dir, name, 0)
+    }
+
+    fn of(dir: BorrowedFd<'_>, name: &std::ffi::CStr, flags: i32) -> io::Result<FileHandle> {
         let mut raw = RawHandle {
             handle_bytes: MAX_HANDLE_SZ as libc::c_uint,
             handle_type: 0,
             f_handle: [0; MAX_HANDLE_SZ],
         };
         let mut mnt_id: libc::c_int = 0;
-        // SAFETY: the path is a NUL-terminated empty string, `raw` is a `struct file_handle`
-        // whose `handle_bytes` is the size of the room that follows it, and `mnt_id` is a valid
+        // SAFETY: the path is NUL-terminated, `raw` is a `struct file_handle` whose
+        // `handle_bytes` is the size of the room that follows it, and `mnt_id` is a valid
         // out-pointer; the result is checked.
         let ret = unsafe {
             libc::name_to_handle_at(
-                fd.as_raw_fd(),
-                c"".as_ptr(),
+                dir.as_raw_fd(),
+                name.as_ptr(),
                 (&mut raw as *mut RawHandle).cast::<libc::file_handle>(),
                 &mut mnt_id,
-                libc::AT_EMPTY_PATH,
+                flags,
             )
         };
         if ret < 0 {
@@ -248,9 +257,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::write(tmp.path().join("a"), b"content").unwrap();
         let h = FileHandle::of_fd(open_path(&tmp.path().join("a")).as_fd()).unwrap();
-        let (_, mnt) = sys::stat_fd_mnt(open_path(tmp.path()).as_fd()).unwrap();
+        let (_, x) = sys::stat_fd_mnt(open_path(tmp.path()).as_fd()).unwrap();
         assert_eq!(
-            h.mnt_id, mnt,
+            h.mnt_id, x.mnt_id,
             "name_to_handle_at and statx agree on mount ids"
         );
         std::fs::rename(tmp.path().join("a"), tmp.path().join("b")).unwrap();

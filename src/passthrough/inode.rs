@@ -1,21 +1,34 @@
 //! The inode store: node ids handed to the guest, each backed by a host file reached through
 //! its parent and name, an `O_PATH | O_NOFOLLOW` descriptor, or a file handle.
 //!
-//! A host file is identified by (`st_dev`, `st_ino`, mount id); looking up a file already known
-//! returns its node id and adds a reference, so one host file has one node id at a time. The
-//! table is read-mostly: lookups of known files and most forgets take only the read lock and
-//! change the per-inode atomic count; the write lock is taken to add an inode and to remove one
-//! whose count reaches zero.
+//! A host file is identified by an [`InodeKey`]: (`st_dev`, `st_ino`, mount id), its type and,
+//! where the file system stamps one, its birth time. Looking up a file already known returns
+//! its node id and adds a reference, so one host file has one node id at a time. The table is
+//! read-mostly: lookups of known files and most forgets take only the read lock and change the
+//! per-inode atomic count; the write lock is taken to add an inode and to remove one whose
+//! count reaches zero.
+//!
+//! # A node id names one file for its whole life
+//! An inode found by name keeps no descriptor, so the host may free its inode number once the
+//! file is deleted and give it to a new file while the guest still holds the node. The key
+//! alone cannot tell the two apart when the new file has the same type and was born in the same
+//! clock tick; each inode therefore carries what does ([`Identity`]): a birth time old enough
+//! that no new file can share it (settled), else the file's handle (whose generation differs
+//! for a new file), else an `O_PATH` descriptor held from the start (the number cannot be
+//! reused while it is open). A file found under a known key that fails that check is a new
+//! inode, and the old one is retired: it keeps its node id until forgotten but is reached by no
+//! name any more ([`InodeStore::retire`]).
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 
 use super::dircache::Stamp;
 use super::file_handle::FileHandle;
 use super::handle::HandleData;
+use super::sys::StatExtra;
 
 use crate::fuse::abi::ROOT_ID;
 
@@ -25,16 +38,45 @@ pub struct InodeKey {
     pub dev: u64,
     pub ino: u64,
     pub mnt_id: u64,
+    /// `S_IFMT` bits of the file's mode: a number reused by a file of another type is another key.
+    pub kind: u32,
+    /// Birth time, on mounts whose [`Identity`] is [`Identity::Birth`].
+    pub btime: Option<(i64, u32)>,
 }
 
 impl InodeKey {
-    pub fn new(st: &libc::stat64, mnt_id: u64) -> Self {
+    /// The key of the file `st`, `x` on a mount told apart by `identity`.
+    pub fn new(st: &libc::stat64, x: &StatExtra, identity: Identity) -> Self {
         InodeKey {
             dev: st.st_dev,
             ino: st.st_ino,
-            mnt_id,
+            mnt_id: x.mnt_id,
+            kind: st.st_mode & libc::S_IFMT,
+            btime: match identity {
+                Identity::Birth => x.btime,
+                Identity::Handle | Identity::Pinned => None,
+            },
         }
     }
+
+    /// Whether `other` is on the same mount.
+    pub fn same_mount(&self, other: &InodeKey) -> bool {
+        self.dev == other.dev && self.mnt_id == other.mnt_id
+    }
+}
+
+/// How the inodes of one host mount are told apart from later files given the same number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    /// The file system stamps a birth time that never changes: it is part of the key. An inode
+    /// born less than [`dircache::SETTLE`](super::dircache::SETTLE) before it was first seen
+    /// also carries its file handle (or, without one, keeps a descriptor) until it is seen
+    /// again after that time.
+    Birth,
+    /// No birth time to trust: every inode carries its file handle (or keeps a descriptor).
+    Handle,
+    /// No file handles either: every inode keeps an `O_PATH` descriptor from the start.
+    Pinned,
 }
 
 /// Where an inode was found by name: its parent directory and its name there. An inode found
@@ -86,6 +128,15 @@ impl AsFd for PathFd<'_> {
 pub struct InodeData {
     pub id: u64,
     pub key: InodeKey,
+    /// How this inode's mount tells files apart.
+    pub identity: Identity,
+    /// The file handle taken when the inode was added, for an inode whose key alone does not
+    /// prove it is the same file (see [`InodeData::proven_by_key`]).
+    ident_handle: Option<FileHandle>,
+    /// The key alone proves identity: the birth time was settled when last checked.
+    settled: AtomicBool,
+    /// Another file has this inode's key now (see [`InodeStore::retire`]).
+    stale: AtomicBool,
     /// `O_PATH | O_NOFOLLOW` descriptor of the file, once opened and kept.
     fd: OnceLock<OwnedFd>,
     /// File handle of the file, once taken (file handle modes only).
@@ -103,22 +154,47 @@ pub struct InodeData {
 }
 
 impl InodeData {
-    fn new(id: u64, key: InodeKey, kind: u32, source: Source) -> Self {
-        let (fd, origin) = match source {
+    fn new(id: u64, n: NewInode) -> Self {
+        let (fd, origin) = match n.source {
             Source::Fd(fd) => (OnceLock::from(fd), None),
             Source::Found(origin) => (OnceLock::new(), Some(origin)),
         };
         InodeData {
             id,
-            key,
+            key: n.key,
+            identity: n.identity,
+            ident_handle: n.handle,
+            settled: AtomicBool::new(n.settled),
+            stale: AtomicBool::new(false),
             fd,
             handle: OnceLock::new(),
             origin: Mutex::new(origin),
             last_open: Mutex::new(Weak::new()),
-            kind,
+            kind: n.key.kind,
             listing: Mutex::new(None),
             refcount: AtomicU64::new(1),
         }
+    }
+
+    /// Whether a file with this inode's key is this inode without further proof: it keeps a
+    /// descriptor (its number cannot have been reused) or its birth time was settled.
+    pub fn proven_by_key(&self) -> bool {
+        self.fd.get().is_some() || self.settled.load(Ordering::Relaxed)
+    }
+
+    /// The file handle that proves identity, for an inode whose key does not.
+    pub fn ident_handle(&self) -> Option<&FileHandle> {
+        self.ident_handle.as_ref()
+    }
+
+    /// Records that the key alone proves identity from now on.
+    pub fn settle(&self) {
+        self.settled.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether another file has taken this inode's key (it is reached by no name any more).
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Relaxed)
     }
 
     /// Where the inode was last found by name.
@@ -195,6 +271,17 @@ struct Maps {
     by_key: HashMap<InodeKey, u64>,
 }
 
+/// A new inode for [`InodeStore::insert`].
+pub struct NewInode {
+    pub key: InodeKey,
+    pub identity: Identity,
+    pub source: Source,
+    /// The file handle proving identity (when the key does not).
+    pub handle: Option<FileHandle>,
+    /// Whether the key alone proves identity.
+    pub settled: bool,
+}
+
 /// Node id → inode, and host identity → node id.
 pub struct InodeStore {
     maps: RwLock<Maps>,
@@ -203,22 +290,31 @@ pub struct InodeStore {
 
 impl InodeStore {
     /// A store holding only the root directory, as [`ROOT_ID`].
-    pub fn new(root_fd: OwnedFd, root_st: &libc::stat64, mnt_id: u64) -> Self {
+    pub fn new(
+        root_fd: OwnedFd,
+        root_st: &libc::stat64,
+        x: &StatExtra,
+        identity: Identity,
+    ) -> Self {
         let store = InodeStore {
             maps: RwLock::new(Maps::default()),
             next_id: AtomicU64::new(ROOT_ID + 1),
         };
-        store.insert_root(root_fd, root_st, mnt_id);
+        store.insert_root(root_fd, root_st, x, identity);
         store
     }
 
-    fn insert_root(&self, fd: OwnedFd, st: &libc::stat64, mnt_id: u64) {
-        let key = InodeKey::new(st, mnt_id);
+    fn insert_root(&self, fd: OwnedFd, st: &libc::stat64, x: &StatExtra, identity: Identity) {
+        let key = InodeKey::new(st, x, identity);
         let data = Arc::new(InodeData::new(
             ROOT_ID,
-            key,
-            st.st_mode & libc::S_IFMT,
-            Source::Fd(fd),
+            NewInode {
+                key,
+                identity,
+                source: Source::Fd(fd),
+                handle: None,
+                settled: true,
+            },
         ));
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
         maps.by_key.insert(key, ROOT_ID);
@@ -243,24 +339,34 @@ impl InodeStore {
         }
     }
 
-    /// Returns the node id of the file identified by `key` with one more reference, adding it
-    /// with a count of 1 when new. `source` is kept only for a new inode.
-    pub fn get_or_insert(&self, key: InodeKey, kind: u32, source: Source) -> u64 {
-        {
-            let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(id) = Self::ref_existing(&maps, &key) {
-                return id;
-            }
-        }
+    /// Adds `n` as a new inode with a count of 1 and returns it; gives `n` back when
+    /// its key is known already (the caller then checks that inode: see `InodeData`).
+    pub fn insert(&self, n: NewInode) -> Result<Arc<InodeData>, NewInode> {
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(id) = Self::ref_existing(&maps, &key) {
-            return id;
+        if maps.by_key.contains_key(&n.key) {
+            return Err(n);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let data = Arc::new(InodeData::new(id, key, kind, source));
+        let key = n.key;
+        let data = Arc::new(InodeData::new(id, n));
         maps.by_key.insert(key, id);
-        maps.by_id.insert(id, data);
-        id
+        maps.by_id.insert(id, data.clone());
+        Ok(data)
+    }
+
+    /// Marks `data` stale: another file has its key now. It keeps its node id (and what it
+    /// holds open) until the guest forgets it, but its key no longer leads to it.
+    pub fn retire(&self, data: &InodeData) {
+        let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
+        data.stale.store(true, Ordering::Relaxed);
+        if maps.by_key.get(&data.key) == Some(&data.id) {
+            maps.by_key.remove(&data.key);
+        }
+        log::debug!(
+            "node {} retired: its inode number {} now names another file",
+            data.id,
+            data.key.ino
+        );
     }
 
     /// The inode identified by `key`, if known (no reference is taken).
@@ -362,19 +468,28 @@ impl InodeStore {
 mod tests {
     use super::*;
     use crate::passthrough::sys;
-    use std::os::fd::AsRawFd;
 
-    fn open_path(dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> (OwnedFd, InodeKey, u32) {
+    fn open_path(dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> (OwnedFd, InodeKey) {
         let fd = sys::openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0).unwrap();
-        let (st, mnt) = sys::stat_fd_mnt(fd.as_fd()).unwrap();
-        (fd, InodeKey::new(&st, mnt), st.st_mode & libc::S_IFMT)
+        let (st, x) = sys::stat_fd_mnt(fd.as_fd()).unwrap();
+        (fd, InodeKey::new(&st, &x, Identity::Birth))
     }
 
     fn store_on(dir: &std::path::Path) -> (InodeStore, OwnedFd) {
         let root: OwnedFd = std::fs::File::open(dir).unwrap().into();
-        let (fd, key, _) = open_path(root.as_fd(), c".");
-        let (st, _) = sys::stat_fd_mnt(fd.as_fd()).unwrap();
-        (InodeStore::new(fd, &st, key.mnt_id), root)
+        let fd = sys::openat(root.as_fd(), c".", libc::O_PATH, 0).unwrap();
+        let (st, x) = sys::stat_fd_mnt(fd.as_fd()).unwrap();
+        (InodeStore::new(fd, &st, &x, Identity::Birth), root)
+    }
+
+    fn new_inode(key: InodeKey, fd: OwnedFd) -> NewInode {
+        NewInode {
+            key,
+            identity: Identity::Birth,
+            source: Source::Fd(fd),
+            handle: None,
+            settled: true,
+        }
     }
 
     #[test]
@@ -382,22 +497,61 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::write(tmp.path().join("f"), b"x").unwrap();
         let (store, root) = store_on(tmp.path());
-        let (fd1, key, kind) = open_path(root.as_fd(), c"f");
-        let (fd2, key2, _) = open_path(root.as_fd(), c"f");
+        let (fd1, key) = open_path(root.as_fd(), c"f");
+        let (fd2, key2) = open_path(root.as_fd(), c"f");
         assert_eq!(key, key2);
-        let a = store.get_or_insert(key, kind, Source::Fd(fd1));
-        let raw2 = fd2.as_raw_fd();
-        let b = store.get_or_insert(key, kind, Source::Fd(fd2));
-        assert_eq!(a, b);
+        let a = store.insert(new_inode(key, fd1)).ok().unwrap().id;
         assert_ne!(a, ROOT_ID);
+        // A second insert of the same key is handed back: the caller checks the known inode.
+        assert!(store.insert(new_inode(key, fd2)).is_err());
+        assert_eq!(store.ref_known(&key).unwrap().id, a);
         assert_eq!(store.get(a).unwrap().refcount(), 2);
-        // The second descriptor was not kept.
-        assert_ne!(store.get(a).unwrap().opened_fd().unwrap().as_raw_fd(), raw2);
         store.forget(a, 1);
         assert_eq!(store.get(a).unwrap().refcount(), 1);
         store.forget(a, 1);
         assert!(store.get(a).is_none());
         assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn a_retired_inode_keeps_its_id_but_not_its_key() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        let (store, root) = store_on(tmp.path());
+        let (fd1, key) = open_path(root.as_fd(), c"f");
+        let (fd2, _) = open_path(root.as_fd(), c"f");
+        let old = store.insert(new_inode(key, fd1)).ok().unwrap();
+        store.retire(&old);
+        assert!(old.is_stale());
+        assert!(store.ref_known(&key).is_none());
+        // A new file with the same key becomes a new inode beside the retired one.
+        let new = store.insert(new_inode(key, fd2)).ok().unwrap();
+        assert_ne!(new.id, old.id);
+        assert_eq!(store.ref_known(&key).unwrap().id, new.id);
+        // Forgetting the retired inode leaves the new one's key alone.
+        store.forget(old.id, 1);
+        assert!(store.get(old.id).is_none());
+        assert_eq!(store.find(&key).unwrap().id, new.id);
+    }
+
+    #[test]
+    fn keys_differ_by_type_and_birth_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        let (_store, root) = store_on(tmp.path());
+        let (_fd, key) = open_path(root.as_fd(), c"f");
+        let other_kind = InodeKey {
+            kind: libc::S_IFCHR,
+            ..key
+        };
+        let other_birth = InodeKey {
+            btime: key.btime.map(|(s, ns)| (s, ns ^ 1)),
+            ..key
+        };
+        assert_ne!(key, other_kind);
+        if key.btime.is_some() {
+            assert_ne!(key, other_birth);
+        }
     }
 
     #[test]
@@ -414,8 +568,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::write(tmp.path().join("f"), b"x").unwrap();
         let (store, root) = store_on(tmp.path());
-        let (fd, key, kind) = open_path(root.as_fd(), c"f");
-        let id = store.get_or_insert(key, kind, Source::Fd(fd));
+        let (fd, key) = open_path(root.as_fd(), c"f");
+        let id = store.insert(new_inode(key, fd)).ok().unwrap().id;
         store.clear();
         assert!(store.get(id).is_none());
         assert!(store.get(ROOT_ID).is_some());

@@ -27,6 +27,7 @@ mod dir;
 mod dircache;
 mod file_handle;
 mod handle;
+mod identity;
 mod inode;
 mod io_fds;
 mod sys;
@@ -56,6 +57,7 @@ use dir::DirSnapshot;
 use dircache::{DirCache, Stamp};
 use file_handle::{FileHandle, MountFds};
 use handle::{HandleData, HandleStore};
+use identity::{At, MountIdentities};
 use inode::{InodeData, InodeKey, InodeStore, Origin, PathFd, Source};
 use io_fds::{Access, IoFd, IoFds};
 use sys::{error, ProcName};
@@ -80,6 +82,8 @@ pub struct PassthroughFs {
     fh_mode: InodeFileHandles,
     /// A descriptor per mount, to open file handles through.
     mounts: MountFds,
+    /// How each mount's files are told apart from later files with the same inode number.
+    mount_identities: MountIdentities,
     /// POSIX ACLs enabled in this session (`--posix-acl`, agreed at INIT).
     posix_acl_on: AtomicBool,
     /// Security contexts of creations applied in this session (`--security-label`, agreed).
@@ -211,11 +215,15 @@ impl PassthroughFs {
     /// `/proc/self/fd`, opened before a sandbox hid `/proc`) to reopen inodes through.
     pub fn with_proc_self_fd(cfg: Config, proc_self_fd: OwnedFd) -> io::Result<PassthroughFs> {
         let root = open_path_dir(&cfg.root_dir)?;
-        let (st, mnt_id) = sys::stat_fd_mnt(root.as_fd())?;
+        let (st, x) = sys::stat_fd_mnt(root.as_fd())?;
         let mounts = MountFds::default();
         let fh_mode = file_handle::probe(cfg.inode_file_handles, root.as_fd(), &mounts)?;
+        let mount_identities = MountIdentities::default();
+        let root_identity = identity::probe(root.as_fd(), &x);
+        mount_identities.insert(st.st_dev, x.mnt_id, root_identity);
         Ok(PassthroughFs {
-            inodes: InodeStore::new(root, &st, mnt_id),
+            inodes: InodeStore::new(root, &st, &x, root_identity),
+            mount_identities,
             fh_mode,
             mounts,
             handles: HandleStore::default(),
@@ -263,46 +271,34 @@ impl PassthroughFs {
         }
     }
 
-    /// Registers the file described by `st` (new, or one more reference on a known inode) and
-    /// returns its entry. `source` is kept only for a new inode.
-    fn register(&self, st: libc::stat64, mnt_id: u64, source: Source) -> Entry {
-        let id = self.inodes.get_or_insert(
-            InodeKey::new(&st, mnt_id),
-            st.st_mode & libc::S_IFMT,
-            source,
-        );
-        self.entry(id, st)
-    }
-
     /// Looks `name` up in `parent` without following a symlink and takes one reference. One
-    /// `statx`; a new inode gets no descriptor until an operation needs one. With
+    /// `statx` (and, for a file born within the last second, its file handle: see `identity`);
+    /// a new inode gets no descriptor until an operation needs one. With
     /// `--inode-file-handles=mandatory` a new inode gets its file handle here, and the lookup
     /// fails when the host file system cannot give one.
     fn do_lookup(&self, parent: &Arc<InodeData>, name: &CStr) -> io::Result<Entry> {
-        let (st, mnt_id) = sys::stat_at_mnt(self.path_fd(parent)?.as_fd(), name)?;
-        let key = InodeKey::new(&st, mnt_id);
-        let mut entry = match self.inodes.ref_known(&key) {
-            Some(known) => {
-                known.found_at(parent, name);
-                self.entry(known.id, st)
-            }
-            None => {
-                let handle = match self.fh_mode {
-                    InodeFileHandles::Mandatory => Some(self.handle_by_name(parent, name, &key)?),
-                    _ => None,
-                };
-                let origin = Origin {
-                    parent: parent.clone(),
-                    name: name.to_owned(),
-                };
-                let entry = self.register(st, mnt_id, Source::Found(origin));
-                if let (Some(h), Some(node)) = (handle, self.inodes.get(entry.inode)) {
-                    node.keep_file_handle(h);
+        let pfd = self.path_fd(parent)?;
+        let (st, x) = sys::stat_at_mnt(pfd.as_fd(), name)?;
+        let at = At::Name(pfd.as_fd(), name);
+        let (node, new) = self.find_or_add(parent, &st, &x, at, || {
+            Ok(Source::Found(Origin {
+                parent: parent.clone(),
+                name: name.to_owned(),
+            }))
+        })?;
+        if !new {
+            node.found_at(parent, name);
+        } else if self.fh_mode == InodeFileHandles::Mandatory && node.file_handle().is_none() {
+            match self.handle_by_name(parent, name, &node) {
+                Ok(h) => node.keep_file_handle(h),
+                Err(e) => {
+                    self.inodes.forget(node.id, 1);
+                    return Err(e);
                 }
-                entry
             }
-        };
-        if self.is_submount(parent, &key, st.st_mode) {
+        }
+        let mut entry = self.entry(node.id, st);
+        if self.is_submount(parent, &node.key) {
             entry.attr_flags |= crate::fuse::abi::ATTR_SUBMOUNT;
         }
         Ok(entry)
@@ -310,16 +306,8 @@ impl PassthroughFs {
 
     /// Whether a directory identified by `key` under `parent` is the root of another host
     /// mount, to be announced to the guest (`--announce-submounts`).
-    fn is_submount(&self, parent: &InodeData, key: &InodeKey, mode: u32) -> bool {
-        self.cfg.announce_submounts
-            && mode & libc::S_IFMT == libc::S_IFDIR
-            && (key.dev != parent.key.dev || key.mnt_id != parent.key.mnt_id)
-    }
-
-    /// Whether `fd` refers to the inode `data`.
-    fn is_inode(fd: BorrowedFd<'_>, data: &InodeData) -> io::Result<bool> {
-        let (st, mnt_id) = sys::stat_fd_mnt(fd)?;
-        Ok(InodeKey::new(&st, mnt_id) == data.key)
+    fn is_submount(&self, parent: &InodeData, key: &InodeKey) -> bool {
+        self.cfg.announce_submounts && key.kind == libc::S_IFDIR && !key.same_mount(&parent.key)
     }
 
     /// Whether `data` keeps a file handle rather than an `O_PATH` descriptor: in the file
@@ -344,11 +332,12 @@ impl PassthroughFs {
         if let Some(fd) = data.opened_fd() {
             return Ok(PathFd::Kept(fd));
         }
-        let origin = data.origin();
+        // A stale inode is reached by no name: its number names another file now.
+        let origin = data.origin().filter(|_| !data.is_stale());
         let by_name = match &origin {
             Some((parent, name)) => {
                 match sys::openat(self.path_fd(parent)?.as_fd(), name, open_path_flags(), 0) {
-                    Ok(fd) if Self::is_inode(fd.as_fd(), data)? => Some(fd),
+                    Ok(fd) if self.is_inode(fd.as_fd(), data)? => Some(fd),
                     // Out of descriptors or memory says nothing about where the name leads:
                     // the guest gets that error, not ESTALE.
                     Err(e) if is_resource_shortage(&e) => return Err(e),
@@ -386,7 +375,7 @@ impl PassthroughFs {
         }
         if let Some(h) = data.file_handle() {
             if let Ok(fd) = self.mounts.open(h, open_path_flags()) {
-                if Self::is_inode(fd.as_fd(), data)? {
+                if self.is_inode(fd.as_fd(), data)? {
                     return Ok(PathFd::Owned(fd));
                 }
             }
@@ -403,7 +392,12 @@ impl PassthroughFs {
             .unwrap_or_else(PoisonError::into_inner)
             .upgrade();
         let h = open.ok_or_else(|| error(libc::ESTALE))?;
-        let name = ProcName::new(h.fd().as_raw_fd());
+        self.reopen_path(h.fd())
+    }
+
+    /// A new `O_PATH` descriptor of the file `fd` refers to, through `/proc/self/fd/N`.
+    fn reopen_path(&self, fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+        let name = ProcName::new(fd.as_raw_fd());
         sys::openat(self.proc_self_fd.as_fd(), name.name(), libc::O_PATH, 0)
     }
 
@@ -429,17 +423,16 @@ impl PassthroughFs {
         Ok(h)
     }
 
-    /// The file handle of `name` in `parent`, checked to be the file identified by `key`
-    /// (`ESTALE` when the name changed since it was looked at).
+    /// The file handle of `name` in `parent`, checked to be the file of `node` (`ESTALE` when
+    /// the name changed since it was looked at).
     fn handle_by_name(
         &self,
         parent: &InodeData,
         name: &CStr,
-        key: &InodeKey,
+        node: &InodeData,
     ) -> io::Result<FileHandle> {
         let fd = sys::openat(self.path_fd(parent)?.as_fd(), name, open_path_flags(), 0)?;
-        let (st, mnt_id) = sys::stat_fd_mnt(fd.as_fd())?;
-        if InodeKey::new(&st, mnt_id) != *key {
+        if !self.is_inode(fd.as_fd(), node)? {
             return Err(error(libc::ESTALE));
         }
         self.handle_of(fd.as_fd(), Some(parent)).inspect_err(|e| {
@@ -452,9 +445,11 @@ impl PassthroughFs {
         if let Some(fd) = data.opened_fd() {
             return sys::stat_fd(fd);
         }
-        if let Some((parent, name)) = data.origin() {
-            if let Ok((st, mnt_id)) = sys::stat_at_mnt(self.path_fd(&parent)?.as_fd(), &name) {
-                if InodeKey::new(&st, mnt_id) == data.key {
+        if let Some((parent, name)) = data.origin().filter(|_| !data.is_stale()) {
+            let pfd = self.path_fd(&parent)?;
+            if let Ok((st, x)) = sys::stat_at_mnt(pfd.as_fd(), &name) {
+                let key = InodeKey::new(&st, &x, data.identity);
+                if self.same_file(data, &key, At::Name(pfd.as_fd(), &name))? {
                     return Ok(st);
                 }
             }
@@ -467,7 +462,7 @@ impl PassthroughFs {
     fn open_node(&self, data: &InodeData, flags: i32) -> io::Result<OwnedFd> {
         // O_TRUNC acts at open: never on a file the name might now lead to instead.
         if data.opened_fd().is_none() && flags & libc::O_TRUNC == 0 {
-            if let Some((parent, name)) = data.origin() {
+            if let Some((parent, name)) = data.origin().filter(|_| !data.is_stale()) {
                 // O_NONBLOCK: should the name now lead to a FIFO, the open must not hang (it is
                 // refused below); it changes nothing for regular files and directories.
                 let f = (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY))
@@ -483,21 +478,45 @@ impl PassthroughFs {
                     r => r,
                 };
                 match opened {
-                    Ok(file) if Self::is_inode(file.as_fd(), data)? => return Ok(file),
+                    Ok(file) if self.is_inode(file.as_fd(), data)? => return Ok(file),
                     Err(e) if out_of_fds(&e) => return Err(e),
                     _ => {}
                 }
             }
         }
-        self.reopen_fd(self.path_fd(data)?.as_fd(), flags)
+        let file = self.reopen_fd(self.path_fd(data)?.as_fd(), flags)?;
+        // The path descriptor was checked (or is held); the reopened one must be that file.
+        let (st, x) = sys::stat_fd_mnt(file.as_fd())?;
+        if InodeKey::new(&st, &x, data.identity) != data.key {
+            log::warn!(
+                "node {}: a reopened descriptor is another file; refused",
+                data.id
+            );
+            return Err(error(libc::ESTALE));
+        }
+        Ok(file)
     }
 
     /// Looks up `..` of a directory other than the root. The parent of a directory the guest
     /// holds is one the guest looked up on its way down; a parent the table does not know means
     /// the directory was moved out of the shared directory on the host, and is refused.
     fn lookup_parent(&self, dir: &InodeData, dotdot: &CStr) -> io::Result<Entry> {
-        let (st, mnt_id) = sys::stat_at_mnt(self.path_fd(dir)?.as_fd(), dotdot)?;
-        match self.inodes.ref_known(&InodeKey::new(&st, mnt_id)) {
+        let dfd = self.path_fd(dir)?;
+        let (st, x) = sys::stat_at_mnt(dfd.as_fd(), dotdot)?;
+        let at = At::Name(dfd.as_fd(), dotdot);
+        let key = self.key_at(dir, &st, &x, at)?;
+        let known = match self.inodes.ref_known(&key) {
+            Some(known) => match self.same_file(&known, &key, at) {
+                Ok(true) => Some(known),
+                r => {
+                    self.inodes.forget(known.id, 1);
+                    r?;
+                    None
+                }
+            },
+            None => None,
+        };
+        match known {
             Some(known) => Ok(self.entry(known.id, st)),
             None => {
                 log::warn!(
@@ -766,35 +785,36 @@ impl PassthroughFs {
     }
 
     /// Registers a file just opened (by CREATE or TMPFILE) as an inode and a handle.
+    /// `name` is the file's name in `parent`, `None` for an unnamed file (`O_TMPFILE`).
     fn register_open(
         &self,
+        parent: &Arc<InodeData>,
         file: OwnedFd,
-        found: Option<Origin>,
+        name: Option<&CStr>,
         direct: bool,
     ) -> io::Result<(Entry, Opened)> {
         if direct {
             // The host may not support direct I/O; the guest is told DIRECT_IO regardless.
             let _ = sys::set_direct(file.as_fd());
         }
-        let (st, mnt_id) = sys::stat_fd_mnt(file.as_fd())?;
-        let source = match found {
-            Some(origin) => Source::Found(origin),
-            None => {
-                let name = ProcName::new(file.as_raw_fd());
-                Source::Fd(sys::openat(
-                    self.proc_self_fd.as_fd(),
-                    name.name(),
-                    libc::O_PATH,
-                    0,
-                )?)
-            }
-        };
+        let (st, x) = sys::stat_fd_mnt(file.as_fd())?;
         // In no-open mode, read before the reference is taken (nothing may fail after it).
         let access = match self.no_open() {
             true => Some(sys::fd_access_mode(file.as_fd())?),
             false => None,
         };
-        let entry = self.register(st, mnt_id, source);
+        let (node, new) =
+            self.find_or_add(parent, &st, &x, At::Fd(file.as_fd()), || match name {
+                Some(name) => Ok(Source::Found(Origin {
+                    parent: parent.clone(),
+                    name: name.to_owned(),
+                })),
+                None => self.reopen_path(file.as_fd()).map(Source::Fd),
+            })?;
+        if let (false, Some(name)) = (new, name) {
+            node.found_at(parent, name);
+        }
+        let entry = self.entry(node.id, st);
         if let Some(acc) = access {
             // The guest sends no RELEASE in no-open mode: the descriptor becomes the inode's
             // own, and the guest gets handle 0.
@@ -824,6 +844,29 @@ impl PassthroughFs {
             open_flags: self.file_open_flags(),
         };
         Ok((entry, opened))
+    }
+
+    /// How long the guest may remember that a name does not exist: as long as it keeps entries
+    /// in `auto` and `always`; not at all in `never` and `metadata`, where the guest asks again
+    /// each time.
+    fn negative_timeout(&self) -> Duration {
+        match self.cfg.cache {
+            CacheMode::Auto | CacheMode::Always => self.cfg.entry_timeout,
+            CacheMode::Never | CacheMode::Metadata => Duration::ZERO,
+        }
+    }
+
+    /// The reply to a LOOKUP of a missing name: node id 0 ("no such entry") with a timeout, which
+    /// the guest keeps as a negative entry. A name the guest creates replaces it at once.
+    fn negative_entry(&self) -> Entry {
+        Entry {
+            inode: 0,
+            generation: 0,
+            attr: sys::zeroed_stat(),
+            attr_flags: 0,
+            attr_timeout: Duration::ZERO,
+            entry_timeout: self.negative_timeout(),
+        }
     }
 
     /// Registers an open handle of `node`, remembered by the node for when its name is gone.
@@ -977,22 +1020,25 @@ impl PassthroughFs {
     /// file open without the daemon knowing, so a known inode gets its own `O_PATH` descriptor
     /// first, kept whatever `--inode-file-handles` says (a file handle would not keep an
     /// unlinked file alive), and stays reachable once its name is gone.
-    fn keep_reachable(&self, dir: BorrowedFd<'_>, name: &CStr) {
+    fn keep_reachable(&self, parent: &InodeData, dir: BorrowedFd<'_>, name: &CStr) {
         if !self.no_open() {
             return;
         }
-        let Ok((st, mnt_id)) = sys::stat_at_mnt(dir, name) else {
+        let Ok((st, x)) = sys::stat_at_mnt(dir, name) else {
             return;
         };
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             return;
         }
-        if let Some(known) = self.inodes.find(&InodeKey::new(&st, mnt_id)) {
+        let Ok(key) = self.key_at(parent, &st, &x, At::Name(dir, name)) else {
+            return;
+        };
+        if let Some(known) = self.inodes.find(&key) {
             if known.opened_fd().is_some() {
                 return;
             }
             if let Ok(fd) = sys::openat(dir, name, open_path_flags(), 0) {
-                if Self::is_inode(fd.as_fd(), &known).unwrap_or(false) {
+                if self.is_inode(fd.as_fd(), &known).unwrap_or(false) {
                     known.keep_fd(fd);
                 }
             }
@@ -1093,7 +1139,14 @@ impl FileSystem for PassthroughFs {
         if name.to_bytes() == b".." {
             return self.lookup_parent(&p, name);
         }
-        self.do_lookup(&p, name)
+        match self.do_lookup(&p, name) {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ENOENT) && !self.negative_timeout().is_zero() =>
+            {
+                Ok(self.negative_entry())
+            }
+            r => r,
+        }
     }
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
@@ -1233,7 +1286,7 @@ impl FileSystem for PassthroughFs {
         let p = self.inode(parent)?;
         let dir = self.path_fd(&p)?;
         let dir = dir.as_fd();
-        self.keep_reachable(dir, name);
+        self.keep_reachable(&p, dir, name);
         sys::unlinkat(dir, name, 0)
     }
 
@@ -1264,15 +1317,18 @@ impl FileSystem for PassthroughFs {
         let (old_pfd, new_pfd) = (self.path_fd(&old)?, self.path_fd(&new)?);
         let (old_fd, new_fd) = (old_pfd.as_fd(), new_pfd.as_fd());
         // Inodes the guest holds that are reached by name follow the rename.
-        let known = |dir: BorrowedFd<'_>, name: &CStr| {
-            let (st, mnt_id) = sys::stat_at_mnt(dir, name).ok()?;
-            self.inodes.find(&InodeKey::new(&st, mnt_id))
+        let known = |dnode: &InodeData, dir: BorrowedFd<'_>, name: &CStr| {
+            let (st, x) = sys::stat_at_mnt(dir, name).ok()?;
+            let at = At::Name(dir, name);
+            let key = self.key_at(dnode, &st, &x, at).ok()?;
+            let node = self.inodes.find(&key)?;
+            self.same_file(&node, &key, at).ok()?.then_some(node)
         };
-        let moved = known(old_fd, oldname);
+        let moved = known(&old, old_fd, oldname);
         let swapped = if flags & libc::RENAME_EXCHANGE != 0 {
-            known(new_fd, newname)
+            known(&new, new_fd, newname)
         } else {
-            self.keep_reachable(new_fd, newname);
+            self.keep_reachable(&new, new_fd, newname);
             None
         };
         sys::renameat2(old_fd, oldname, new_fd, newname, flags)?;
@@ -1383,11 +1439,7 @@ impl FileSystem for PassthroughFs {
                             return Err(e);
                         }
                     }
-                    let origin = Origin {
-                        parent: p.clone(),
-                        name: name.to_owned(),
-                    };
-                    return self.register_open(file, Some(origin), direct);
+                    return self.register_open(&p, file, Some(name), direct);
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {}
                 Err(e) => return Err(e),
@@ -1402,14 +1454,16 @@ impl FileSystem for PassthroughFs {
                         kind => check_openable(kind)?,
                     }
                     let file = self.reopen_fd(path_fd.as_fd(), self.host_open_flags(flags))?;
+                    let opened = sys::stat_fd(file.as_fd())?;
+                    if (opened.st_dev, opened.st_ino, opened.st_mode & libc::S_IFMT)
+                        != (st.st_dev, st.st_ino, st.st_mode & libc::S_IFMT)
+                    {
+                        return Err(error(libc::ESTALE));
+                    }
                     if flags & libc::O_TRUNC != 0 {
                         self.truncated_on_open(file.as_fd(), fuse_flags)?;
                     }
-                    let origin = Origin {
-                        parent: p.clone(),
-                        name: name.to_owned(),
-                    };
-                    return self.register_open(file, Some(origin), false);
+                    return self.register_open(&p, file, Some(name), false);
                 }
                 // Removed in between: try creating again.
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) && tries < 3 => tries += 1,
@@ -1443,7 +1497,7 @@ impl FileSystem for PassthroughFs {
             // Unnamed: closing it is all the removal it needs.
             self.label_fd(file.as_fd(), secctx)?;
         }
-        self.register_open(file, None, direct)
+        self.register_open(&p, file, None, direct)
     }
 
     fn read(

@@ -119,14 +119,23 @@ pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<libc::stat64> {
 
 static HAVE_STATX: AtomicBool = AtomicBool::new(true);
 
-/// Attributes of `fd` and the id of the mount it is on (0 when the kernel cannot tell).
-pub fn stat_fd_mnt(fd: BorrowedFd<'_>) -> io::Result<(libc::stat64, u64)> {
+/// What `statx` tells of a file beyond `stat64`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatExtra {
+    /// Id of the mount the file is on (0 when the kernel cannot tell).
+    pub mnt_id: u64,
+    /// Birth time (seconds, nanoseconds), when the file system records one.
+    pub btime: Option<(i64, u32)>,
+}
+
+/// Attributes of `fd`, its mount id and birth time.
+pub fn stat_fd_mnt(fd: BorrowedFd<'_>) -> io::Result<(libc::stat64, StatExtra)> {
     stat_at_mnt(fd, EMPTY)
 }
 
 /// Attributes of `name` in `dir` (of `dir` itself when `name` is empty), never following a
-/// symlink, and the id of the mount it is on (0 when the kernel cannot tell).
-pub fn stat_at_mnt(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(libc::stat64, u64)> {
+/// symlink, with the mount id and birth time `statx` gives (none without `statx`).
+pub fn stat_at_mnt(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(libc::stat64, StatExtra)> {
     let flags = if name.is_empty() {
         libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW
     } else {
@@ -141,7 +150,7 @@ pub fn stat_at_mnt(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(libc::stat64
                 dir.as_raw_fd(),
                 name.as_ptr(),
                 flags,
-                libc::STATX_BASIC_STATS | libc::STATX_MNT_ID,
+                libc::STATX_BASIC_STATS | libc::STATX_MNT_ID | libc::STATX_BTIME,
                 &mut stx,
             )
         };
@@ -152,7 +161,9 @@ pub fn stat_at_mnt(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(libc::stat64
                 } else {
                     0
                 };
-                return Ok((statx_to_stat(&stx), mnt_id));
+                let btime = (stx.stx_mask & libc::STATX_BTIME != 0)
+                    .then_some((stx.stx_btime.tv_sec, stx.stx_btime.tv_nsec));
+                return Ok((statx_to_stat(&stx), StatExtra { mnt_id, btime }));
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) => {
                 HAVE_STATX.store(false, Ordering::Relaxed);
@@ -160,7 +171,20 @@ pub fn stat_at_mnt(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<(libc::stat64
             Err(e) => return Err(e),
         }
     }
-    Ok((fstatat(dir, name, flags)?, 0))
+    let extra = StatExtra {
+        mnt_id: 0,
+        btime: None,
+    };
+    Ok((fstatat(dir, name, flags)?, extra))
+}
+
+/// The type of the file system `fd` is on (`statfs`'s `f_type`).
+pub fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
+    // SAFETY: `statfs64` is made of integers only, for which all-zero is a valid value.
+    let mut sfs: libc::statfs64 = unsafe { std::mem::zeroed() };
+    // SAFETY: `sfs` is a valid out-pointer; `fstatfs` accepts `O_PATH` descriptors.
+    check(unsafe { libc::fstatfs64(fd.as_raw_fd(), &mut sfs) })?;
+    Ok(sfs.f_type as i64)
 }
 
 fn statx_to_stat(stx: &libc::statx) -> libc::stat64 {

@@ -139,7 +139,7 @@ fn lookup_refuses_name_with_slash() {
     assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"")), libc::EINVAL);
     let long = cs(&"a".repeat(256));
     assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, &long)), libc::ENAMETOOLONG);
-    assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"missing")), libc::ENOENT);
+    assert_eq!(fs.lookup(&ctx(), ROOT_ID, c"missing").unwrap().inode, 0);
 }
 
 #[test]
@@ -541,7 +541,11 @@ fn unlink_while_open_still_reads() {
     assert_eq!(read_at(&fs, f.inode, fh, 64, 0), b"still here");
     let (st, _) = fs.getattr(&ctx(), f.inode, Some(fh)).unwrap();
     assert_eq!(st.st_nlink, 0);
-    assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"f")), libc::ENOENT);
+    assert_eq!(
+        fs.lookup(&ctx(), ROOT_ID, c"f").unwrap().inode,
+        0,
+        "negative entry"
+    );
 }
 
 #[test]
@@ -1921,4 +1925,88 @@ fn no_open_out_of_descriptors_evicts_and_retries() {
     }
     assert!(fs.io_fds.len() < 64, "{}", fs.io_fds.len());
     println!("EMFILE-CHILD-OK");
+}
+
+#[test]
+fn a_fresh_file_is_proven_by_its_handle_until_its_birth_time_settles() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    std::fs::write(tmp.path().join("old"), b"x").unwrap();
+    let st = std::fs::metadata(tmp.path().join("old")).unwrap();
+    if st.created().is_err() {
+        eprintln!("skipped: the temporary file system stamps no birth time");
+        return;
+    }
+    let fresh = lookup(&fs, "old");
+    let node = fs.inodes.get(fresh.inode).unwrap();
+    assert!(
+        !node.proven_by_key(),
+        "born just now: the key alone proves nothing"
+    );
+    assert!(
+        node.ident_handle().is_some(),
+        "its file handle proves it instead"
+    );
+    std::thread::sleep(dircache::SETTLE + Duration::from_millis(100));
+    // Found again after its birth time settled: the key proves it from now on.
+    assert_eq!(lookup(&fs, "old").inode, fresh.inode);
+    assert!(node.proven_by_key());
+    assert_eq!(fs.getattr(&ctx(), fresh.inode, None).unwrap().0.st_size, 1);
+}
+
+#[test]
+fn a_file_born_long_ago_is_proven_by_its_key_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"x").unwrap();
+    if std::fs::metadata(tmp.path().join("f"))
+        .unwrap()
+        .created()
+        .is_err()
+    {
+        eprintln!("skipped: the temporary file system stamps no birth time");
+        return;
+    }
+    std::thread::sleep(dircache::SETTLE + Duration::from_millis(100));
+    let fs = new_fs(tmp.path());
+    let e = lookup(&fs, "f");
+    let node = fs.inodes.get(e.inode).unwrap();
+    assert!(node.proven_by_key());
+    assert!(node.ident_handle().is_none(), "no file handle taken");
+    assert!(node.opened_fd().is_none(), "no descriptor kept");
+}
+
+#[test]
+fn a_missing_name_is_a_negative_entry_kept_as_long_as_the_cache_mode_keeps_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (mode, timeout) in [
+        (CacheMode::Always, Some(Duration::from_secs(86400))),
+        (CacheMode::Auto, Some(Duration::from_secs(1))),
+        (CacheMode::Metadata, None),
+        (CacheMode::Never, None),
+    ] {
+        let fs = fs_with(tmp.path(), |c| *c = Config::new(tmp.path(), mode));
+        let r = fs.lookup(&ctx(), ROOT_ID, c"missing");
+        match timeout {
+            Some(t) => {
+                let e = r.unwrap();
+                assert_eq!((e.inode, e.entry_timeout), (0, t), "{mode:?}");
+                // No reference is taken: nothing to forget.
+                assert_eq!(fs.inodes.len(), 1, "{mode:?}");
+            }
+            None => assert_eq!(errno(r), libc::ENOENT, "{mode:?}"),
+        }
+    }
+}
+
+#[test]
+fn other_lookup_errors_are_never_negative_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"x").unwrap();
+    let fs = fs_with(tmp.path(), |c| {
+        *c = Config::new(tmp.path(), CacheMode::Always)
+    });
+    let f = lookup(&fs, "f");
+    assert_eq!(errno(fs.lookup(&ctx(), f.inode, c"x")), libc::ENOTDIR);
+    assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"a/b")), libc::EINVAL);
+    assert_eq!(errno(fs.lookup(&ctx(), 9999, c"x")), libc::EBADF);
 }

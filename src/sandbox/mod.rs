@@ -2,9 +2,12 @@
 //!
 //! - `namespace` (the default): the daemon enters new pid, mount and network namespaces (and
 //!   first a user namespace mapping its own uid and gid when it does not run as root), and the
-//!   shared directory becomes the root of its mount namespace (`pivot_root`), the host's other
-//!   mounts detached. Nothing outside the shared directory can be named any more, and the
-//!   daemon sees no other process and no network.
+//!   shared directory becomes the root of its mount namespace (`pivot_root`), bind-mounted
+//!   `nodev` (with its submounts), the host's other mounts detached. Nothing outside the shared
+//!   directory can be named any more, no device node in it can be opened, and the daemon sees
+//!   no other process and no network. The only procfs it keeps (for `/proc/self/fd`) is one of
+//!   its own pid namespace mounted with `subset=pid`: no `/proc/sys`, no `/proc/sysrq-trigger`.
+//!   When that procfs cannot be mounted, the daemon does not start.
 //! - `chroot`: the shared directory becomes the daemon's root directory (`chroot`); for hosts
 //!   where namespaces cannot be created. Needs root.
 //! - `none`: no confinement.

@@ -26,7 +26,7 @@ use virtiofsd::frontend::{FrontendConfig, FsFrontend, FuseClient};
 use virtiofsd::fuse::abi::{self, InitOut, ROOT_ID};
 use virtiofsd::idmap::{IdMap, Translation};
 use virtiofsd::passthrough::xattrmap::XattrMap;
-use virtiofsd::passthrough::{CacheMode, Config, Negotiate};
+use virtiofsd::passthrough::{CacheMode, Config, InodeFileHandles, Negotiate};
 
 /// Content of `outside/secret`.
 pub const SECRET: &[u8] = b"host secret, never to be served\n";
@@ -68,6 +68,11 @@ pub struct Options {
     pub killpriv_v2: bool,
     /// Bytes all directory listings may hold (`Config::listing_memory`).
     pub listing_memory: usize,
+    /// Serve a fresh, small ext4 file system (loop-mounted on the shared directory) instead of
+    /// a directory of the temporary file system: one block group, so a freed inode number is
+    /// the next one given (needs root).
+    pub ext4_share: bool,
+    pub inode_file_handles: InodeFileHandles,
 }
 
 impl Default for Options {
@@ -94,6 +99,8 @@ impl Default for Options {
             security_label: Negotiate::Never,
             killpriv_v2: false,
             listing_memory: virtiofsd::passthrough::config::DEFAULT_LISTING_MEMORY,
+            ext4_share: false,
+            inode_file_handles: InodeFileHandles::default(),
         }
     }
 }
@@ -193,6 +200,16 @@ impl Options {
     }
 
     /// `--killpriv-v2`.
+    pub fn inode_file_handles(mut self, mode: InodeFileHandles) -> Self {
+        self.inode_file_handles = mode;
+        self
+    }
+
+    pub fn ext4_share(mut self) -> Self {
+        self.ext4_share = true;
+        self
+    }
+
     pub fn killpriv_v2(mut self) -> Self {
         self.killpriv_v2 = true;
         self
@@ -224,6 +241,8 @@ pub struct Daemon {
     /// The INIT reply, when the harness sent INIT.
     pub init: Option<InitOut>,
     thread: Option<JoinHandle<Result<(), DaemonError>>>,
+    /// The share is a loop-mounted file system, unmounted on drop.
+    mounted: bool,
     _sock_dir: TempDir,
     _base: TempDir,
 }
@@ -243,6 +262,9 @@ impl Daemon {
         fs::set_permissions(&share, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         fs::create_dir(&outside).unwrap();
         fs::write(outside.join("secret"), SECRET).unwrap();
+        if opts.ext4_share {
+            mount_small_ext4(&base.path().join("ext4.img"), &share);
+        }
         let sock_dir = tempfile::tempdir().expect("tempdir");
         let socket = sock_dir.path().join("vfs.sock");
 
@@ -259,6 +281,7 @@ impl Daemon {
         fs_cfg.security_label = opts.security_label;
         fs_cfg.killpriv_v2 = opts.killpriv_v2;
         fs_cfg.listing_memory = opts.listing_memory;
+        fs_cfg.inode_file_handles = opts.inode_file_handles;
         let cfg = DaemonConfig {
             fs: fs_cfg,
             socket: SocketSpec::Path(socket.clone()),
@@ -293,6 +316,7 @@ impl Daemon {
             c,
             init,
             thread: Some(thread),
+            mounted: opts.ext4_share,
             _sock_dir: sock_dir,
             _base: base,
         }
@@ -363,6 +387,53 @@ impl Daemon {
             self.socket.display()
         );
     }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.mounted {
+            let p = CString::new(self.share.as_os_str().as_bytes()).unwrap();
+            // SAFETY: `p` is a NUL-terminated path; a lazy unmount detaches it even if busy.
+            unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+/// Makes a 16 MiB ext4 file system in `image` (one block group, a journal, 512 inodes) and
+/// mounts it on `at`, mode 0755.
+pub fn mount_small_ext4(image: &Path, at: &Path) {
+    let run = |cmd: &mut std::process::Command| {
+        let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let f = fs::File::create(image).unwrap();
+    f.set_len(16 << 20).unwrap();
+    drop(f);
+    let mkfs = ["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("mkfs.ext4");
+    run(std::process::Command::new(mkfs)
+        .args([
+            "-q",
+            "-F",
+            "-b",
+            "4096",
+            "-N",
+            "512",
+            "-E",
+            "lazy_itable_init=0",
+        ])
+        .arg(image));
+    run(std::process::Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(image)
+        .arg(at));
+    fs::set_permissions(at, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 }
 
 /// Metadata of one host path, enough to notice any change but atime.

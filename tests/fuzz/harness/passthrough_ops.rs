@@ -429,8 +429,11 @@ fn apply(fs: &PassthroughFs, st: &mut State, op: &Op) {
     let ctx = &ctx;
     match *op {
         Op::Lookup { parent, name: n } => {
+            // Node id 0 is a negative entry: no node, no reference.
             if let Ok(e) = fs.lookup(ctx, st.node(parent), name(n)) {
-                st.nodes.push(e.inode);
+                if e.inode != 0 {
+                    st.nodes.push(e.inode);
+                }
             }
         }
         Op::Forget { node, count } => {

@@ -1,0 +1,286 @@
+//! Node identity: telling a file the guest holds from a later file that got the same inode
+//! number (see `inode` for the rule each inode keeps).
+//!
+//! Every place that finds a file by name or opens a descriptor for a node goes through here:
+//! [`PassthroughFs::find_or_add`] when a name is looked up (or a file created), and
+//! [`PassthroughFs::same_file`] when a descriptor or a name is to serve a node already known.
+//! The common case costs nothing beyond the `statx` a lookup makes anyway: on file systems
+//! that stamp a birth time, a file born more than [`SETTLE`] ago is proven by its key.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, PoisonError};
+
+use super::dircache::{self, SETTLE};
+use super::file_handle::FileHandle;
+use super::inode::{Identity, InodeData, InodeKey, NewInode, Source};
+use super::sys::{self, error, StatExtra};
+use super::PassthroughFs;
+
+/// File systems whose birth time is stamped once, at creation, and never changes (the
+/// `statfs` magic numbers). Others, overlayfs among them (a copy-up gives a file the upper
+/// layer's birth time), are told apart by file handles.
+const BIRTH_TIME_FS: &[i64] = &[
+    0xEF53,      // ext2/3/4
+    0x5846_5342, // xfs
+    0x9123_683E, // btrfs
+    0x0102_1994, // tmpfs
+    0xF2F5_2010, // f2fs
+    0xCA45_1A4E, // bcachefs
+    0x2FC1_2FC1, // zfs
+];
+
+/// Where a file was seen: a name in a directory, or a descriptor.
+#[derive(Clone, Copy)]
+pub(super) enum At<'a> {
+    Name(BorrowedFd<'a>, &'a CStr),
+    Fd(BorrowedFd<'a>),
+}
+
+impl At<'_> {
+    /// The file handle of what is there now.
+    fn handle(self) -> io::Result<FileHandle> {
+        match self {
+            At::Name(dir, name) => FileHandle::at(dir, name),
+            At::Fd(fd) => FileHandle::of_fd(fd),
+        }
+    }
+
+    /// An `O_PATH` descriptor of what is there now (a descriptor stands for itself).
+    fn open_path(self, fs: &PassthroughFs) -> io::Result<OwnedFd> {
+        match self {
+            At::Name(dir, name) => sys::openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0),
+            At::Fd(fd) => fs.reopen_path(fd),
+        }
+    }
+}
+
+/// Whether a birth time lies [`SETTLE`] before now: no file born later can have it.
+fn settled(btime: (i64, u32)) -> bool {
+    let now = dircache::now();
+    let limit = now.0.saturating_sub(SETTLE.as_secs() as i64);
+    (btime.0, i64::from(btime.1)) < (limit, now.1)
+}
+
+/// Whether a failure to take a file handle means the file system gives none (rather than that
+/// the name changed under us).
+fn no_handles(e: &io::Error) -> bool {
+    !matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENOMEM)
+    )
+}
+
+/// Identity rules by mount, learnt the first time a mount is met.
+#[derive(Default)]
+pub(super) struct MountIdentities {
+    map: std::sync::RwLock<HashMap<(u64, u64), Identity>>,
+}
+
+impl MountIdentities {
+    fn get(&self, dev: u64, mnt_id: u64) -> Option<Identity> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        map.get(&(dev, mnt_id)).copied()
+    }
+
+    pub(super) fn insert(&self, dev: u64, mnt_id: u64, identity: Identity) -> Identity {
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        *map.entry((dev, mnt_id)).or_insert(identity)
+    }
+}
+
+/// The identity rule of the mount of a file seen as `st`, `x` through `fd`.
+pub(super) fn probe(fd: BorrowedFd<'_>, x: &StatExtra) -> Identity {
+    let birth = x.btime.is_some() && sys::fs_type(fd).is_ok_and(|t| BIRTH_TIME_FS.contains(&t));
+    let identity = if birth {
+        Identity::Birth
+    } else if FileHandle::of_fd(fd).is_ok() {
+        Identity::Handle
+    } else {
+        Identity::Pinned
+    };
+    log::info!(
+        "mount {}: nodes are told apart by {}",
+        x.mnt_id,
+        match identity {
+            Identity::Birth => "inode number, type and birth time",
+            Identity::Handle => "file handle",
+            Identity::Pinned => "a descriptor held per node (no birth time, no file handles)",
+        }
+    );
+    identity
+}
+
+impl PassthroughFs {
+    /// The identity rule of the mount of the file seen as `st`, `x` at `at`; `near` is a known
+    /// inode (its parent), whose rule holds when it is on the same mount.
+    pub(super) fn identity_of(
+        &self,
+        near: &InodeData,
+        st: &libc::stat64,
+        x: &StatExtra,
+        at: At<'_>,
+    ) -> io::Result<Identity> {
+        if st.st_dev == near.key.dev && x.mnt_id == near.key.mnt_id {
+            return Ok(near.identity);
+        }
+        if let Some(i) = self.mount_identities.get(st.st_dev, x.mnt_id) {
+            return Ok(i);
+        }
+        let identity = match at {
+            At::Fd(fd) => probe(fd, x),
+            At::Name(..) => probe(at.open_path(self)?.as_fd(), x),
+        };
+        Ok(self.mount_identities.insert(st.st_dev, x.mnt_id, identity))
+    }
+
+    /// The key of the file seen as `st`, `x` at `at`, next to the known inode `near`.
+    pub(super) fn key_at(
+        &self,
+        near: &InodeData,
+        st: &libc::stat64,
+        x: &StatExtra,
+        at: At<'_>,
+    ) -> io::Result<InodeKey> {
+        Ok(InodeKey::new(st, x, self.identity_of(near, st, x, at)?))
+    }
+
+    /// Whether the file with key `key`, seen at `at`, is the inode `data`: same key, and the
+    /// key proves it (the inode keeps a descriptor, or its birth time is settled) or the file
+    /// handle there is the one the inode was added with. An inode found the same after its
+    /// birth time settled needs no handle from then on.
+    pub(super) fn same_file(
+        &self,
+        data: &InodeData,
+        key: &InodeKey,
+        at: At<'_>,
+    ) -> io::Result<bool> {
+        if *key != data.key || data.is_stale() {
+            return Ok(false);
+        }
+        if data.proven_by_key() {
+            return Ok(true);
+        }
+        let Some(h) = data.ident_handle() else {
+            return Ok(false);
+        };
+        if at.handle()? != *h {
+            return Ok(false);
+        }
+        if data.key.btime.is_some_and(settled) {
+            data.settle();
+        }
+        Ok(true)
+    }
+
+    /// Whether `fd` refers to the inode `data`.
+    pub(super) fn is_inode(&self, fd: BorrowedFd<'_>, data: &InodeData) -> io::Result<bool> {
+        let (st, x) = sys::stat_fd_mnt(fd)?;
+        self.same_file(data, &InodeKey::new(&st, &x, data.identity), At::Fd(fd))
+    }
+
+    /// The inode of the file seen as `st`, `x` at `at` (next to the known inode `near`), with
+    /// one more reference, and whether it is new. A known inode with the same key that is not
+    /// this file is retired and a new inode made from `source`.
+    pub(super) fn find_or_add(
+        &self,
+        near: &InodeData,
+        st: &libc::stat64,
+        x: &StatExtra,
+        at: At<'_>,
+        source: impl FnOnce() -> io::Result<Source>,
+    ) -> io::Result<(Arc<InodeData>, bool)> {
+        let identity = self.identity_of(near, st, x, at)?;
+        let key = InodeKey::new(st, x, identity);
+        let mut source = Some(source);
+        let mut pending: Option<NewInode> = None;
+        for _ in 0..4 {
+            if let Some(known) = self.inodes.ref_known(&key) {
+                match self
+                    .same_file(&known, &key, at)
+                    .and_then(|same| match (same, at) {
+                        // The name may have changed between the `statx` and the handle: check once
+                        // more through one descriptor before retiring a node the guest holds.
+                        (false, At::Name(..)) if !known.is_stale() => {
+                            let fd = at.open_path(self)?;
+                            let (st, x) = sys::stat_fd_mnt(fd.as_fd())?;
+                            if InodeKey::new(&st, &x, identity) != key {
+                                return Err(error(libc::ESTALE));
+                            }
+                            self.is_inode(fd.as_fd(), &known)
+                        }
+                        _ => Ok(same),
+                    }) {
+                    Ok(true) => return Ok((known, false)),
+                    Ok(false) => {
+                        log::debug!(
+                            "inode number {} of node {} names another file now",
+                            key.ino,
+                            known.id
+                        );
+                        self.inodes.retire(&known);
+                        self.inodes.forget(known.id, 1);
+                    }
+                    Err(e) => {
+                        self.inodes.forget(known.id, 1);
+                        return Err(e);
+                    }
+                }
+                continue;
+            }
+            let n = match pending.take() {
+                Some(n) => n,
+                None => {
+                    let make = source.take().ok_or_else(|| error(libc::ESTALE))?;
+                    self.new_inode(key, identity, at, make()?)?
+                }
+            };
+            match self.inodes.insert(n) {
+                Ok(data) => return Ok((data, true)),
+                Err(n) => pending = Some(n),
+            }
+        }
+        // The name kept changing under us.
+        Err(error(libc::ESTALE))
+    }
+
+    /// What a new inode with `key` proves its identity with: nothing more than its key when
+    /// its birth time is settled; else its file handle; else a descriptor held from now on.
+    fn new_inode(
+        &self,
+        key: InodeKey,
+        identity: Identity,
+        at: At<'_>,
+        source: Source,
+    ) -> io::Result<NewInode> {
+        let new = |source, handle, settled| NewInode {
+            key,
+            identity,
+            source,
+            handle,
+            settled,
+        };
+        if matches!(source, Source::Fd(_)) {
+            return Ok(new(source, None, true));
+        }
+        if key.btime.is_some_and(settled) {
+            return Ok(new(source, None, true));
+        }
+        if identity != Identity::Pinned {
+            match at.handle() {
+                Ok(h) => return Ok(new(source, Some(h), false)),
+                Err(e) if !no_handles(&e) => return Err(e),
+                Err(_) => {}
+            }
+        }
+        // Hold the file open: its number cannot go to another file while the guest holds it.
+        let fd = at.open_path(self)?;
+        let (st, x) = sys::stat_fd_mnt(fd.as_fd())?;
+        if InodeKey::new(&st, &x, identity) != key {
+            return Err(error(libc::ESTALE));
+        }
+        Ok(new(Source::Fd(fd), None, true))
+    }
+}
