@@ -327,3 +327,102 @@ fn hard_links_and_renames_keep_their_node_while_numbers_are_checked() {
     assert_eq!(d.c.getattr(n, None).unwrap().attr.nlink, 2);
     d.finish();
 }
+
+// ---- no number reuse needed: a name that now leads elsewhere ----
+
+/// A node found by name is opened through an `O_PATH` descriptor of the name, checked, then
+/// reopened: a FIFO (or, without `nodev`, a device node) the guest renamed over the name is
+/// never opened on the host, not even to be refused afterwards.
+#[test]
+fn open_of_a_node_whose_name_now_leads_to_a_fifo_opens_nothing() {
+    let Some(mut d) = ext4(CacheMode::Auto) else {
+        return;
+    };
+    fs::write(d.host("a"), b"old").unwrap();
+    let n = d.node("a");
+    d.c.mknod(ROOT_ID, "p", libc::S_IFIFO | 0o666, 0, 0)
+        .unwrap();
+    d.c.rename(ROOT_ID, "p", ROOT_ID, "a").unwrap();
+    let watch = OpenWatch::new(&d.share);
+    let e = d.c.open(n, libc::O_RDONLY as u32).unwrap_err();
+    assert_eq!(e, libc::ESTALE);
+    let opened = watch.opened();
+    assert!(
+        !opened.iter().any(|f| f == "a"),
+        "the daemon opened the FIFO now named a: {opened:?}"
+    );
+    d.finish();
+}
+
+#[test]
+fn open_and_syncfs_of_a_node_whose_name_now_leads_to_a_device_open_nothing() {
+    let Some(mut d) = ext4(CacheMode::Auto) else {
+        return;
+    };
+    fs::write(d.host("a"), b"old").unwrap();
+    let n = d.node("a");
+    // /dev/null: harmless to open; a watchdog or tty would not be.
+    d.c.mknod(ROOT_ID, "dev", libc::S_IFCHR | 0o666, fuse_dev(1, 3), 0)
+        .unwrap();
+    d.c.rename(ROOT_ID, "dev", ROOT_ID, "a").unwrap();
+    let watch = OpenWatch::new(&d.share);
+    // OPEN (write-only), then SYNCFS: both open the name for I/O before checking it.
+    let e = d.c.open(n, libc::O_WRONLY as u32).unwrap_err();
+    assert_eq!(e, libc::ESTALE);
+    let arg = abi::SyncfsIn { padding: 0 };
+    let reply =
+        d.c.request(opcode::SYNCFS, n, &[arg.as_bytes()], 0)
+            .unwrap();
+    assert_eq!(reply.errno(), None);
+    let opened = watch.opened();
+    assert!(
+        !opened.iter().any(|f| f == "a"),
+        "the daemon opened the device node now named a (O_WRONLY): {opened:?}"
+    );
+    d.finish();
+}
+
+/// A benign guest: two hard links, both looked up (the node remembers the last name), the
+/// last one removed: the node's file is alive under its other name and stays reachable.
+#[test]
+fn unlinking_the_name_a_node_was_last_found_by_keeps_it_reachable_through_its_other_links() {
+    let Some(mut d) = ext4(CacheMode::Auto) else {
+        return;
+    };
+    fs::write(d.host("a"), b"data").unwrap();
+    fs::hard_link(d.host("a"), d.host("b")).unwrap();
+    let n = d.node("a");
+    assert_eq!(d.node("b"), n);
+    d.c.unlink(ROOT_ID, "b").unwrap();
+    assert!(d.host("a").exists());
+    let r = d.c.getattr(n, None);
+    assert!(
+        r.is_ok(),
+        "getattr of a live file's node: errno {:?}",
+        r.err()
+    );
+    let r = d.c.open(n, libc::O_RDONLY as u32);
+    assert!(r.is_ok(), "open of a live file's node: errno {:?}", r.err());
+    d.finish();
+}
+
+/// Same with a rename over the name the node last had.
+#[test]
+fn renaming_over_the_name_a_node_was_last_found_by_keeps_it_reachable_through_its_other_links() {
+    let Some(mut d) = ext4(CacheMode::Auto) else {
+        return;
+    };
+    fs::write(d.host("a"), b"data").unwrap();
+    fs::hard_link(d.host("a"), d.host("b")).unwrap();
+    fs::write(d.host("c"), b"other").unwrap();
+    let n = d.node("a");
+    assert_eq!(d.node("b"), n);
+    d.c.rename(ROOT_ID, "c", ROOT_ID, "b").unwrap();
+    let r = d.c.getattr(n, None);
+    assert!(
+        r.is_ok(),
+        "getattr of a live file's node: errno {:?}",
+        r.err()
+    );
+    d.finish();
+}

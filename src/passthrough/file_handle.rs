@@ -46,9 +46,33 @@ impl FileHandle {
         Self::of(fd, c"", libc::AT_EMPTY_PATH)
     }
 
-    /// The handle of `name` in `dir`, not following a symlink.
-    pub fn at(dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> io::Result<FileHandle> {
-        Self::of(dir, name, 0)
+    /// The identifying handle of `name` in `dir` (not following a symlink): a handle that
+    /// tells the file apart from every other, never opened (see [`FileHandle::fid`]).
+    pub fn fid_at(dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> io::Result<FileHandle> {
+        Self::fid(dir, name, 0)
+    }
+
+    /// The identifying handle of the file `fd` refers to.
+    pub fn fid_of_fd(fd: BorrowedFd<'_>) -> io::Result<FileHandle> {
+        Self::fid(fd, c"", libc::AT_EMPTY_PATH)
+    }
+
+    /// A handle asked for with `AT_HANDLE_FID` (Linux 6.5): file systems that cannot open
+    /// their files by handle may still give one that identifies them (overlayfs without
+    /// `nfs_export`). On older kernels, which refuse the flag, a plain handle.
+    fn fid(dir: BorrowedFd<'_>, name: &std::ffi::CStr, flags: i32) -> io::Result<FileHandle> {
+        /// `AT_HANDLE_FID` (not in every libc).
+        const AT_HANDLE_FID: i32 = 0x200;
+        static FID_REFUSED: AtomicBool = AtomicBool::new(false);
+        if !FID_REFUSED.load(Ordering::Relaxed) {
+            match Self::of(dir, name, flags | AT_HANDLE_FID) {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    FID_REFUSED.store(true, Ordering::Relaxed);
+                }
+                r => return r,
+            }
+        }
+        Self::of(dir, name, flags)
     }
 
     fn of(dir: BorrowedFd<'_>, name: &std::ffi::CStr, flags: i32) -> io::Result<FileHandle> {

@@ -43,8 +43,8 @@ impl At<'_> {
     /// The file handle of what is there now.
     fn handle(self) -> io::Result<FileHandle> {
         match self {
-            At::Name(dir, name) => FileHandle::at(dir, name),
-            At::Fd(fd) => FileHandle::of_fd(fd),
+            At::Name(dir, name) => FileHandle::fid_at(dir, name),
+            At::Fd(fd) => FileHandle::fid_of_fd(fd),
         }
     }
 
@@ -96,7 +96,7 @@ pub(super) fn probe(fd: BorrowedFd<'_>, x: &StatExtra) -> Identity {
     let birth = x.btime.is_some() && sys::fs_type(fd).is_ok_and(|t| BIRTH_TIME_FS.contains(&t));
     let identity = if birth {
         Identity::Birth
-    } else if FileHandle::of_fd(fd).is_ok() {
+    } else if FileHandle::fid_of_fd(fd).is_ok() {
         Identity::Handle
     } else {
         Identity::Pinned
@@ -262,10 +262,11 @@ impl PassthroughFs {
             handle,
             settled,
         };
-        if matches!(source, Source::Fd(_)) {
-            return Ok(new(source, None, true));
-        }
-        if key.btime.is_some_and(settled) {
+        let held = matches!(source, Source::Fd(_));
+        // A held descriptor keeps the number from being reused, on local file systems; on a
+        // mount told apart by handles (a network file system may reuse it all the same) the
+        // handle is taken too.
+        if (held && identity != Identity::Handle) || key.btime.is_some_and(settled) {
             return Ok(new(source, None, true));
         }
         if identity != Identity::Pinned {
@@ -274,6 +275,9 @@ impl PassthroughFs {
                 Err(e) if !no_handles(&e) => return Err(e),
                 Err(_) => {}
             }
+        }
+        if held {
+            return Ok(new(source, None, false));
         }
         // Hold the file open: its number cannot go to another file while the guest holds it.
         let fd = at.open_path(self)?;

@@ -176,10 +176,14 @@ impl InodeData {
         }
     }
 
-    /// Whether a file with this inode's key is this inode without further proof: it keeps a
-    /// descriptor (its number cannot have been reused) or its birth time was settled.
+    /// Whether a file with this inode's key is this inode without further proof: its birth
+    /// time was settled, or it keeps a descriptor (its number cannot have been reused), unless
+    /// its mount is told apart by file handles and it has one (a network file system may give
+    /// a number away while a client holds the file open).
     pub fn proven_by_key(&self) -> bool {
-        self.fd.get().is_some() || self.settled.load(Ordering::Relaxed)
+        self.settled.load(Ordering::Relaxed)
+            || (self.fd.get().is_some()
+                && (self.identity != Identity::Handle || self.ident_handle.is_none()))
     }
 
     /// The file handle that proves identity, for an inode whose key does not.

@@ -449,7 +449,12 @@ impl PassthroughFs {
             let pfd = self.path_fd(&parent)?;
             if let Ok((st, x)) = sys::stat_at_mnt(pfd.as_fd(), &name) {
                 let key = InodeKey::new(&st, &x, data.identity);
-                if self.same_file(data, &key, At::Name(pfd.as_fd(), &name))? {
+                // Not proven through the name (it may have changed meanwhile): through a
+                // descriptor below.
+                if self
+                    .same_file(data, &key, At::Name(pfd.as_fd(), &name))
+                    .unwrap_or(false)
+                {
                     return Ok(st);
                 }
             }
@@ -460,25 +465,16 @@ impl PassthroughFs {
     /// Opens `data` for I/O with `flags`: through its parent and name when it has no descriptor
     /// (checking that the name still leads to it), through `/proc/self/fd/N` otherwise.
     fn open_node(&self, data: &InodeData, flags: i32) -> io::Result<OwnedFd> {
-        // O_TRUNC acts at open: never on a file the name might now lead to instead.
-        if data.opened_fd().is_none() && flags & libc::O_TRUNC == 0 {
+        // Through the name: an O_PATH descriptor (which opens nothing, whatever the name now
+        // leads to) checked to be this inode, then reopened for I/O. Never an open for I/O of
+        // a name before the check: a FIFO or device node put there would be opened.
+        if data.opened_fd().is_none() {
             if let Some((parent, name)) = data.origin().filter(|_| !data.is_stale()) {
-                // O_NONBLOCK: should the name now lead to a FIFO, the open must not hang (it is
-                // refused below); it changes nothing for regular files and directories.
-                let f = (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY))
-                    | libc::O_NOFOLLOW
-                    | libc::O_NONBLOCK
-                    | libc::O_CLOEXEC;
                 let pfd = self.path_fd(&parent)?;
-                let pfd = pfd.as_fd();
-                let opened = match sys::openat(pfd, &name, f, 0) {
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) && f & libc::O_DIRECT != 0 => {
-                        sys::openat(pfd, &name, f & !libc::O_DIRECT, 0)
+                match sys::openat(pfd.as_fd(), &name, open_path_flags(), 0) {
+                    Ok(path) if self.is_inode(path.as_fd(), data)? => {
+                        return self.reopen_fd(path.as_fd(), flags);
                     }
-                    r => r,
-                };
-                match opened {
-                    Ok(file) if self.is_inode(file.as_fd(), data)? => return Ok(file),
                     Err(e) if out_of_fds(&e) => return Err(e),
                     _ => {}
                 }
@@ -1016,18 +1012,21 @@ impl PassthroughFs {
         }
     }
 
-    /// In no-open mode, before `name` in `dir` is unlinked or replaced: the guest may hold the
-    /// file open without the daemon knowing, so a known inode gets its own `O_PATH` descriptor
-    /// first, kept whatever `--inode-file-handles` says (a file handle would not keep an
-    /// unlinked file alive), and stays reachable once its name is gone.
+    /// Before `name` in `dir` is unlinked or replaced, a known inode that would lose the name it
+    /// is reached by gets its own `O_PATH` descriptor, kept whatever `--inode-file-handles`
+    /// says (a file handle would not keep an unlinked file alive), and stays reachable: in
+    /// no-open mode any file (the guest may hold it open without the daemon knowing); otherwise
+    /// a file with other links (a node remembers one name, and this one is going).
     fn keep_reachable(&self, parent: &InodeData, dir: BorrowedFd<'_>, name: &CStr) {
-        if !self.no_open() {
-            return;
-        }
         let Ok((st, x)) = sys::stat_at_mnt(dir, name) else {
             return;
         };
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return;
+        }
+        // Outside no-open mode only a file that keeps other names needs it: a node remembers
+        // one name, and this one is going.
+        if !self.no_open() && st.st_nlink < 2 {
             return;
         }
         let Ok(key) = self.key_at(parent, &st, &x, At::Name(dir, name)) else {

@@ -381,3 +381,88 @@ fn without_cap_dac_read_search_prefer_runs_as_never_and_mandatory_refuses() {
     let err = PassthroughFs::new(cfg).err().expect("mandatory refused");
     assert!(err.to_string().contains("CAP_DAC_READ_SEARCH"), "{err}");
 }
+
+/// An overlayfs mount (lower, upper, work and merged directories under a temporary directory).
+struct OverlayMount {
+    dir: tempfile::TempDir,
+}
+
+impl OverlayMount {
+    fn new() -> Option<Self> {
+        if !as_root() {
+            return None;
+        }
+        let dir = tempfile::tempdir().ok()?;
+        for d in ["lower", "upper", "work", "merged"] {
+            std::fs::create_dir(dir.path().join(d)).ok()?;
+        }
+        std::fs::write(dir.path().join("lower/f"), b"from the lower layer").ok()?;
+        let p = |d: &str| dir.path().join(d).display().to_string();
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            p("lower"),
+            p("upper"),
+            p("work")
+        );
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(dir.path().join("merged"))
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(OverlayMount { dir })
+    }
+
+    fn merged(&self) -> std::path::PathBuf {
+        self.dir.path().join("merged")
+    }
+}
+
+impl Drop for OverlayMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.merged())
+            .status();
+    }
+}
+
+/// Overlayfs changes a file's birth time when it copies the file up, so its nodes are told
+/// apart by (identifying) file handles, which a copy-up keeps: the node stays the same.
+#[test]
+fn an_overlayfs_file_keeps_its_node_across_a_copy_up() {
+    let Some(m) = OverlayMount::new() else {
+        eprintln!("skipped: needs root and overlayfs");
+        return;
+    };
+    let fs = new_fs(&m.merged());
+    let f = lookup(&fs, "f");
+    let node = fs.inodes.get(f.inode).unwrap();
+    assert_ne!(
+        node.identity,
+        inode::Identity::Birth,
+        "overlayfs birth times are not trusted"
+    );
+    if node.identity == inode::Identity::Handle {
+        // Linux 6.5 and later give identifying handles (AT_HANDLE_FID) without nfs_export.
+        assert!(node.opened_fd().is_none(), "no descriptor held");
+    }
+    // Copy-up: the host appends through the merged directory.
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.merged().join("f"))
+        .unwrap()
+        .write_all(b", copied up")
+        .unwrap();
+    assert!(m.dir.path().join("upper/f").exists(), "copied up");
+    assert_eq!(
+        lookup(&fs, "f").inode,
+        f.inode,
+        "the same node after the copy-up"
+    );
+    let st = fs.getattr(&ctx(), f.inode, None).unwrap().0;
+    assert_eq!(
+        st.st_size as usize,
+        b"from the lower layer, copied up".len()
+    );
+    drop(fs);
+}
