@@ -18,7 +18,39 @@ use std::ffi::CStr;
 use std::io;
 use std::time::Duration;
 
-use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
+use std::os::fd::BorrowedFd;
+
+/// Where a filesystem writes the data of a READ (the transport implements it over the reply
+/// buffers: `fuse::io::Writer`).
+pub trait ZeroCopyWriter {
+    /// Reads up to `count` bytes from `fd` at `offset` into the stream, retrying short reads
+    /// until `count` bytes, end of file, or no room left; returns how many. An error after some
+    /// bytes were read is reported as a short read.
+    fn read_from_file_at(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        count: usize,
+        offset: u64,
+    ) -> io::Result<usize>;
+    /// Bytes that may still be written.
+    fn remaining(&self) -> usize;
+}
+
+/// Where a filesystem takes the data of a WRITE from (the transport implements it over the
+/// request buffers: `fuse::io::Reader`).
+pub trait ZeroCopyReader {
+    /// Writes up to `count` bytes of the stream to `fd` at `offset` (or at the file's end when
+    /// it was opened with `O_APPEND`), retrying short writes until done or the file refuses
+    /// more; returns how many. An error after some bytes were written is a short write.
+    fn write_to_file_at(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        count: usize,
+        offset: u64,
+    ) -> io::Result<usize>;
+    /// Bytes that may still be read.
+    fn remaining(&self) -> usize;
+}
 
 /// Who is asking: the credentials of the guest process behind a request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -10,35 +10,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::rc::Rc;
 
-/// Where a filesystem writes the data of a READ (object-safe part of [`Writer`]).
-pub trait ZeroCopyWriter {
-    /// Reads up to `count` bytes from `fd` at `offset` into the stream, retrying short reads
-    /// until `count` bytes, end of file, or no room left; returns how many. An error after some
-    /// bytes were read is reported as a short read.
-    fn read_from_file_at(
-        &mut self,
-        fd: BorrowedFd<'_>,
-        count: usize,
-        offset: u64,
-    ) -> io::Result<usize>;
-    /// Bytes that may still be written.
-    fn remaining(&self) -> usize;
-}
-
-/// Where a filesystem takes the data of a WRITE from (object-safe part of [`Reader`]).
-pub trait ZeroCopyReader {
-    /// Writes up to `count` bytes of the stream to `fd` at `offset` (or at the file's end when
-    /// it was opened with `O_APPEND`), retrying short writes until done or the file refuses
-    /// more; returns how many. An error after some bytes were written is a short write.
-    fn write_to_file_at(
-        &mut self,
-        fd: BorrowedFd<'_>,
-        count: usize,
-        offset: u64,
-    ) -> io::Result<usize>;
-    /// Bytes that may still be read.
-    fn remaining(&self) -> usize;
-}
+pub use crate::filesystem::{ZeroCopyReader, ZeroCopyWriter};
 
 /// The device-readable part of a request.
 pub trait Reader: ZeroCopyReader {

@@ -18,7 +18,7 @@
 //!
 //! Timestamps are coarse (a clock tick, not a nanosecond): a change made in the same tick as the
 //! stamp was taken would leave the stamp as it was. A snapshot is therefore only stored when its
-//! stamp was already [`SETTLE`] old when reading began ("settled"): any later change then
+//! stamp was already [`SETTLE`](super::key::SETTLE) old when reading began ("settled"): any later change then
 //! produces a newer time and cannot be missed. Directories changed within the last second are
 //! read afresh by every handle, each copy charged like any other.
 //!
@@ -29,53 +29,12 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use super::dir::DirSnapshot;
-use super::inode::InodeKey;
-
-/// How old a directory's change time must be for a snapshot of it to be shared.
-pub const SETTLE: Duration = Duration::from_secs(1);
+use super::key::{InodeKey, Stamp};
 
 /// Directories remembered as too large for a snapshot.
 const TOO_BIG_KEPT: usize = 64;
-
-/// What a directory looked like when it was read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stamp {
-    ctime: (i64, i64),
-    mtime: (i64, i64),
-    size: i64,
-    nlink: u64,
-}
-
-impl Stamp {
-    pub fn of(st: &libc::stat64) -> Self {
-        Stamp {
-            ctime: (st.st_ctime, st.st_ctime_nsec),
-            mtime: (st.st_mtime, st.st_mtime_nsec),
-            size: st.st_size,
-            nlink: st.st_nlink,
-        }
-    }
-
-    /// Whether both times lie at least [`SETTLE`] before `now` (seconds, nanoseconds since the
-    /// epoch), so that any later change of the directory gives a different stamp.
-    pub fn settled(&self, now: (i64, i64)) -> bool {
-        let limit = now.0.saturating_sub(SETTLE.as_secs() as i64);
-        let before = |t: (i64, i64)| t < (limit, now.1);
-        before(self.ctime) && before(self.mtime)
-    }
-}
-
-/// The current wall-clock time, as the kernel stamps files.
-pub fn now() -> (i64, i64) {
-    // SAFETY: clock_gettime only writes the local timespec.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; CLOCK_REALTIME always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    (ts.tv_sec, ts.tv_nsec)
-}
 
 /// Bytes all listings may hold together.
 #[derive(Debug)]
@@ -353,12 +312,9 @@ mod tests {
     use super::*;
 
     fn stamp(ctime: i64) -> Stamp {
-        Stamp {
-            ctime: (ctime, 0),
-            mtime: (ctime, 0),
-            size: 4096,
-            nlink: 2,
-        }
+        let mut st = crate::passthrough::sys::zeroed_stat();
+        (st.st_ctime, st.st_mtime, st.st_size, st.st_nlink) = (ctime, ctime, 4096, 2);
+        Stamp::of(&st)
     }
 
     /// A snapshot of `names` regular files charged against `cache`.

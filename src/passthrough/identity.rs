@@ -13,9 +13,10 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, PoisonError};
 
-use super::dircache::{self, SETTLE};
 use super::file_handle::FileHandle;
-use super::inode::{Identity, InodeData, InodeKey, NewInode, Source};
+use super::inode::{InodeData, NewInode, Source};
+use super::key::{self, SETTLE};
+use super::key::{Identity, InodeKey};
 use super::sys::{self, error, StatExtra};
 use super::PassthroughFs;
 
@@ -59,7 +60,7 @@ impl At<'_> {
 
 /// Whether a birth time lies [`SETTLE`] before now: no file born later can have it.
 fn settled(btime: (i64, u32)) -> bool {
-    let now = dircache::now();
+    let now = key::now();
     let limit = now.0.saturating_sub(SETTLE.as_secs() as i64);
     (btime.0, i64::from(btime.1)) < (limit, now.1)
 }

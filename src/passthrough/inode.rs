@@ -25,59 +25,12 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 
-use super::dircache::Stamp;
 use super::file_handle::FileHandle;
 use super::handle::HandleData;
+use super::key::{Identity, InodeKey, Stamp};
 use super::sys::StatExtra;
 
 use crate::fuse::abi::ROOT_ID;
-
-/// What identifies a host file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct InodeKey {
-    pub dev: u64,
-    pub ino: u64,
-    pub mnt_id: u64,
-    /// `S_IFMT` bits of the file's mode: a number reused by a file of another type is another key.
-    pub kind: u32,
-    /// Birth time, on mounts whose [`Identity`] is [`Identity::Birth`].
-    pub btime: Option<(i64, u32)>,
-}
-
-impl InodeKey {
-    /// The key of the file `st`, `x` on a mount told apart by `identity`.
-    pub fn new(st: &libc::stat64, x: &StatExtra, identity: Identity) -> Self {
-        InodeKey {
-            dev: st.st_dev,
-            ino: st.st_ino,
-            mnt_id: x.mnt_id,
-            kind: st.st_mode & libc::S_IFMT,
-            btime: match identity {
-                Identity::Birth => x.btime,
-                Identity::Handle | Identity::Pinned => None,
-            },
-        }
-    }
-
-    /// Whether `other` is on the same mount.
-    pub fn same_mount(&self, other: &InodeKey) -> bool {
-        self.dev == other.dev && self.mnt_id == other.mnt_id
-    }
-}
-
-/// How the inodes of one host mount are told apart from later files given the same number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Identity {
-    /// The file system stamps a birth time that never changes: it is part of the key. An inode
-    /// born less than [`dircache::SETTLE`](super::dircache::SETTLE) before it was first seen
-    /// also carries its file handle (or, without one, keeps a descriptor) until it is seen
-    /// again after that time.
-    Birth,
-    /// No birth time to trust: every inode carries its file handle (or keeps a descriptor).
-    Handle,
-    /// No file handles either: every inode keeps an `O_PATH` descriptor from the start.
-    Pinned,
-}
 
 /// Where an inode was found by name: its parent directory and its name there. An inode found
 /// this way gets no descriptor until an operation needs one (see [`InodeData`]).

@@ -1263,7 +1263,7 @@ fn concurrent_lookups_and_forgets_balance() {
 
 /// Makes `dir`'s change time old enough for its snapshots to be shared.
 fn let_settle() {
-    std::thread::sleep(dircache::SETTLE + Duration::from_millis(100));
+    std::thread::sleep(key::SETTLE + Duration::from_millis(100));
 }
 
 fn names_of(list: &[(Vec<u8>, u64, u32)]) -> BTreeSet<Vec<u8>> {
@@ -1947,7 +1947,7 @@ fn a_fresh_file_is_proven_by_its_handle_until_its_birth_time_settles() {
         node.ident_handle().is_some(),
         "its file handle proves it instead"
     );
-    std::thread::sleep(dircache::SETTLE + Duration::from_millis(100));
+    std::thread::sleep(key::SETTLE + Duration::from_millis(100));
     // Found again after its birth time settled: the key proves it from now on.
     assert_eq!(lookup(&fs, "old").inode, fresh.inode);
     assert!(node.proven_by_key());
@@ -1966,7 +1966,7 @@ fn a_file_born_long_ago_is_proven_by_its_key_alone() {
         eprintln!("skipped: the temporary file system stamps no birth time");
         return;
     }
-    std::thread::sleep(dircache::SETTLE + Duration::from_millis(100));
+    std::thread::sleep(key::SETTLE + Duration::from_millis(100));
     let fs = new_fs(tmp.path());
     let e = lookup(&fs, "f");
     let node = fs.inodes.get(e.inode).unwrap();

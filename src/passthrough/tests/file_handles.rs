@@ -438,10 +438,10 @@ fn an_overlayfs_file_keeps_its_node_across_a_copy_up() {
     let node = fs.inodes.get(f.inode).unwrap();
     assert_ne!(
         node.identity,
-        inode::Identity::Birth,
+        key::Identity::Birth,
         "overlayfs birth times are not trusted"
     );
-    if node.identity == inode::Identity::Handle {
+    if node.identity == key::Identity::Handle {
         // Linux 6.5 and later give identifying handles (AT_HANDLE_FID) without nfs_export.
         assert!(node.opened_fd().is_none(), "no descriptor held");
     }

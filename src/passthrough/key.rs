@@ -1,0 +1,94 @@
+//! What identifies host files and directory states, shared by the inode table, the identity
+//! checks and the listing cache (a leaf: it depends on nothing else of the passthrough module
+//! but the syscall wrappers).
+
+use std::time::Duration;
+
+use super::sys::StatExtra;
+
+/// How old a directory's change time must be for a snapshot of it to be shared.
+pub const SETTLE: Duration = Duration::from_secs(1);
+
+/// What identifies a host file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct InodeKey {
+    pub dev: u64,
+    pub ino: u64,
+    pub mnt_id: u64,
+    /// `S_IFMT` bits of the file's mode: a number reused by a file of another type is another key.
+    pub kind: u32,
+    /// Birth time, on mounts whose [`Identity`] is [`Identity::Birth`].
+    pub btime: Option<(i64, u32)>,
+}
+
+impl InodeKey {
+    /// The key of the file `st`, `x` on a mount told apart by `identity`.
+    pub fn new(st: &libc::stat64, x: &StatExtra, identity: Identity) -> Self {
+        InodeKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            mnt_id: x.mnt_id,
+            kind: st.st_mode & libc::S_IFMT,
+            btime: match identity {
+                Identity::Birth => x.btime,
+                Identity::Handle | Identity::Pinned => None,
+            },
+        }
+    }
+
+    /// Whether `other` is on the same mount.
+    pub fn same_mount(&self, other: &InodeKey) -> bool {
+        self.dev == other.dev && self.mnt_id == other.mnt_id
+    }
+}
+
+/// How the inodes of one host mount are told apart from later files given the same number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    /// The file system stamps a birth time that never changes: it is part of the key. An inode
+    /// born less than [`SETTLE`] before it was first seen
+    /// also carries its file handle (or, without one, keeps a descriptor) until it is seen
+    /// again after that time.
+    Birth,
+    /// No birth time to trust: every inode carries its file handle (or keeps a descriptor).
+    Handle,
+    /// No file handles either: every inode keeps an `O_PATH` descriptor from the start.
+    Pinned,
+}
+
+/// What a directory looked like when it was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    ctime: (i64, i64),
+    mtime: (i64, i64),
+    size: i64,
+    nlink: u64,
+}
+
+impl Stamp {
+    pub fn of(st: &libc::stat64) -> Self {
+        Stamp {
+            ctime: (st.st_ctime, st.st_ctime_nsec),
+            mtime: (st.st_mtime, st.st_mtime_nsec),
+            size: st.st_size,
+            nlink: st.st_nlink,
+        }
+    }
+
+    /// Whether both times lie at least [`SETTLE`] before `now` (seconds, nanoseconds since the
+    /// epoch), so that any later change of the directory gives a different stamp.
+    pub fn settled(&self, now: (i64, i64)) -> bool {
+        let limit = now.0.saturating_sub(SETTLE.as_secs() as i64);
+        let before = |t: (i64, i64)| t < (limit, now.1);
+        before(self.ctime) && before(self.mtime)
+    }
+}
+
+/// The current wall-clock time, as the kernel stamps files.
+pub fn now() -> (i64, i64) {
+    // SAFETY: clock_gettime only writes the local timespec.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; CLOCK_REALTIME always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    (ts.tv_sec, ts.tv_nsec)
+}
