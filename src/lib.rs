@@ -9,6 +9,10 @@
 //! - [`userns`]: running the daemon inside a user namespace (`--uid-map`, `--gid-map`);
 //! - [`sandbox`]: confining the daemon (`--sandbox`), dropping capabilities (`--modcaps`) and the
 //!   seccomp filter (`--seccomp`).
+//!
+//! With the `test-utils` feature, `frontend` holds the test frontend that plays QEMU and the
+//! guest kernel (integration tests, `virtiofsd-bench`, the fuzz harness); the daemon is built
+//! without it.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
@@ -17,6 +21,7 @@ pub mod activation;
 pub mod cli;
 pub mod daemon;
 pub mod filesystem;
+#[cfg(feature = "test-utils")]
 pub mod frontend;
 pub mod fuse;
 pub mod idmap;
