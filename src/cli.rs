@@ -6,7 +6,6 @@
 //! defaults are the reference's.
 //! `doc/configuration.md` describes each flag; `tests/cli.rs` checks both against the binary.
 
-use std::ffi::CString;
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 
@@ -17,8 +16,8 @@ use crate::idmap::Translation;
 use crate::passthrough::xattrmap::XattrMap;
 use crate::passthrough::{CacheMode, Config, InodeFileHandles, Negotiate};
 use crate::sandbox::seccomp;
+use crate::sandbox::userns::{self, IdMapRange};
 use crate::sandbox::{caps, SandboxMode};
-use crate::userns::{self, IdMapRange};
 
 /// vhost-user virtio-fs daemon: serves a host directory to a guest.
 #[derive(Debug, Parser)]
@@ -426,7 +425,11 @@ fn spelled<T: ValueEnum>(v: &T) -> String {
 
 /// Parses the value of a legacy `-o` option (`flag`, e.g. `-o sandbox`) that names one of the
 /// choices of `T`; an invalid value is refused naming `what` and the listed choices.
-fn legacy_choice<T: ValueEnum>(flag: &str, what: &str, value: &str) -> Result<T, UsageError> {
+fn legacy_choice<T: ValueEnum>(
+    flag: &str,
+    what: &'static str,
+    value: &str,
+) -> Result<T, UsageError> {
     T::from_str(value, false).map_err(|_| {
         let all: Vec<String> = T::value_variants()
             .iter()
@@ -434,10 +437,12 @@ fn legacy_choice<T: ValueEnum>(flag: &str, what: &str, value: &str) -> Result<T,
             .filter(|p| !p.is_hide_set())
             .map(|p| p.get_name().to_owned())
             .collect();
-        usage(format!(
-            "{flag}: invalid {what} '{value}': expected one of {}",
-            all.join(", ")
-        ))
+        UsageError::LegacyValue {
+            flag: flag.to_owned(),
+            what,
+            value: value.to_owned(),
+            expected: all.join(", "),
+        }
     })
 }
 
@@ -447,72 +452,110 @@ fn id_maps(flag: &str, specs: &[String]) -> Result<Vec<IdMapRange>, UsageError> 
         .iter()
         .map(|s| userns::parse_map(flag, s))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(usage)?;
-    userns::check_maps(flag, &maps).map_err(usage)?;
+        .map_err(UsageError::IdMap)?;
+    userns::check_maps(flag, &maps).map_err(UsageError::IdMap)?;
     Ok(maps)
 }
 
-/// A command line that parsed but does not make sense.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-fn usage(msg: impl Into<String>) -> UsageError {
-    UsageError(msg.into())
+/// A command line that parsed but does not make sense: one variant per refusal. Every message
+/// starts with the flag (or `-o` option) it is about. The checks of other modules (id maps,
+/// translations, capabilities, xattr rules, socket activation) give their message as text that
+/// already names the flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UsageError {
+    #[error("--shared-dir: missing; expected --shared-dir=DIR (or -o source=DIR)")]
+    MissingSharedDir,
+    #[error("--shared-dir: '{}' is not a directory; expected --shared-dir=DIR", .0.display())]
+    NotADirectory(PathBuf),
+    #[error("--tag: expected a tag of 1 to 36 bytes")]
+    TagLength,
+    /// A flag, or a flag's value, this version does not implement; `hint` says what to use.
+    #[error("{what}: not implemented yet in this version{hint}")]
+    NotImplemented { what: String, hint: &'static str },
+    #[error(
+        "--socket-group: unknown group '{0}'; expected --socket-group=GROUP with a group name or \
+         number"
+    )]
+    UnknownGroup(String),
+    #[error("--fd: invalid file descriptor {0}; expected --fd=N with N >= 0")]
+    NegativeFd(RawFd),
+    #[error("--fd: cannot be used together with --socket-path")]
+    FdAndSocketPath,
+    #[error(
+        "--socket-path: missing; expected --socket-path=PATH, --fd=N, or a socket passed by \
+         systemd socket activation"
+    )]
+    MissingSocket,
+    /// A socket-activation environment (`LISTEN_PID`, `LISTEN_FDS`) that does not hold up.
+    #[error("{0}")]
+    Activation(String),
+    #[error("--socket-group: only applies to a socket the daemon creates with --socket-path")]
+    SocketGroupWithoutPath,
+    /// A bad `--translate-uid`/`--translate-gid` rule.
+    #[error("{0}")]
+    Translate(String),
+    #[error(
+        "--posix-acl={0}: cannot be used together with --translate-uid or --translate-gid \
+         (translating ids would break POSIX ACLs); use --posix-acl=never"
+    )]
+    AclWithTranslation(String),
+    /// Bad `--xattrmap` rules (`flag` is `--xattrmap` or `-o xattrmap`).
+    #[error("{flag}: {message}")]
+    Xattrmap { flag: &'static str, message: String },
+    /// A bad `--uid-map`/`--gid-map` value or set of values.
+    #[error("{0}")]
+    IdMap(String),
+    /// A bad `--modcaps` (or `-o modcaps`) list.
+    #[error("{0}")]
+    Modcaps(String),
+    /// A legacy `-o` option whose value is not one of its choices.
+    #[error("{flag}: invalid {what} '{value}': expected one of {expected}")]
+    LegacyValue {
+        flag: String,
+        what: &'static str,
+        value: String,
+        expected: String,
+    },
+    #[error(
+        "{0}: not supported (an option of the old C virtiofsd); use --cache to choose how long \
+         the guest caches"
+    )]
+    LegacyTimeout(String),
+    #[error("{0}: not supported (an option of the old C virtiofsd)")]
+    LegacyUnsupported(String),
+    #[error(
+        "{0}: unknown legacy option; expected source=DIR, cache=MODE, loglevel=LEVEL, \
+         sandbox=KIND, modcaps=CAPS, announce_submounts, xattr, no_xattr, readdirplus, \
+         no_readdirplus, writeback, no_writeback, allow_direct_io, no_allow_direct_io, \
+         [no_]killpriv_v2, [no_]posix_acl, [no_]security_label, xattrmap=RULES, no_posix_lock or \
+         no_flock"
+    )]
+    UnknownLegacy(String),
+    #[error("--print-capabilities: prints the capabilities; there is nothing to serve")]
+    NothingToServe,
 }
 
 /// The refusal of a flag (or flag value) this version does not implement.
-fn not_yet(what: &str, hint: &str) -> UsageError {
-    usage(format!("{what}: not implemented yet in this version{hint}"))
+fn not_yet(what: &str, hint: &'static str) -> UsageError {
+    UsageError::NotImplemented {
+        what: what.to_owned(),
+        hint,
+    }
 }
 
 /// Resolves `--socket-group`: a group name from the group database, or a number.
 pub fn group_id(group: &str) -> Result<libc::gid_t, UsageError> {
-    let unknown = || {
-        usage(format!(
-            "--socket-group: unknown group '{group}'; expected --socket-group=GROUP with a group \
-             name or number"
-        ))
-    };
+    let unknown = || UsageError::UnknownGroup(group.to_owned());
     if group.is_empty() {
         return Err(unknown());
     }
     if let Ok(gid) = group.parse::<libc::gid_t>() {
         return Ok(gid);
     }
-    let name = CString::new(group).map_err(|_| unknown())?;
-    let mut grp: libc::group = unsafe_zeroed_group();
-    let mut buf = vec![0 as libc::c_char; 16384];
-    let mut out: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call: `name` is a NUL-terminated string, `grp` a
-    // writable group, `buf` a writable buffer of the length passed, `out` a writable pointer.
-    // getgrnam_r stores into them only.
-    let rc = unsafe {
-        libc::getgrnam_r(
-            name.as_ptr(),
-            &mut grp,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut out,
-        )
-    };
-    if rc != 0 || out.is_null() {
-        return Err(unknown());
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        _ => Err(unknown()),
     }
-    Ok(grp.gr_gid)
-}
-
-fn unsafe_zeroed_group() -> libc::group {
-    // SAFETY: `group` is a plain C struct of integers and pointers; all-zero bytes (null
-    // pointers) are a valid value, which getgrnam_r overwrites.
-    unsafe { std::mem::zeroed() }
 }
 
 /// The log settings of a run.
@@ -589,22 +632,20 @@ impl Args {
                 self.sandbox = legacy_choice(&value_for("sandbox"), "value", kind)?;
             }
             Some(("xattrmap", rules)) => {
-                XattrMap::parse(rules)
-                    .map_err(|e| usage(format!("{}: {e}", value_for("xattrmap"))))?;
+                XattrMap::parse(rules).map_err(|message| UsageError::Xattrmap {
+                    flag: "-o xattrmap",
+                    message,
+                })?;
                 self.xattrmap = Some(rules.to_owned());
             }
             Some(("modcaps", caps)) => {
-                caps::parse_modcaps(caps)
-                    .map_err(|e| usage(e.replacen("--modcaps", &value_for("modcaps"), 1)))?;
+                caps::parse_modcaps(caps).map_err(|e| {
+                    UsageError::Modcaps(e.replacen("--modcaps", &value_for("modcaps"), 1))
+                })?;
                 self.modcaps = Some(caps.to_owned());
             }
-            Some(("timeout", _)) => {
-                return Err(usage(format!(
-                    "{flag}: not supported (an option of the old C virtiofsd); use --cache to \
-                     choose how long the guest caches"
-                )))
-            }
-            Some(_) => return Err(unknown_compat(&flag)),
+            Some(("timeout", _)) => return Err(UsageError::LegacyTimeout(flag)),
+            Some(_) => return Err(UsageError::UnknownLegacy(flag)),
             None => match opt {
                 "xattr" => self.xattr = true,
                 "no_xattr" => self.xattr = false,
@@ -630,12 +671,8 @@ impl Args {
                     self.no_announce_submounts = false;
                 }
                 "posix_lock" | "flock" => return Err(not_yet(&flag, "")),
-                "norace" => {
-                    return Err(usage(format!(
-                        "{flag}: not supported (an option of the old C virtiofsd)"
-                    )))
-                }
-                _ => return Err(unknown_compat(&flag)),
+                "norace" => return Err(UsageError::LegacyUnsupported(flag)),
+                _ => return Err(UsageError::UnknownLegacy(flag)),
             },
         }
         Ok(())
@@ -673,19 +710,14 @@ impl Args {
         }
         let level = log::LevelFilter::from(self.log_level);
 
-        let shared_dir = self.shared_dir.take().ok_or_else(|| {
-            usage("--shared-dir: missing; expected --shared-dir=DIR (or -o source=DIR)")
-        })?;
+        let shared_dir = self.shared_dir.take().ok_or(UsageError::MissingSharedDir)?;
         if !shared_dir.is_dir() {
-            return Err(usage(format!(
-                "--shared-dir: '{}' is not a directory; expected --shared-dir=DIR",
-                shared_dir.display()
-            )));
+            return Err(UsageError::NotADirectory(shared_dir));
         }
         let cache = CacheMode::from(self.cache);
         if let Some(tag) = &self.tag {
             if tag.is_empty() || tag.len() > 36 {
-                return Err(usage("--tag: expected a tag of 1 to 36 bytes"));
+                return Err(UsageError::TagLength);
             }
         }
         self.check_unimplemented()?;
@@ -695,7 +727,7 @@ impl Args {
             .as_deref()
             .map(caps::parse_modcaps)
             .transpose()
-            .map_err(usage)?
+            .map_err(UsageError::Modcaps)?
             .unwrap_or_default();
         let seccomp = self.seccomp;
 
@@ -703,50 +735,34 @@ impl Args {
         let socket = match (self.socket_path.take().or(self.socket.take()), self.fd) {
             (Some(p), None) => SocketSpec::Path(p),
             (None, Some(fd)) if fd >= 0 => SocketSpec::Fd(fd),
-            (None, Some(fd)) => {
-                return Err(usage(format!(
-                    "--fd: invalid file descriptor {fd}; expected --fd=N with N >= 0"
-                )))
-            }
-            (Some(_), Some(_)) => {
-                return Err(usage("--fd: cannot be used together with --socket-path"))
-            }
-            (None, None) => match activated().map_err(usage)? {
+            (None, Some(fd)) => return Err(UsageError::NegativeFd(fd)),
+            (Some(_), Some(_)) => return Err(UsageError::FdAndSocketPath),
+            (None, None) => match activated().map_err(UsageError::Activation)? {
                 Some(fd) => SocketSpec::Fd(fd),
-                None => {
-                    return Err(usage(
-                        "--socket-path: missing; expected --socket-path=PATH, --fd=N, or a \
-                         socket passed by systemd socket activation",
-                    ))
-                }
+                None => return Err(UsageError::MissingSocket),
             },
         };
         if socket_group.is_some() && !matches!(socket, SocketSpec::Path(_)) {
-            return Err(usage(
-                "--socket-group: only applies to a socket the daemon creates with \
-                 --socket-path",
-            ));
+            return Err(UsageError::SocketGroupWithoutPath);
         }
 
-        let translate =
-            Translation::parse(&self.translate_uid, &self.translate_gid).map_err(usage)?;
+        let translate = Translation::parse(&self.translate_uid, &self.translate_gid)
+            .map_err(UsageError::Translate)?;
         let posix_acl = Negotiate::from(self.posix_acl);
         let security_label = Negotiate::from(self.security_label);
         if posix_acl != Negotiate::Never && !translate.is_empty() {
             // An ACL stores raw ids, which the translation cannot reach.
-            return Err(usage(format!(
-                "--posix-acl={}: cannot be used together with --translate-uid or \
-                 --translate-gid (translating ids would break POSIX ACLs); use \
-                 --posix-acl=never",
-                spelled(&self.posix_acl)
-            )));
+            return Err(UsageError::AclWithTranslation(spelled(&self.posix_acl)));
         }
         let xattrmap = self
             .xattrmap
             .as_deref()
             .map(XattrMap::parse)
             .transpose()
-            .map_err(|e| usage(format!("--xattrmap: {e}")))?;
+            .map_err(|message| UsageError::Xattrmap {
+                flag: "--xattrmap",
+                message,
+            })?;
         let uid_map = id_maps("--uid-map", &self.uid_map)?;
         let gid_map = id_maps("--gid-map", &self.gid_map)?;
         let mut fs = Config::new(shared_dir, cache);
@@ -832,15 +848,6 @@ impl Args {
     }
 }
 
-fn unknown_compat(flag: &str) -> UsageError {
-    usage(format!(
-        "{flag}: unknown legacy option; expected source=DIR, cache=MODE, loglevel=LEVEL, \
-         sandbox=KIND, modcaps=CAPS, announce_submounts, xattr, no_xattr, readdirplus, \
-         no_readdirplus, writeback, no_writeback, allow_direct_io, no_allow_direct_io, \
-         [no_]killpriv_v2, [no_]posix_acl, [no_]security_label, xattrmap=RULES, no_posix_lock or no_flock"
-    ))
-}
-
 impl TryFrom<Args> for DaemonConfig {
     type Error = UsageError;
 
@@ -848,9 +855,7 @@ impl TryFrom<Args> for DaemonConfig {
     fn try_from(a: Args) -> Result<Self, UsageError> {
         match a.into_command(|| Ok(None))? {
             Command::Run(s) => Ok(s.daemon),
-            Command::PrintCapabilities => Err(usage(
-                "--print-capabilities: prints the capabilities; there is nothing to serve",
-            )),
+            Command::PrintCapabilities => Err(UsageError::NothingToServe),
         }
     }
 }
@@ -907,7 +912,7 @@ mod tests {
     #[test]
     fn missing_socket_is_refused_naming_the_flag() {
         let e = parse(&["--shared-dir=/tmp"]).unwrap_err();
-        assert!(e.0.contains("--socket-path"), "{e}");
+        assert!(e.to_string().contains("--socket-path"), "{e}");
     }
 
     #[test]
@@ -917,7 +922,7 @@ mod tests {
         let s = settings_with(&["--shared-dir=/tmp", "--socket-path=/s"], Some(3)).unwrap();
         assert_eq!(s.daemon.socket, SocketSpec::Path("/s".into()));
         let e = settings_with(&["--shared-dir=/tmp", "--socket-group=0"], Some(3)).unwrap_err();
-        assert!(e.0.starts_with("--socket-group:"), "{e}");
+        assert!(e.to_string().starts_with("--socket-group:"), "{e}");
     }
 
     #[test]
@@ -943,7 +948,7 @@ mod tests {
     #[test]
     fn shared_dir_must_exist() {
         let e = parse(&["--shared-dir=/nonexistent/dir", "--socket-path=/s"]).unwrap_err();
-        assert!(e.0.starts_with("--shared-dir:"), "{e}");
+        assert!(e.to_string().starts_with("--shared-dir:"), "{e}");
     }
 
     #[test]
@@ -958,8 +963,12 @@ mod tests {
             ("--migration-confirm-paths", "--migration-confirm-paths"),
         ] {
             let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", flag]).unwrap_err();
-            assert!(e.0.starts_with(named), "{flag}: {e}");
-            assert!(e.0.contains("not implemented yet in this version"), "{e}");
+            assert!(e.to_string().starts_with(named), "{flag}: {e}");
+            assert!(
+                e.to_string()
+                    .contains("not implemented yet in this version"),
+                "{e}"
+            );
         }
     }
 
@@ -1021,7 +1030,7 @@ mod tests {
                 &format!("--modcaps={bad}"),
             ])
             .unwrap_err();
-            assert!(e.0.starts_with("--modcaps: "), "{bad}: {e}");
+            assert!(e.to_string().starts_with("--modcaps: "), "{bad}: {e}");
         }
     }
 
@@ -1218,7 +1227,10 @@ mod tests {
             "--socket-group=no-such-group-here",
         ])
         .unwrap_err();
-        assert!(e.0.starts_with("--socket-group: unknown group"), "{e}");
+        assert!(
+            e.to_string().starts_with("--socket-group: unknown group"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1272,8 +1284,11 @@ mod tests {
         ] {
             let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "-o", opt]).unwrap_err();
             let key = opt.split('=').next().unwrap();
-            assert!(e.0.starts_with(&format!("-o {key}")), "{opt}: {e}");
-            assert!(e.0.contains(says), "{opt}: {e}");
+            assert!(
+                e.to_string().starts_with(&format!("-o {key}")),
+                "{opt}: {e}"
+            );
+            assert!(e.to_string().contains(says), "{opt}: {e}");
         }
     }
 
@@ -1326,11 +1341,12 @@ mod tests {
         ]);
         let e = e.unwrap_err();
         assert!(
-            e.0.starts_with("--xattrmap: rule 1: unknown type 'frob'"),
+            e.to_string()
+                .starts_with("--xattrmap: rule 1: unknown type 'frob'"),
             "{e}"
         );
         let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--xattrmap="]).unwrap_err();
-        assert!(e.0.starts_with("--xattrmap: no rules"), "{e}");
+        assert!(e.to_string().starts_with("--xattrmap: no rules"), "{e}");
         let e = parse(&[
             "--shared-dir=/tmp",
             "--socket-path=/s",
@@ -1339,7 +1355,8 @@ mod tests {
         ])
         .unwrap_err();
         assert!(
-            e.0.starts_with("--posix-acl=auto: cannot be used together"),
+            e.to_string()
+                .starts_with("--posix-acl=auto: cannot be used together"),
             "{e}"
         );
         // Never is fine with a translation.
@@ -1409,9 +1426,14 @@ mod tests {
             let mut v = vec!["--shared-dir=/tmp", "--socket-path=/s"];
             v.extend_from_slice(args);
             let e = parse(&v).unwrap_err();
-            assert!(e.0.starts_with(&format!("{flag}: invalid rule '")), "{e}");
             assert!(
-                e.0.contains("<type>:<source base>:<target base>:<count>"),
+                e.to_string()
+                    .starts_with(&format!("{flag}: invalid rule '")),
+                "{e}"
+            );
+            assert!(
+                e.to_string()
+                    .contains("<type>:<source base>:<target base>:<count>"),
                 "{e}"
             );
         }
@@ -1435,7 +1457,7 @@ mod tests {
     #[test]
     fn malformed_id_map_is_refused_naming_the_flag() {
         let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--uid-map=0:1:2"]).unwrap_err();
-        assert!(e.0.starts_with("--uid-map:"), "{e}");
+        assert!(e.to_string().starts_with("--uid-map:"), "{e}");
     }
 
     #[test]

@@ -332,23 +332,24 @@ pub fn allowed_syscalls() -> std::collections::BTreeSet<libc::c_long> {
 }
 
 /// Why the filter could not be built or installed.
-#[derive(Debug)]
-pub struct Error(String);
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no seccomp filter for this architecture ({0}); use --seccomp=none")]
+    UnsupportedArch(&'static str),
+    #[error("cannot build the filter")]
+    Build(#[source] seccompiler::BackendError),
+    #[error("cannot build the filter: system call {0} is both allowed and restricted")]
+    AllowedAndRestricted(libc::c_long),
+    #[error("cannot install the SIGSYS handler")]
+    SigsysHandler(#[source] io::Error),
+    #[error("cannot install the filter")]
+    Install(#[source] seccompiler::Error),
 }
-
-impl std::error::Error for Error {}
 
 /// The BPF program of the filter for `action`, or `None` for [`Action::None`], for the calling
 /// process (its pid is the one [`Value::OwnPid`] allows).
 pub fn program(action: Action) -> Result<Option<BpfProgram>, Error> {
-    // SAFETY: getpid has no preconditions and cannot fail.
-    let pid = unsafe { libc::getpid() };
-    program_for(action, pid)
+    program_for(action, nix::unistd::getpid().as_raw())
 }
 
 /// `AUDIT_ARCH_*` of the target (`linux/audit.h`), for the architectures `seccompiler` builds
@@ -372,15 +373,9 @@ pub fn program_for(action: Action, own_pid: libc::pid_t) -> Result<Option<BpfPro
         Action::Log => SeccompAction::Log,
         Action::Trap => SeccompAction::Trap,
     };
-    let unsupported = || {
-        Error(format!(
-            "no seccomp filter for this architecture ({}); use --seccomp=none",
-            std::env::consts::ARCH
-        ))
-    };
+    let unsupported = || Error::UnsupportedArch(std::env::consts::ARCH);
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|_| unsupported())?;
     let audit_arch = audit_arch().ok_or_else(unsupported)?;
-    let build = |e: &dyn fmt::Display| Error(format!("cannot build the filter: {e}"));
     // c_long is i64 here but i32 on 32-bit targets.
     #[allow(clippy::useless_conversion)]
     let mut rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> = allowed_syscalls()
@@ -395,21 +390,16 @@ pub fn program_for(action: Action, own_pid: libc::pid_t) -> Result<Option<BpfPro
         };
         let rule = SeccompCondition::new(r.arg, len, SeccompCmpOp::Eq, value)
             .and_then(|c| SeccompRule::new(vec![c]))
-            .map_err(|e| build(&e))?;
+            .map_err(Error::Build)?;
         #[allow(clippy::useless_conversion)]
         let previous = rules.insert(i64::from(r.syscall), vec![rule]);
         if previous.is_some() {
-            return Err(build(&format!(
-                "system call {} is both allowed and restricted",
-                r.syscall
-            )));
+            return Err(Error::AllowedAndRestricted(r.syscall));
         }
     }
     let filter =
-        SeccompFilter::new(rules, mismatch, SeccompAction::Allow, arch).map_err(|e| build(&e))?;
-    let main: BpfProgram = filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| build(&e))?;
+        SeccompFilter::new(rules, mismatch, SeccompAction::Allow, arch).map_err(Error::Build)?;
+    let main: BpfProgram = filter.try_into().map_err(Error::Build)?;
     Ok(Some(with_enosys_prefix(audit_arch, main)))
 }
 
@@ -460,11 +450,9 @@ pub fn install(action: Action) -> Result<(), Error> {
         return Ok(());
     };
     if action == Action::Trap {
-        install_sigsys_handler()
-            .map_err(|e| Error(format!("cannot install the SIGSYS handler: {e}")))?;
+        install_sigsys_handler().map_err(Error::SigsysHandler)?;
     }
-    seccompiler::apply_filter_all_threads(&prog)
-        .map_err(|e| Error(format!("cannot install the filter: {e}")))
+    seccompiler::apply_filter_all_threads(&prog).map_err(Error::Install)
 }
 
 /// Installs [`sigsys_handler`] for `SIGSYS`. The handler resets itself on entry
