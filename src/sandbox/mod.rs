@@ -91,8 +91,8 @@ pub enum SandboxError {
         source: io::Error,
     },
     #[error(
-        "--sandbox=namespace: namespaces may be unavailable here (e.g. inside a container): use \
-         --sandbox=chroot or --sandbox=none"
+        "--sandbox=namespace (namespaces may be unavailable here, e.g. inside a container: use \
+         --sandbox=chroot or --sandbox=none)"
     )]
     Namespaces(#[source] StepError),
     #[error("--sandbox={mode}: cannot block the forwarded signals")]
