@@ -11,9 +11,9 @@
 //!   ([`sandbox::userns`]);
 //! - [`error`]: showing an error with its causes.
 //!
-//! With the `test-utils` feature, `frontend` holds the test frontend that plays QEMU and the
-//! guest kernel (integration tests, `virtiofsd-bench`, the fuzz harness); the daemon is built
-//! without it.
+//! With the `test-utils` feature (and in the library's own unit tests), `frontend` holds the
+//! test frontend that plays QEMU and the guest kernel (integration tests, `virtiofsd-bench`, the
+//! fuzz harness); the daemon is built without it.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
@@ -23,7 +23,7 @@ pub mod cli;
 pub mod daemon;
 pub mod error;
 pub mod filesystem;
-#[cfg(feature = "test-utils")]
+#[cfg(any(test, feature = "test-utils"))]
 pub mod frontend;
 pub mod fuse;
 pub mod idmap;
