@@ -64,7 +64,7 @@ if [ "$LIBEXEC" = auto ]; then
 fi
 
 if [ "$BUILD" = 1 ]; then
-    (cd "$ROOT" && cargo build --release --locked)
+    (cd "$ROOT" && cargo build --release --locked --bin virtiofsd)
 fi
 BIN="$ROOT/target/release/virtiofsd"
 [ -x "$BIN" ] || { echo "install.sh: $BIN is missing (build it or drop --no-build)" >&2; exit 1; }

@@ -6,19 +6,18 @@
 //! defaults are the reference's.
 //! `doc/configuration.md` describes each flag; `tests/cli.rs` checks both against the binary.
 
-use std::ffi::CString;
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 
 use crate::daemon::{DaemonConfig, ProcessOptions, SocketSpec};
 use crate::idmap::Translation;
 use crate::passthrough::xattrmap::XattrMap;
-use crate::passthrough::{CacheMode, Config, Negotiate};
+use crate::passthrough::{CacheMode, Config, InodeFileHandles, Negotiate};
 use crate::sandbox::seccomp;
+use crate::sandbox::userns::{self, IdMapRange};
 use crate::sandbox::{caps, SandboxMode};
-use crate::userns::{self, IdMapRange};
 
 /// vhost-user virtio-fs daemon: serves a host directory to a guest.
 #[derive(Debug, Parser)]
@@ -79,9 +78,10 @@ pub struct Args {
         require_equals = true,
         num_args = 0..=1,
         default_value = "never",
-        default_missing_value = "always"
+        default_missing_value = "always",
+        hide_possible_values = true
     )]
-    pub posix_acl: String,
+    pub posix_acl: NegotiateArg,
 
     /// Rules translating extended attribute names between guest and host, e.g.
     /// :map::user.virtiofs.: (see doc/configuration.md); implies --xattr
@@ -94,8 +94,13 @@ pub struct Args {
     /// "namespace" serves from new mount, pid and network namespaces whose root is the shared
     /// directory (with a user namespace when not run as root); "chroot" only changes the root
     /// directory (needs root; for hosts without namespaces); "none" does not confine.
-    #[arg(long = "sandbox", value_name = "KIND", default_value = "namespace")]
-    pub sandbox: String,
+    #[arg(
+        long = "sandbox",
+        value_name = "KIND",
+        default_value = "namespace",
+        hide_possible_values = true
+    )]
+    pub sandbox: SandboxMode,
 
     /// Share the directory read-only
     #[arg(long = "readonly")]
@@ -104,8 +109,13 @@ pub struct Args {
     /// Action on a system call outside the daemon's seccomp list: kill (the process), log
     /// (allow and have the kernel log it), trap (SIGSYS: log the call, then die), or none (no
     /// filter)
-    #[arg(long = "seccomp", value_name = "ACTION", default_value = "kill")]
-    pub seccomp: String,
+    #[arg(
+        long = "seccomp",
+        value_name = "ACTION",
+        default_value = "kill",
+        hide_possible_values = true
+    )]
+    pub seccomp: seccomp::Action,
 
     /// Tell the guest which directories are mount points, so that each host filesystem under
     /// the share gets its own device number in the guest [default]
@@ -133,13 +143,19 @@ pub struct Args {
         long = "inode-file-handles",
         value_name = "MODE",
         require_equals = true,
-        default_value = "never"
+        default_value = "never",
+        hide_possible_values = true
     )]
-    pub inode_file_handles: String,
+    pub inode_file_handles: InodeFileHandlesArg,
 
     /// Caching policy the guest may use: never, metadata, auto or always
-    #[arg(long = "cache", value_name = "MODE", default_value = "auto")]
-    pub cache: String,
+    #[arg(
+        long = "cache",
+        value_name = "MODE",
+        default_value = "auto",
+        hide_possible_values = true
+    )]
+    pub cache: CachePolicy,
 
     /// With --cache=never or --cache=metadata, let the guest mmap shared files; only safe when
     /// nothing else changes the shared directory
@@ -172,8 +188,13 @@ pub struct Args {
     pub modcaps: Option<String>,
 
     /// Log level: error, warn, info, debug, trace or off (RUST_LOG, when set, refines it)
-    #[arg(long = "log-level", value_name = "LEVEL", default_value = "info")]
-    pub log_level: String,
+    #[arg(
+        long = "log-level",
+        value_name = "LEVEL",
+        default_value = "info",
+        hide_possible_values = true
+    )]
+    pub log_level: LogLevel,
 
     /// Log to syslog instead of stderr
     #[arg(long = "syslog")]
@@ -216,9 +237,10 @@ pub struct Args {
         require_equals = true,
         num_args = 0..=1,
         default_value = "never",
-        default_missing_value = "always"
+        default_missing_value = "always",
+        hide_possible_values = true
     )]
-    pub security_label: String,
+    pub security_label: NegotiateArg,
 
     /// Run the daemon in a user namespace mapping this range of uids from the host, given as
     /// :namespace_uid:host_uid:count: (repeat for several ranges)
@@ -272,18 +294,20 @@ pub struct Args {
     #[arg(
         long = "migration-mode",
         value_name = "MODE",
-        default_value = "find-paths"
+        default_value = "find-paths",
+        hide_possible_values = true
     )]
-    pub migration_mode: String,
+    pub migration_mode: MigrationMode,
 
     /// What to do with inodes that fail to migrate (abort, guest-error); migration is not
     /// supported in this version, and only the default "abort" is accepted
     #[arg(
         long = "migration-on-error",
         value_name = "ACTION",
-        default_value = "abort"
+        default_value = "abort",
+        hide_possible_values = true
     )]
-    pub migration_on_error: String,
+    pub migration_on_error: MigrationOnError,
 
     /// Check migrated inodes by file handle [not implemented yet]
     #[arg(long = "migration-verify-handles")]
@@ -294,113 +318,244 @@ pub struct Args {
     pub migration_confirm_paths: bool,
 }
 
+/// `--cache`: how much the guest may cache (the reference's `CachePolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CachePolicy {
+    // "none" is the old C virtiofsd's spelling (`-o cache=none`).
+    #[value(alias = "none")]
+    Never,
+    Metadata,
+    Auto,
+    Always,
+}
+
+impl From<CachePolicy> for CacheMode {
+    fn from(c: CachePolicy) -> CacheMode {
+        match c {
+            CachePolicy::Never => CacheMode::Never,
+            CachePolicy::Metadata => CacheMode::Metadata,
+            CachePolicy::Auto => CacheMode::Auto,
+            CachePolicy::Always => CacheMode::Always,
+        }
+    }
+}
+
+/// `--posix-acl`, `--security-label`: whether to offer a feature the guest kernel must agree to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NegotiateArg {
+    Never,
+    Auto,
+    Always,
+}
+
+impl From<NegotiateArg> for Negotiate {
+    fn from(n: NegotiateArg) -> Negotiate {
+        match n {
+            NegotiateArg::Never => Negotiate::Never,
+            NegotiateArg::Auto => Negotiate::Auto,
+            NegotiateArg::Always => Negotiate::Always,
+        }
+    }
+}
+
+/// `--inode-file-handles`: when inodes are referenced by file handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum InodeFileHandlesArg {
+    Never,
+    Prefer,
+    Mandatory,
+    // The reference's deprecated name of "prefer": accepted with a warning, not listed.
+    #[value(hide = true)]
+    Fallback,
+}
+
+impl From<InodeFileHandlesArg> for InodeFileHandles {
+    fn from(m: InodeFileHandlesArg) -> InodeFileHandles {
+        match m {
+            InodeFileHandlesArg::Never => InodeFileHandles::Never,
+            InodeFileHandlesArg::Prefer | InodeFileHandlesArg::Fallback => InodeFileHandles::Prefer,
+            InodeFileHandlesArg::Mandatory => InodeFileHandles::Mandatory,
+        }
+    }
+}
+
+/// `--log-level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+    Off,
+}
+
+impl From<LogLevel> for log::LevelFilter {
+    fn from(l: LogLevel) -> log::LevelFilter {
+        match l {
+            LogLevel::Error => log::LevelFilter::Error,
+            LogLevel::Warn => log::LevelFilter::Warn,
+            LogLevel::Info => log::LevelFilter::Info,
+            LogLevel::Debug => log::LevelFilter::Debug,
+            LogLevel::Trace => log::LevelFilter::Trace,
+            LogLevel::Off => log::LevelFilter::Off,
+        }
+    }
+}
+
+/// `--migration-mode`; only the default is implemented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MigrationMode {
+    FindPaths,
+    FileHandles,
+}
+
+/// `--migration-on-error`; only the default is implemented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MigrationOnError {
+    Abort,
+    GuestError,
+}
+
+/// The name of `v` as its flag spells it.
+fn spelled<T: ValueEnum>(v: &T) -> String {
+    v.to_possible_value()
+        .map_or_else(String::new, |p| p.get_name().to_owned())
+}
+
+/// Parses the value of a legacy `-o` option (`flag`, e.g. `-o sandbox`) that names one of the
+/// choices of `T`; an invalid value is refused naming `what` and the listed choices.
+fn legacy_choice<T: ValueEnum>(
+    flag: &str,
+    what: &'static str,
+    value: &str,
+) -> Result<T, UsageError> {
+    T::from_str(value, false).map_err(|_| {
+        let all: Vec<String> = T::value_variants()
+            .iter()
+            .filter_map(T::to_possible_value)
+            .filter(|p| !p.is_hide_set())
+            .map(|p| p.get_name().to_owned())
+            .collect();
+        UsageError::LegacyValue {
+            flag: flag.to_owned(),
+            what,
+            value: value.to_owned(),
+            expected: all.join(", "),
+        }
+    })
+}
+
 /// Parses and checks every occurrence of `--uid-map` or `--gid-map` (`flag`).
 fn id_maps(flag: &str, specs: &[String]) -> Result<Vec<IdMapRange>, UsageError> {
     let maps = specs
         .iter()
         .map(|s| userns::parse_map(flag, s))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(usage)?;
-    userns::check_maps(flag, &maps).map_err(usage)?;
+        .map_err(UsageError::IdMap)?;
+    userns::check_maps(flag, &maps).map_err(UsageError::IdMap)?;
     Ok(maps)
 }
 
-/// A command line that parsed but does not make sense.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-fn usage(msg: impl Into<String>) -> UsageError {
-    UsageError(msg.into())
+/// A command line that parsed but does not make sense: one variant per refusal. Every message
+/// starts with the flag (or `-o` option) it is about. The checks of other modules (id maps,
+/// translations, capabilities, xattr rules, socket activation) give their message as text that
+/// already names the flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UsageError {
+    #[error("--shared-dir: missing; expected --shared-dir=DIR (or -o source=DIR)")]
+    MissingSharedDir,
+    #[error("--shared-dir: '{}' is not a directory; expected --shared-dir=DIR", .0.display())]
+    NotADirectory(PathBuf),
+    #[error("--tag: expected a tag of 1 to 36 bytes")]
+    TagLength,
+    /// A flag, or a flag's value, this version does not implement; `hint` says what to use.
+    #[error("{what}: not implemented yet in this version{hint}")]
+    NotImplemented { what: String, hint: &'static str },
+    #[error(
+        "--socket-group: unknown group '{0}'; expected --socket-group=GROUP with a group name or \
+         number"
+    )]
+    UnknownGroup(String),
+    #[error("--fd: invalid file descriptor {0}; expected --fd=N with N >= 0")]
+    NegativeFd(RawFd),
+    #[error("--fd: cannot be used together with --socket-path")]
+    FdAndSocketPath,
+    #[error(
+        "--socket-path: missing; expected --socket-path=PATH, --fd=N, or a socket passed by \
+         systemd socket activation"
+    )]
+    MissingSocket,
+    /// A socket-activation environment (`LISTEN_PID`, `LISTEN_FDS`) that does not hold up.
+    #[error("{0}")]
+    Activation(String),
+    #[error("--socket-group: only applies to a socket the daemon creates with --socket-path")]
+    SocketGroupWithoutPath,
+    /// A bad `--translate-uid`/`--translate-gid` rule.
+    #[error("{0}")]
+    Translate(String),
+    #[error(
+        "--posix-acl={0}: cannot be used together with --translate-uid or --translate-gid \
+         (translating ids would break POSIX ACLs); use --posix-acl=never"
+    )]
+    AclWithTranslation(String),
+    /// Bad `--xattrmap` rules (`flag` is `--xattrmap` or `-o xattrmap`).
+    #[error("{flag}: {message}")]
+    Xattrmap { flag: &'static str, message: String },
+    /// A bad `--uid-map`/`--gid-map` value or set of values.
+    #[error("{0}")]
+    IdMap(String),
+    /// A bad `--modcaps` (or `-o modcaps`) list.
+    #[error("{0}")]
+    Modcaps(String),
+    /// A legacy `-o` option whose value is not one of its choices.
+    #[error("{flag}: invalid {what} '{value}': expected one of {expected}")]
+    LegacyValue {
+        flag: String,
+        what: &'static str,
+        value: String,
+        expected: String,
+    },
+    #[error(
+        "{0}: not supported (an option of the old C virtiofsd); use --cache to choose how long \
+         the guest caches"
+    )]
+    LegacyTimeout(String),
+    #[error("{0}: not supported (an option of the old C virtiofsd)")]
+    LegacyUnsupported(String),
+    #[error(
+        "{0}: unknown legacy option; expected source=DIR, cache=MODE, loglevel=LEVEL, \
+         sandbox=KIND, modcaps=CAPS, announce_submounts, xattr, no_xattr, readdirplus, \
+         no_readdirplus, writeback, no_writeback, allow_direct_io, no_allow_direct_io, \
+         [no_]killpriv_v2, [no_]posix_acl, [no_]security_label, xattrmap=RULES, no_posix_lock or \
+         no_flock"
+    )]
+    UnknownLegacy(String),
+    #[error("--print-capabilities: prints the capabilities; there is nothing to serve")]
+    NothingToServe,
 }
 
 /// The refusal of a flag (or flag value) this version does not implement.
-fn not_yet(what: &str, hint: &str) -> UsageError {
-    usage(format!("{what}: not implemented yet in this version{hint}"))
-}
-
-/// Checks the value of a flag that names one of a few choices: `supported` are accepted,
-/// `later` are known but refused as not implemented, anything else is invalid.
-fn choice(flag: &str, value: &str, supported: &[&str], later: &[&str]) -> Result<(), UsageError> {
-    if supported.contains(&value) {
-        return Ok(());
-    }
-    let hint = match supported {
-        [one] => format!("; use {flag}={one}"),
-        _ => String::new(),
-    };
-    if later.contains(&value) {
-        return Err(not_yet(&format!("{flag}={value}"), &hint));
-    }
-    let all: Vec<&str> = supported.iter().chain(later).copied().collect();
-    Err(usage(format!(
-        "{flag}: invalid value '{value}': expected one of {}",
-        all.join(", ")
-    )))
-}
-
-/// Parses `--log-level`.
-pub fn log_level(s: &str) -> Result<log::LevelFilter, UsageError> {
-    match s {
-        "error" => Ok(log::LevelFilter::Error),
-        "warn" => Ok(log::LevelFilter::Warn),
-        "info" => Ok(log::LevelFilter::Info),
-        "debug" => Ok(log::LevelFilter::Debug),
-        "trace" => Ok(log::LevelFilter::Trace),
-        "off" => Ok(log::LevelFilter::Off),
-        _ => Err(usage(format!(
-            "--log-level: invalid level '{s}': expected one of error, warn, info, debug, trace, off"
-        ))),
+fn not_yet(what: &str, hint: &'static str) -> UsageError {
+    UsageError::NotImplemented {
+        what: what.to_owned(),
+        hint,
     }
 }
 
 /// Resolves `--socket-group`: a group name from the group database, or a number.
 pub fn group_id(group: &str) -> Result<libc::gid_t, UsageError> {
-    let unknown = || {
-        usage(format!(
-            "--socket-group: unknown group '{group}'; expected --socket-group=GROUP with a group \
-             name or number"
-        ))
-    };
+    let unknown = || UsageError::UnknownGroup(group.to_owned());
     if group.is_empty() {
         return Err(unknown());
     }
     if let Ok(gid) = group.parse::<libc::gid_t>() {
         return Ok(gid);
     }
-    let name = CString::new(group).map_err(|_| unknown())?;
-    let mut grp: libc::group = unsafe_zeroed_group();
-    let mut buf = vec![0 as libc::c_char; 16384];
-    let mut out: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call: `name` is a NUL-terminated string, `grp` a
-    // writable group, `buf` a writable buffer of the length passed, `out` a writable pointer.
-    // getgrnam_r stores into them only.
-    let rc = unsafe {
-        libc::getgrnam_r(
-            name.as_ptr(),
-            &mut grp,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut out,
-        )
-    };
-    if rc != 0 || out.is_null() {
-        return Err(unknown());
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        _ => Err(unknown()),
     }
-    Ok(grp.gr_gid)
-}
-
-fn unsafe_zeroed_group() -> libc::group {
-    // SAFETY: `group` is a plain C struct of integers and pointers; all-zero bytes (null
-    // pointers) are a valid value, which getgrnam_r overwrites.
-    unsafe { std::mem::zeroed() }
 }
 
 /// The log settings of a run.
@@ -466,47 +621,31 @@ impl Args {
         match opt.split_once('=') {
             Some(("source", dir)) => self.shared_dir = Some(PathBuf::from(dir)),
             Some(("cache", mode)) => {
-                mode.parse::<CacheMode>()
-                    .map_err(|e| usage(format!("{}: {e}", value_for("cache"))))?;
-                self.cache = mode.to_owned();
+                self.cache = legacy_choice(&value_for("cache"), "cache mode", mode)?;
             }
             Some(("loglevel" | "log_level", level)) => {
+                // "err" is the old C virtiofsd's spelling.
                 let level = if level == "err" { "error" } else { level };
-                log_level(level).map_err(|_| {
-                    usage(format!(
-                        "{}: invalid level '{level}': expected one of error, warn, info, debug, \
-                         trace, off",
-                        value_for("loglevel")
-                    ))
-                })?;
-                self.log_level = level.to_owned();
+                self.log_level = legacy_choice(&value_for("loglevel"), "level", level)?;
             }
             Some(("sandbox", kind)) => {
-                choice(
-                    &value_for("sandbox"),
-                    kind,
-                    &["namespace", "chroot", "none"],
-                    &[],
-                )?;
-                self.sandbox = kind.to_owned();
+                self.sandbox = legacy_choice(&value_for("sandbox"), "value", kind)?;
             }
             Some(("xattrmap", rules)) => {
-                XattrMap::parse(rules)
-                    .map_err(|e| usage(format!("{}: {e}", value_for("xattrmap"))))?;
+                XattrMap::parse(rules).map_err(|message| UsageError::Xattrmap {
+                    flag: "-o xattrmap",
+                    message,
+                })?;
                 self.xattrmap = Some(rules.to_owned());
             }
             Some(("modcaps", caps)) => {
-                caps::parse_modcaps(caps)
-                    .map_err(|e| usage(e.replacen("--modcaps", &value_for("modcaps"), 1)))?;
+                caps::parse_modcaps(caps).map_err(|e| {
+                    UsageError::Modcaps(e.replacen("--modcaps", &value_for("modcaps"), 1))
+                })?;
                 self.modcaps = Some(caps.to_owned());
             }
-            Some(("timeout", _)) => {
-                return Err(usage(format!(
-                    "{flag}: not supported (an option of the old C virtiofsd); use --cache to \
-                     choose how long the guest caches"
-                )))
-            }
-            Some(_) => return Err(unknown_compat(&flag)),
+            Some(("timeout", _)) => return Err(UsageError::LegacyTimeout(flag)),
+            Some(_) => return Err(UsageError::UnknownLegacy(flag)),
             None => match opt {
                 "xattr" => self.xattr = true,
                 "no_xattr" => self.xattr = false,
@@ -521,10 +660,10 @@ impl Args {
                     self.no_killpriv_v2 = false;
                 }
                 "no_killpriv_v2" => self.killpriv_v2 = false,
-                "posix_acl" => self.posix_acl = "always".into(),
-                "no_posix_acl" => self.posix_acl = "never".into(),
-                "security_label" => self.security_label = "always".into(),
-                "no_security_label" => self.security_label = "never".into(),
+                "posix_acl" => self.posix_acl = NegotiateArg::Always,
+                "no_posix_acl" => self.posix_acl = NegotiateArg::Never,
+                "security_label" => self.security_label = NegotiateArg::Always,
+                "no_security_label" => self.security_label = NegotiateArg::Never,
                 // No locks are offered to the guest: these ask for what already happens.
                 "no_posix_lock" | "no_flock" => {}
                 "announce_submounts" => {
@@ -532,12 +671,8 @@ impl Args {
                     self.no_announce_submounts = false;
                 }
                 "posix_lock" | "flock" => return Err(not_yet(&flag, "")),
-                "norace" => {
-                    return Err(usage(format!(
-                        "{flag}: not supported (an option of the old C virtiofsd)"
-                    )))
-                }
-                _ => return Err(unknown_compat(&flag)),
+                "norace" => return Err(UsageError::LegacyUnsupported(flag)),
+                _ => return Err(UsageError::UnknownLegacy(flag)),
             },
         }
         Ok(())
@@ -562,7 +697,7 @@ impl Args {
         }
         if self.compat_debug {
             warnings.push(deprecated("-d", "use --log-level=debug"));
-            self.log_level = "debug".into();
+            self.log_level = LogLevel::Debug;
         }
         if self.compat_foreground {
             warnings.push(deprecated(
@@ -573,97 +708,61 @@ impl Args {
         if self.socket.is_some() {
             warnings.push(deprecated("--socket", "use --socket-path"));
         }
-        let level = log_level(&self.log_level)?;
+        let level = log::LevelFilter::from(self.log_level);
 
-        let shared_dir = self.shared_dir.take().ok_or_else(|| {
-            usage("--shared-dir: missing; expected --shared-dir=DIR (or -o source=DIR)")
-        })?;
+        let shared_dir = self.shared_dir.take().ok_or(UsageError::MissingSharedDir)?;
         if !shared_dir.is_dir() {
-            return Err(usage(format!(
-                "--shared-dir: '{}' is not a directory; expected --shared-dir=DIR",
-                shared_dir.display()
-            )));
+            return Err(UsageError::NotADirectory(shared_dir));
         }
-        let cache: CacheMode = self
-            .cache
-            .parse()
-            .map_err(|e| usage(format!("--cache: {e}")))?;
+        let cache = CacheMode::from(self.cache);
         if let Some(tag) = &self.tag {
             if tag.is_empty() || tag.len() > 36 {
-                return Err(usage("--tag: expected a tag of 1 to 36 bytes"));
+                return Err(UsageError::TagLength);
             }
         }
         self.check_unimplemented()?;
-        let sandbox: SandboxMode = self
-            .sandbox
-            .parse()
-            .map_err(|e| usage(format!("--sandbox: {e}")))?;
+        let sandbox = self.sandbox;
         let modcaps = self
             .modcaps
             .as_deref()
             .map(caps::parse_modcaps)
             .transpose()
-            .map_err(usage)?
+            .map_err(UsageError::Modcaps)?
             .unwrap_or_default();
-        let seccomp: seccomp::Action = self
-            .seccomp
-            .parse()
-            .map_err(|e| usage(format!("--seccomp: {e}")))?;
+        let seccomp = self.seccomp;
 
         let socket_group = self.socket_group.as_deref().map(group_id).transpose()?;
         let socket = match (self.socket_path.take().or(self.socket.take()), self.fd) {
             (Some(p), None) => SocketSpec::Path(p),
             (None, Some(fd)) if fd >= 0 => SocketSpec::Fd(fd),
-            (None, Some(fd)) => {
-                return Err(usage(format!(
-                    "--fd: invalid file descriptor {fd}; expected --fd=N with N >= 0"
-                )))
-            }
-            (Some(_), Some(_)) => {
-                return Err(usage("--fd: cannot be used together with --socket-path"))
-            }
-            (None, None) => match activated().map_err(usage)? {
+            (None, Some(fd)) => return Err(UsageError::NegativeFd(fd)),
+            (Some(_), Some(_)) => return Err(UsageError::FdAndSocketPath),
+            (None, None) => match activated().map_err(UsageError::Activation)? {
                 Some(fd) => SocketSpec::Fd(fd),
-                None => {
-                    return Err(usage(
-                        "--socket-path: missing; expected --socket-path=PATH, --fd=N, or a \
-                         socket passed by systemd socket activation",
-                    ))
-                }
+                None => return Err(UsageError::MissingSocket),
             },
         };
         if socket_group.is_some() && !matches!(socket, SocketSpec::Path(_)) {
-            return Err(usage(
-                "--socket-group: only applies to a socket the daemon creates with \
-                 --socket-path",
-            ));
+            return Err(UsageError::SocketGroupWithoutPath);
         }
 
-        let translate =
-            Translation::parse(&self.translate_uid, &self.translate_gid).map_err(usage)?;
-        let posix_acl: Negotiate = self
-            .posix_acl
-            .parse()
-            .map_err(|e| usage(format!("--posix-acl: {e}")))?;
-        let security_label: Negotiate = self
-            .security_label
-            .parse()
-            .map_err(|e| usage(format!("--security-label: {e}")))?;
+        let translate = Translation::parse(&self.translate_uid, &self.translate_gid)
+            .map_err(UsageError::Translate)?;
+        let posix_acl = Negotiate::from(self.posix_acl);
+        let security_label = Negotiate::from(self.security_label);
         if posix_acl != Negotiate::Never && !translate.is_empty() {
             // An ACL stores raw ids, which the translation cannot reach.
-            return Err(usage(format!(
-                "--posix-acl={}: cannot be used together with --translate-uid or \
-                 --translate-gid (translating ids would break POSIX ACLs); use \
-                 --posix-acl=never",
-                self.posix_acl
-            )));
+            return Err(UsageError::AclWithTranslation(spelled(&self.posix_acl)));
         }
         let xattrmap = self
             .xattrmap
             .as_deref()
             .map(XattrMap::parse)
             .transpose()
-            .map_err(|e| usage(format!("--xattrmap: {e}")))?;
+            .map_err(|message| UsageError::Xattrmap {
+                flag: "--xattrmap",
+                message,
+            })?;
         let uid_map = id_maps("--uid-map", &self.uid_map)?;
         let gid_map = id_maps("--gid-map", &self.gid_map)?;
         let mut fs = Config::new(shared_dir, cache);
@@ -684,11 +783,8 @@ impl Args {
         fs.allow_direct_io = self.allow_direct_io;
         fs.allow_mmap = self.allow_mmap;
         fs.preserve_noatime = self.preserve_noatime;
-        fs.inode_file_handles = self
-            .inode_file_handles
-            .parse()
-            .map_err(|e| usage(format!("--inode-file-handles: {e}")))?;
-        if self.inode_file_handles == "fallback" {
+        fs.inode_file_handles = self.inode_file_handles.into();
+        if self.inode_file_handles == InodeFileHandlesArg::Fallback {
             warnings.push(deprecated(
                 "--inode-file-handles=fallback",
                 "use --inode-file-handles=prefer",
@@ -721,18 +817,18 @@ impl Args {
 
     /// Refuses the flags and values whose feature this version does not have yet.
     fn check_unimplemented(&self) -> Result<(), UsageError> {
-        choice(
-            "--migration-mode",
-            &self.migration_mode,
-            &["find-paths"],
-            &["file-handles"],
-        )?;
-        choice(
-            "--migration-on-error",
-            &self.migration_on_error,
-            &["abort"],
-            &["guest-error"],
-        )?;
+        if self.migration_mode != MigrationMode::FindPaths {
+            return Err(not_yet(
+                &format!("--migration-mode={}", spelled(&self.migration_mode)),
+                "; use --migration-mode=find-paths",
+            ));
+        }
+        if self.migration_on_error != MigrationOnError::Abort {
+            return Err(not_yet(
+                &format!("--migration-on-error={}", spelled(&self.migration_on_error)),
+                "; use --migration-on-error=abort",
+            ));
+        }
         let refused = [
             (
                 self.migration_verify_handles,
@@ -752,15 +848,6 @@ impl Args {
     }
 }
 
-fn unknown_compat(flag: &str) -> UsageError {
-    usage(format!(
-        "{flag}: unknown legacy option; expected source=DIR, cache=MODE, loglevel=LEVEL, \
-         sandbox=KIND, modcaps=CAPS, announce_submounts, xattr, no_xattr, readdirplus, \
-         no_readdirplus, writeback, no_writeback, allow_direct_io, no_allow_direct_io, \
-         [no_]killpriv_v2, [no_]posix_acl, [no_]security_label, xattrmap=RULES, no_posix_lock or no_flock"
-    ))
-}
-
 impl TryFrom<Args> for DaemonConfig {
     type Error = UsageError;
 
@@ -768,9 +855,7 @@ impl TryFrom<Args> for DaemonConfig {
     fn try_from(a: Args) -> Result<Self, UsageError> {
         match a.into_command(|| Ok(None))? {
             Command::Run(s) => Ok(s.daemon),
-            Command::PrintCapabilities => Err(usage(
-                "--print-capabilities: prints the capabilities; there is nothing to serve",
-            )),
+            Command::PrintCapabilities => Err(UsageError::NothingToServe),
         }
     }
 }
@@ -799,6 +884,16 @@ mod tests {
         settings(args).map(|s| s.daemon)
     }
 
+    /// What clap says when it refuses `args` (after a shared directory and a socket path);
+    /// checks that it exits with status 2.
+    fn refused_by_clap(args: &[&str]) -> String {
+        let mut v = vec!["virtiofsd", "--shared-dir=/tmp", "--socket-path=/s"];
+        v.extend_from_slice(args);
+        let e = Args::try_parse_from(v).expect_err("clap refuses");
+        assert_eq!(e.exit_code(), 2, "{e}");
+        e.to_string()
+    }
+
     #[test]
     fn minimal_command_line_gives_auto_cache_and_socket_path() {
         let s = settings(&["--shared-dir=/tmp", "--socket-path=/tmp/s"]).unwrap();
@@ -817,7 +912,7 @@ mod tests {
     #[test]
     fn missing_socket_is_refused_naming_the_flag() {
         let e = parse(&["--shared-dir=/tmp"]).unwrap_err();
-        assert!(e.0.contains("--socket-path"), "{e}");
+        assert!(e.to_string().contains("--socket-path"), "{e}");
     }
 
     #[test]
@@ -827,7 +922,7 @@ mod tests {
         let s = settings_with(&["--shared-dir=/tmp", "--socket-path=/s"], Some(3)).unwrap();
         assert_eq!(s.daemon.socket, SocketSpec::Path("/s".into()));
         let e = settings_with(&["--shared-dir=/tmp", "--socket-group=0"], Some(3)).unwrap_err();
-        assert!(e.0.starts_with("--socket-group:"), "{e}");
+        assert!(e.to_string().starts_with("--socket-group:"), "{e}");
     }
 
     #[test]
@@ -842,14 +937,18 @@ mod tests {
 
     #[test]
     fn bad_cache_mode_is_refused_naming_the_choices() {
-        let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--cache=sometimes"]).unwrap_err();
-        assert!(e.0.starts_with("--cache:") && e.0.contains("always"), "{e}");
+        let e = refused_by_clap(&["--cache=sometimes"]);
+        assert!(e.contains("'sometimes'") && e.contains("--cache"), "{e}");
+        assert!(e.contains("never, metadata, auto, always"), "{e}");
+        // The old C daemon's spelling is still accepted.
+        let c = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--cache=none"]).unwrap();
+        assert_eq!(c.fs.cache, CacheMode::Never);
     }
 
     #[test]
     fn shared_dir_must_exist() {
         let e = parse(&["--shared-dir=/nonexistent/dir", "--socket-path=/s"]).unwrap_err();
-        assert!(e.0.starts_with("--shared-dir:"), "{e}");
+        assert!(e.to_string().starts_with("--shared-dir:"), "{e}");
     }
 
     #[test]
@@ -864,8 +963,12 @@ mod tests {
             ("--migration-confirm-paths", "--migration-confirm-paths"),
         ] {
             let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", flag]).unwrap_err();
-            assert!(e.0.starts_with(named), "{flag}: {e}");
-            assert!(e.0.contains("not implemented yet in this version"), "{e}");
+            assert!(e.to_string().starts_with(named), "{flag}: {e}");
+            assert!(
+                e.to_string()
+                    .contains("not implemented yet in this version"),
+                "{e}"
+            );
         }
     }
 
@@ -927,7 +1030,7 @@ mod tests {
                 &format!("--modcaps={bad}"),
             ])
             .unwrap_err();
-            assert!(e.0.starts_with("--modcaps: "), "{bad}: {e}");
+            assert!(e.to_string().starts_with("--modcaps: "), "{bad}: {e}");
         }
     }
 
@@ -988,9 +1091,13 @@ mod tests {
             warnings[0].contains("--inode-file-handles=prefer"),
             "{warnings:?}"
         );
-        let e = mode(&["--inode-file-handles=always"]).unwrap_err();
+        let e = refused_by_clap(&["--inode-file-handles=always"]);
         assert!(
-            e.0.starts_with("--inode-file-handles: invalid value 'always'"),
+            e.contains("'always'") && e.contains("--inode-file-handles"),
+            "{e}"
+        );
+        assert!(
+            e.contains("never, prefer, mandatory") && !e.contains("fallback"),
             "{e}"
         );
     }
@@ -1008,9 +1115,9 @@ mod tests {
             let s = settings(&["--shared-dir=/tmp", "--socket-path=/s", flag]).unwrap();
             assert_eq!(s.process.seccomp, action, "{flag}");
         }
-        let e = settings(&["--shared-dir=/tmp", "--socket-path=/s", "--seccomp=maybe"]);
-        let e = e.unwrap_err();
-        assert!(e.0.starts_with("--seccomp: invalid value 'maybe'"), "{e}");
+        let e = refused_by_clap(&["--seccomp=maybe"]);
+        assert!(e.contains("'maybe'") && e.contains("--seccomp"), "{e}");
+        assert!(e.contains("kill, log, trap, none"), "{e}");
     }
 
     #[test]
@@ -1043,9 +1150,16 @@ mod tests {
 
     #[test]
     fn invalid_values_of_refused_flags_are_invalid_not_unimplemented() {
-        let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--sandbox=jail"]).unwrap_err();
-        assert!(e.0.starts_with("--sandbox: invalid value 'jail'"), "{e}");
-        assert!(e.0.contains("namespace, chroot"), "{e}");
+        let e = refused_by_clap(&["--sandbox=jail"]);
+        assert!(e.contains("'jail'") && e.contains("--sandbox"), "{e}");
+        assert!(e.contains("namespace, chroot, none"), "{e}");
+        for (flag, value) in [
+            ("--migration-mode", "teleport"),
+            ("--migration-on-error", "shrug"),
+        ] {
+            let e = refused_by_clap(&[&format!("{flag}={value}")]);
+            assert!(e.contains(flag) && !e.contains("not implemented"), "{e}");
+        }
     }
 
     #[test]
@@ -1113,7 +1227,10 @@ mod tests {
             "--socket-group=no-such-group-here",
         ])
         .unwrap_err();
-        assert!(e.0.starts_with("--socket-group: unknown group"), "{e}");
+        assert!(
+            e.to_string().starts_with("--socket-group: unknown group"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1167,8 +1284,11 @@ mod tests {
         ] {
             let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "-o", opt]).unwrap_err();
             let key = opt.split('=').next().unwrap();
-            assert!(e.0.starts_with(&format!("-o {key}")), "{opt}: {e}");
-            assert!(e.0.contains(says), "{opt}: {e}");
+            assert!(
+                e.to_string().starts_with(&format!("-o {key}")),
+                "{opt}: {e}"
+            );
+            assert!(e.to_string().contains(says), "{opt}: {e}");
         }
     }
 
@@ -1221,11 +1341,12 @@ mod tests {
         ]);
         let e = e.unwrap_err();
         assert!(
-            e.0.starts_with("--xattrmap: rule 1: unknown type 'frob'"),
+            e.to_string()
+                .starts_with("--xattrmap: rule 1: unknown type 'frob'"),
             "{e}"
         );
         let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--xattrmap="]).unwrap_err();
-        assert!(e.0.starts_with("--xattrmap: no rules"), "{e}");
+        assert!(e.to_string().starts_with("--xattrmap: no rules"), "{e}");
         let e = parse(&[
             "--shared-dir=/tmp",
             "--socket-path=/s",
@@ -1234,7 +1355,8 @@ mod tests {
         ])
         .unwrap_err();
         assert!(
-            e.0.starts_with("--posix-acl=auto: cannot be used together"),
+            e.to_string()
+                .starts_with("--posix-acl=auto: cannot be used together"),
             "{e}"
         );
         // Never is fine with a translation.
@@ -1304,9 +1426,14 @@ mod tests {
             let mut v = vec!["--shared-dir=/tmp", "--socket-path=/s"];
             v.extend_from_slice(args);
             let e = parse(&v).unwrap_err();
-            assert!(e.0.starts_with(&format!("{flag}: invalid rule '")), "{e}");
             assert!(
-                e.0.contains("<type>:<source base>:<target base>:<count>"),
+                e.to_string()
+                    .starts_with(&format!("{flag}: invalid rule '")),
+                "{e}"
+            );
+            assert!(
+                e.to_string()
+                    .contains("<type>:<source base>:<target base>:<count>"),
                 "{e}"
             );
         }
@@ -1330,12 +1457,15 @@ mod tests {
     #[test]
     fn malformed_id_map_is_refused_naming_the_flag() {
         let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--uid-map=0:1:2"]).unwrap_err();
-        assert!(e.0.starts_with("--uid-map:"), "{e}");
+        assert!(e.to_string().starts_with("--uid-map:"), "{e}");
     }
 
     #[test]
-    fn log_level_refusal_names_the_flag() {
-        assert!(log_level("loud").unwrap_err().0.starts_with("--log-level:"));
-        assert_eq!(log_level("debug").unwrap(), log::LevelFilter::Debug);
+    fn log_level_refusal_names_the_flag_and_the_levels() {
+        let e = refused_by_clap(&["--log-level=loud"]);
+        assert!(e.contains("'loud'") && e.contains("--log-level"), "{e}");
+        assert!(e.contains("error, warn, info, debug, trace, off"), "{e}");
+        let s = settings(&["--shared-dir=/tmp", "--socket-path=/s", "--log-level=trace"]);
+        assert_eq!(s.unwrap().log.level, log::LevelFilter::Trace);
     }
 }

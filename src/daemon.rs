@@ -4,24 +4,26 @@
 //! listening socket passed with `--fd`), accepts QEMU, serves until QEMU disconnects, and exits.
 //! SIGTERM and SIGINT stop it at any point; the socket file it created is removed either way.
 
-use std::ffi::CString;
-use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use log::info;
+use nix::errno::Errno;
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::stat::Mode;
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::idmap::{MappedFs, Translation};
 use crate::passthrough::{self, PassthroughFs};
-use crate::sandbox::{self, caps, seccomp, SandboxMode};
-use crate::userns::{self, IdMapRange};
+use crate::sandbox::userns::{self, IdMapRange};
+use crate::sandbox::{self, caps, seccomp, SandboxError, SandboxMode};
 use crate::vhost_user::FsBackend;
 
 /// Where the vhost-user socket comes from.
@@ -70,80 +72,112 @@ pub struct ProcessOptions {
 /// The open-files limit the daemon asks for by default.
 pub const DEFAULT_NOFILE: u64 = 1_000_000;
 
-/// Why the daemon stopped with an error.
-#[derive(Debug)]
+/// Why the daemon stopped with an error: one variant per step that can fail; the cause, when
+/// there is one, is the `source()`.
+#[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    /// The shared directory could not be opened.
-    SharedDir(PathBuf, io::Error),
-    /// The vhost-user socket could not be created or accepted on.
-    Socket(String),
-    /// The device could not be set up.
-    Device(String),
-    /// The vhost-user session ended with an error.
-    Session(String),
-    /// The open-files limit could not be set (`--rlimit-nofile`).
-    Limit(String),
-    /// The sandbox could not be set up, or the capabilities not dropped.
-    Sandbox(String),
-    /// The seccomp filter could not be installed (`--seccomp`).
-    Seccomp(String),
+    #[error("cannot open shared directory {}", .path.display())]
+    SharedDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("vhost-user socket: cannot listen on {}", .path.display())]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("vhost-user socket: --fd {0} is not an open socket")]
+    NotASocket(RawFd),
+    #[error("vhost-user socket: cannot give group {gid} (--socket-group) the socket {}", .path.display())]
+    SocketGroup {
+        path: PathBuf,
+        gid: libc::gid_t,
+        #[source]
+        source: io::Error,
+    },
+    #[error("vhost-user socket: cannot set the mode of {}", .path.display())]
+    SocketMode {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// `vhost_user_backend::Error` is no `std::error::Error`: it is shown in the message.
+    #[error("vhost-user socket: accept failed: {0}")]
+    Accept(vhost_user_backend::Error),
+    #[error("cannot block the stop signals (SIGTERM, SIGINT, SIGHUP)")]
+    BlockSignals(#[source] Errno),
+    #[error("cannot start the thread that waits for the stop signals")]
+    SignalThread(#[source] io::Error),
+    #[error("cannot drop supplementary groups")]
+    SupplementaryGroups(#[source] io::Error),
+    #[error("--uid-map/--gid-map")]
+    UserNamespace(#[source] userns::Error),
+    #[error("device setup")]
+    Backend(#[source] io::Error),
+    #[error("device setup: cannot create the vhost-user daemon: {0}")]
+    VhostUserDaemon(vhost_user_backend::Error),
+    #[error("vhost-user session: {0}")]
+    Session(vhost_user_backend::Error),
+    #[error("--rlimit-nofile: cannot read the limit of open files")]
+    GetLimit(#[source] Errno),
+    #[error(
+        "--rlimit-nofile: cannot set the limit of open files to {want} (now soft {soft}, hard \
+         {hard})"
+    )]
+    SetLimit {
+        want: u64,
+        soft: u64,
+        hard: u64,
+        #[source]
+        source: Errno,
+    },
+    #[error("--rlimit-nofile: cannot raise the limit of open files to the hard limit {hard}")]
+    RaiseToHard {
+        hard: u64,
+        #[source]
+        source: Errno,
+    },
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error("cannot drop capabilities")]
+    DropCaps(#[source] io::Error),
+    #[error("--seccomp")]
+    Seccomp(#[source] seccomp::Error),
 }
 
-impl fmt::Display for DaemonError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DaemonError::SharedDir(p, e) => {
-                write!(f, "cannot open shared directory {}: {e}", p.display())
-            }
-            DaemonError::Socket(m) => write!(f, "vhost-user socket: {m}"),
-            DaemonError::Device(m) => write!(f, "device setup: {m}"),
-            DaemonError::Session(m) => write!(f, "vhost-user session: {m}"),
-            DaemonError::Limit(m) => write!(f, "--rlimit-nofile: {m}"),
-            DaemonError::Sandbox(m) => f.write_str(m),
-            DaemonError::Seccomp(m) => write!(f, "--seccomp: {m}"),
-        }
-    }
+/// The signals that stop the daemon.
+fn stop_signals() -> SigSet {
+    [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP]
+        .into_iter()
+        .collect()
 }
-
-impl std::error::Error for DaemonError {}
 
 /// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (and so in every thread it starts
 /// from then on), so that they stay pending until [`handle_stop_signals`] waits for them.
-fn block_stop_signals() -> io::Result<libc::sigset_t> {
-    // SAFETY: `set` is a local sigset_t initialised by sigemptyset before use; the calls only
-    // read and write it and the thread's signal mask.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        Ok(set)
-    }
+fn block_stop_signals() -> Result<SigSet, DaemonError> {
+    let set = stop_signals();
+    set.thread_block().map_err(DaemonError::BlockSignals)?;
+    Ok(set)
 }
 
 /// Blocks the stop signals (see [`block_stop_signals`]), then starts a thread that waits for
 /// them, removes `socket_path` and exits with status 0.
-fn handle_stop_signals(socket_path: Option<PathBuf>) -> io::Result<()> {
+fn handle_stop_signals(socket_path: Option<PathBuf>) -> Result<(), DaemonError> {
     let set = block_stop_signals()?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            let mut sig: libc::c_int = 0;
-            // SAFETY: `set` is a valid, initialised signal set and `sig` a valid out pointer.
-            let rc = unsafe { libc::sigwait(&set, &mut sig) };
-            if rc == 0 {
-                info!("signal {sig} received, exiting");
+            if let Ok(sig) = set.wait() {
+                info!("signal {} received, exiting", sig as i32);
             }
             if let Some(p) = &socket_path {
                 let _ = std::fs::remove_file(p);
             }
             std::process::exit(0);
-        })?;
+        })
+        .map_err(DaemonError::SignalThread)?;
     Ok(())
 }
 
@@ -165,8 +199,9 @@ fn bind_listener(
     match spec {
         SocketSpec::Path(p) => {
             let _ = std::fs::remove_file(p);
-            let l = UnixListener::bind(p).map_err(|e| {
-                DaemonError::Socket(format!("cannot listen on {}: {e}", p.display()))
+            let l = UnixListener::bind(p).map_err(|source| DaemonError::Listen {
+                path: p.clone(),
+                source,
             })?;
             let file = SocketFile(Some(p.clone()));
             set_socket_owner(p, group)?;
@@ -179,9 +214,7 @@ fn bind_listener(
             // SAFETY: see above.
             let rc = unsafe { libc::fstat64(*fd, &mut st) };
             if rc != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-                return Err(DaemonError::Socket(format!(
-                    "--fd {fd} is not an open socket"
-                )));
+                return Err(DaemonError::NotASocket(*fd));
             }
             // SAFETY: the user handed this listening socket to the daemon with `--fd`; nothing
             // else in the process owns it, and it was just checked to be a socket.
@@ -203,25 +236,20 @@ impl Drop for SocketFile {
 
 /// Gives the socket file at `path` to `group` (when set) and its mode (see [`socket_mode`]).
 fn set_socket_owner(path: &Path, group: Option<libc::gid_t>) -> Result<(), DaemonError> {
-    let fail = |what: &str, e: io::Error| {
-        DaemonError::Socket(format!("cannot {what} {}: {e}", path.display()))
-    };
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| fail("use", io::Error::new(io::ErrorKind::InvalidInput, e)))?;
     if let Some(gid) = group {
-        // SAFETY: `c` is a NUL-terminated path; chown reads it only. uid -1 keeps the owner.
-        if unsafe { libc::chown(c.as_ptr(), libc::uid_t::MAX, gid) } != 0 {
-            return Err(fail(
-                &format!("give group {gid} (--socket-group) the socket"),
-                io::Error::last_os_error(),
-            ));
-        }
+        std::os::unix::fs::chown(path, None, Some(gid)).map_err(|source| {
+            DaemonError::SocketGroup {
+                path: path.to_path_buf(),
+                gid,
+                source,
+            }
+        })?;
     }
-    // SAFETY: as above; chmod reads the path only.
-    if unsafe { libc::chmod(c.as_ptr(), socket_mode(group)) } != 0 {
-        return Err(fail("set the mode of", io::Error::last_os_error()));
-    }
-    Ok(())
+    let mode = std::fs::Permissions::from_mode(socket_mode(group));
+    std::fs::set_permissions(path, mode).map_err(|source| DaemonError::SocketMode {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// The limit `--rlimit-nofile` asks for by default: [`DEFAULT_NOFILE`], or less when the
@@ -233,30 +261,8 @@ pub fn default_nofile_limit() -> u64 {
     nr_open.map_or(DEFAULT_NOFILE, |n| n.min(DEFAULT_NOFILE))
 }
 
-fn getrlimit_nofile() -> io::Result<(u64, u64)> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the local `lim` only.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // rlim_t is not u64 on every target.
-    #[allow(clippy::unnecessary_cast)]
-    Ok((lim.rlim_cur as u64, lim.rlim_max as u64))
-}
-
-fn setrlimit_nofile(soft: u64, hard: u64) -> io::Result<()> {
-    let lim = libc::rlimit {
-        rlim_cur: soft as libc::rlim_t,
-        rlim_max: hard as libc::rlim_t,
-    };
-    // SAFETY: setrlimit reads the local `lim` only.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+fn setrlimit_nofile(soft: u64, hard: u64) -> nix::Result<()> {
+    setrlimit(Resource::RLIMIT_NOFILE, soft, hard)
 }
 
 /// Sets the limit of open files as `--rlimit-nofile` asks (see [`ProcessOptions`]). By
@@ -264,15 +270,16 @@ fn setrlimit_nofile(soft: u64, hard: u64) -> io::Result<()> {
 /// when needed; without the privilege to raise the hard limit, the soft limit is raised to the
 /// hard one. An explicit value that cannot be set is an error.
 pub fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), DaemonError> {
-    let err = |e: io::Error| DaemonError::Limit(e.to_string());
-    let (soft, hard) = getrlimit_nofile().map_err(err)?;
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(DaemonError::GetLimit)?;
+    let set_failed = |want, source| DaemonError::SetLimit {
+        want,
+        soft,
+        hard,
+        source,
+    };
     match requested {
         Some(0) => Ok(()),
-        Some(n) => setrlimit_nofile(n, hard.max(n)).map_err(|e| {
-            DaemonError::Limit(format!(
-                "cannot set the limit of open files to {n} (now soft {soft}, hard {hard}): {e}"
-            ))
-        }),
+        Some(n) => setrlimit_nofile(n, hard.max(n)).map_err(|e| set_failed(n, e)),
         None => {
             let want = default_nofile_limit();
             if soft >= want {
@@ -282,7 +289,8 @@ pub fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), DaemonError> {
                 Ok(()) => Ok(()),
                 Err(e) if hard < want => {
                     if soft < hard {
-                        setrlimit_nofile(hard, hard).map_err(err)?;
+                        setrlimit_nofile(hard, hard)
+                            .map_err(|source| DaemonError::RaiseToHard { hard, source })?;
                     }
                     info!(
                         "cannot raise the hard limit of open files to {want} ({e}); using the \
@@ -290,7 +298,7 @@ pub fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), DaemonError> {
                     );
                     Ok(())
                 }
-                Err(e) => Err(err(e)),
+                Err(e) => Err(set_failed(want, e)),
             }
         }
     }
@@ -306,18 +314,18 @@ pub fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), DaemonError> {
 pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonError> {
     // A stop signal that arrives before the daemon waits for it (once the socket exists, a
     // service manager may send one at any time) waits, pending.
-    block_stop_signals().map_err(|e| DaemonError::Device(e.to_string()))?;
+    block_stop_signals()?;
     // The socket is created with the restrictive mode straight away, then chmod-ed to it.
-    // SAFETY: umask has no memory-safety preconditions.
-    unsafe { libc::umask(0o777 & !socket_mode(opts.socket_group)) };
+    nix::sys::stat::umask(Mode::from_bits_truncate(
+        0o777 & !socket_mode(opts.socket_group),
+    ));
     set_rlimit_nofile(opts.rlimit_nofile)?;
     // Requests are checked against the caller's groups, never the daemon's own.
-    passthrough::drop_supplementary_groups()
-        .map_err(|e| DaemonError::Device(format!("cannot drop supplementary groups: {e}")))?;
+    passthrough::drop_supplementary_groups().map_err(DaemonError::SupplementaryGroups)?;
     // Still single-threaded here, as entering a user namespace requires.
     if !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty() {
         userns::enter_user_namespace(&cfg.uid_map, &cfg.gid_map)
-            .map_err(|e| DaemonError::Device(format!("--uid-map/--gid-map: {e}")))?;
+            .map_err(DaemonError::UserNamespace)?;
         info!("running in a user namespace");
     }
 
@@ -328,8 +336,7 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
     let listener = bind_listener(&cfg.socket, opts.socket_group)?;
     let mut socket_file = SocketFile(socket_path.clone());
     // Modes from the guest are applied as given; the guest kernel already applied its umask.
-    // SAFETY: umask has no memory-safety preconditions.
-    unsafe { libc::umask(0) };
+    nix::sys::stat::umask(Mode::empty());
 
     // Still single-threaded: forks and enters namespaces. A supervised child cannot name the
     // socket file any more; its parent removes it.
@@ -338,8 +345,7 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         &cfg.fs.root_dir,
         socket_path.as_deref(),
         listener.as_raw_fd(),
-    )
-    .map_err(|e| DaemonError::Sandbox(e.to_string()))?;
+    )?;
     if confined.supervised {
         std::mem::forget(std::mem::replace(&mut socket_file, SocketFile(None)));
     }
@@ -350,11 +356,10 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         _ => caps::FILE_HANDLE_CAPS,
     };
     let keep = caps::kept(caps::running_as_root(), file_handle_caps, &opts.modcaps);
-    let kept = caps::drop_all_but(keep, caps::last_cap())
-        .map_err(|e| DaemonError::Sandbox(format!("cannot drop capabilities: {e}")))?;
+    let kept = caps::drop_all_but(keep, caps::last_cap()).map_err(DaemonError::DropCaps)?;
     info!("capabilities kept: {kept}");
 
-    handle_stop_signals(socket_file.0.clone()).map_err(|e| DaemonError::Device(e.to_string()))?;
+    handle_stop_signals(socket_file.0.clone())?;
     let shown = cfg.fs.root_dir.clone();
     cfg.fs.root_dir = confined.root_dir;
     let seccomp_action = opts.seccomp;
@@ -362,7 +367,7 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         // Set-up is done: the shared directory is open, the socket listens, the request
         // threads of --thread-pool-size and the signal thread run (the filter reaches them
         // with TSYNC); the per-queue workers started after accepting inherit it.
-        seccomp::install(seccomp_action).map_err(|e| DaemonError::Seccomp(e.to_string()))?;
+        seccomp::install(seccomp_action).map_err(DaemonError::Seccomp)?;
         if seccomp_action != seccomp::Action::None {
             info!("seccomp filter installed (--seccomp={seccomp_action})");
         }
@@ -398,7 +403,10 @@ fn serve_with(
     shown: &Path,
     listener: impl FnOnce() -> Result<Listener, DaemonError>,
 ) -> Result<(), DaemonError> {
-    let shared_dir = |e| DaemonError::SharedDir(shown.to_path_buf(), e);
+    let shared_dir = |source| DaemonError::SharedDir {
+        path: shown.to_path_buf(),
+        source,
+    };
     let fs = match proc_self_fd {
         Some(fd) => PassthroughFs::with_proc_self_fd(cfg.fs, fd),
         None => PassthroughFs::new(cfg.fs),
@@ -406,16 +414,14 @@ fn serve_with(
     .map_err(shared_dir)?;
     // Always wrapped, so the device has one type; without rules the wrapper only forwards.
     let fs = MappedFs::new(fs, cfg.translate);
-    let backend = Arc::new(
-        FsBackend::new(fs, cfg.tag, cfg.thread_pool_size)
-            .map_err(|e| DaemonError::Device(e.to_string()))?,
-    );
+    let backend =
+        Arc::new(FsBackend::new(fs, cfg.tag, cfg.thread_pool_size).map_err(DaemonError::Backend)?);
     let mut daemon = VhostUserDaemon::new(
         "virtiofsd".into(),
         backend,
         GuestMemoryAtomic::new(GuestMemoryMmap::new()),
     )
-    .map_err(|e| DaemonError::Device(e.to_string()))?;
+    .map_err(DaemonError::VhostUserDaemon)?;
 
     let mut listener = listener()?;
     info!(
@@ -426,9 +432,7 @@ fn serve_with(
             SocketSpec::Fd(fd) => format!("fd {fd}"),
         }
     );
-    daemon
-        .start(&mut listener)
-        .map_err(|e| DaemonError::Socket(format!("accept failed: {e}")))?;
+    daemon.start(&mut listener).map_err(DaemonError::Accept)?;
     info!("frontend connected");
     let result = daemon.wait();
     for handler in daemon.get_epoll_handlers() {
@@ -442,6 +446,6 @@ fn serve_with(
             info!("frontend disconnected, exiting");
             Ok(())
         }
-        Err(e) => Err(DaemonError::Session(e.to_string())),
+        Err(e) => Err(DaemonError::Session(e)),
     }
 }

@@ -6,9 +6,14 @@
 //! - [`filesystem`]: the trait the dispatcher calls;
 //! - [`passthrough`]: the filesystem that serves a host directory;
 //! - [`idmap`]: daemon-side uid/gid translation, a filesystem wrapped around the passthrough one;
-//! - [`userns`]: running the daemon inside a user namespace (`--uid-map`, `--gid-map`);
-//! - [`sandbox`]: confining the daemon (`--sandbox`), dropping capabilities (`--modcaps`) and the
-//!   seccomp filter (`--seccomp`).
+//! - [`sandbox`]: confining the daemon (`--sandbox`), dropping capabilities (`--modcaps`), the
+//!   seccomp filter (`--seccomp`) and the user namespace of `--uid-map`/`--gid-map`
+//!   ([`sandbox::userns`]);
+//! - [`error`]: showing an error with its causes.
+//!
+//! With the `test-utils` feature (and in the library's own unit tests), `frontend` holds the
+//! test frontend that plays QEMU and the guest kernel (integration tests, `virtiofsd-bench`, the
+//! fuzz harness); the daemon is built without it.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
@@ -16,12 +21,13 @@
 pub mod activation;
 pub mod cli;
 pub mod daemon;
+pub mod error;
 pub mod filesystem;
+#[cfg(any(test, feature = "test-utils"))]
 pub mod frontend;
 pub mod fuse;
 pub mod idmap;
 pub mod logging;
 pub mod passthrough;
 pub mod sandbox;
-pub mod userns;
 pub mod vhost_user;

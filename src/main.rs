@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use virtiofsd::cli::{Args, Command, CAPABILITIES};
+use virtiofsd::error::Chain;
 use virtiofsd::{activation, daemon, logging};
 
 fn main() -> ExitCode {
@@ -37,7 +38,7 @@ fn main() -> ExitCode {
     match daemon::run(settings.daemon, &settings.process) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            log::error!("{e}");
+            log::error!("{}", Chain(&e));
             ExitCode::FAILURE
         }
     }

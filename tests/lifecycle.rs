@@ -316,9 +316,9 @@ fn serve_refuses_a_missing_shared_directory_without_creating_the_socket() {
     let d = run_dirs();
     let missing = d.share.join("missing");
     match daemon::serve(config(&missing, &d.socket)) {
-        Err(DaemonError::SharedDir(p, e)) => {
-            assert_eq!(p, missing);
-            assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+        Err(DaemonError::SharedDir { path, source }) => {
+            assert_eq!(path, missing);
+            assert_eq!(source.raw_os_error(), Some(libc::ENOENT));
         }
         other => panic!("expected a shared-directory error, got {other:?}"),
     }
@@ -331,7 +331,7 @@ fn serve_refuses_a_socket_path_it_cannot_bind() {
     let bad = d.share.join("no/such/dir/vfs.sock");
     assert!(matches!(
         daemon::serve(config(&d.share, &bad)),
-        Err(DaemonError::Socket(_))
+        Err(DaemonError::Listen { .. })
     ));
 }
 
@@ -340,7 +340,7 @@ fn serve_refuses_a_tag_longer_than_the_config_space() {
     let d = run_dirs();
     let mut cfg = config(&d.share, &d.socket);
     cfg.tag = Some("t".repeat(37));
-    assert!(matches!(daemon::serve(cfg), Err(DaemonError::Device(_))));
+    assert!(matches!(daemon::serve(cfg), Err(DaemonError::Backend(_))));
     assert!(!d.socket.exists());
 }
 

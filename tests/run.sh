@@ -9,11 +9,13 @@ cd "$(dirname "$0")/.."
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== cargo clippy"
+echo "== cargo clippy (the daemon alone, then with the test frontend)"
 cargo clippy --all-targets --locked -- -D warnings
+cargo clippy --all-targets --locked --features test-utils -- -D warnings
 
 echo "== unit and in-process integration tests"
-mkdir -p target && cargo test --locked --all-targets 2>&1 | tee target/test-output.txt
+# The integration tests drive the daemon through the test frontend (feature test-utils).
+mkdir -p target && cargo test --locked --all-targets --features test-utils 2>&1 | tee target/test-output.txt
 
 echo "== fuzzing: each cargo-fuzz target for 60 s (a crash leaves its input in tests/fuzz/artifacts/)"
 tests/fuzz/run.sh 60

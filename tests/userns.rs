@@ -1,4 +1,4 @@
-//! `userns::enter_user_namespace` for real: files the process creates inside the namespace
+//! `sandbox::userns::enter_user_namespace` for real: files the process creates inside the namespace
 //! belong on the host to the ids the maps name.
 //!
 //! Entering a user namespace needs a single-threaded process, and the test harness runs every
@@ -15,7 +15,8 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use virtiofsd::userns::{enter_user_namespace, IdMapRange};
+use virtiofsd::error::Chain;
+use virtiofsd::sandbox::userns::{enter_user_namespace, IdMapRange};
 
 /// Names the scenario the child plays: `probe`, or `<scenario>:<directory>`.
 const MODE: &str = "VIRTIOFSD_USERNS_TEST";
@@ -64,12 +65,12 @@ fn child(mode: &str) -> Result<(), String> {
     match scenario {
         "root" => {
             let map = [range(HOST_BASE, 65536)];
-            enter_user_namespace(&map, &map).map_err(|e| e.to_string())?;
+            enter_user_namespace(&map, &map).map_err(|e| Chain(&e).to_string())?;
         }
-        "own" => enter_user_namespace(&[], &[]).map_err(|e| e.to_string())?,
+        "own" => enter_user_namespace(&[], &[]).map_err(|e| Chain(&e).to_string())?,
         "foreign" => {
             let map = [range(HOST_BASE, 65536)];
-            enter_user_namespace(&map, &[]).map_err(|e| e.to_string())?;
+            enter_user_namespace(&map, &[]).map_err(|e| Chain(&e).to_string())?;
         }
         _ => return Err(format!("unknown scenario {scenario}")),
     }
@@ -87,14 +88,15 @@ fn child(mode: &str) -> Result<(), String> {
             "inside the namespace uid/euid/gid/egid are {ids:?}"
         ));
     }
-    let uid_map = fs::read_to_string("/proc/self/uid_map").map_err(|e| e.to_string())?;
-    let setgroups = fs::read_to_string("/proc/self/setgroups").map_err(|e| e.to_string())?;
+    let uid_map = fs::read_to_string("/proc/self/uid_map").map_err(|e| Chain(&e).to_string())?;
+    let setgroups =
+        fs::read_to_string("/proc/self/setgroups").map_err(|e| Chain(&e).to_string())?;
     let path = Path::new(dir).join("inside");
     let report = format!("{}\n{}\n{}", ids[0], uid_map.trim(), setgroups.trim());
     fs::write(&path, report).map_err(|e| format!("create {}: {e}", path.display()))?;
     // The daemon reopens files through /proc/self/fd; that must still work once the process
     // has changed credentials.
-    let f = fs::File::open(&path).map_err(|e| e.to_string())?;
+    let f = fs::File::open(&path).map_err(|e| Chain(&e).to_string())?;
     let mut back = String::new();
     fs::File::open(format!("/proc/self/fd/{}", f.as_raw_fd()))
         .and_then(|mut g| g.read_to_string(&mut back))

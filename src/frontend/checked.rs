@@ -25,12 +25,8 @@ use super::fuse_client::{
     cstr, opcode_name, parse_direntplus, parse_dirents, DirEntry, DirEntryPlus, FuseClient,
     KernelState, DEFAULT_INIT_FLAGS, DEFAULT_MAX_READAHEAD, INIT_MINOR,
 };
-use super::{Error, Result};
+use super::{Error, FuseResult, Result};
 use crate::fuse::abi::{self, opcode, Pod};
-
-/// Outcome of a fallible typed request: `Err` for a transport or protocol failure, `Ok(Err(e))`
-/// for a FUSE error reply with positive errno `e`, `Ok(Ok(v))` for success.
-pub type FuseResult<T> = Result<std::result::Result<T, i32>>;
 
 fn exact<T: Pod>(op: u32, body: &[u8]) -> Result<T> {
     let size = std::mem::size_of::<T>();
@@ -44,6 +40,22 @@ fn exact<T: Pod>(op: u32, body: &[u8]) -> Result<T> {
     T::from_prefix(body).ok_or_else(|| Error::Protocol(format!("{}: short body", opcode_name(op))))
 }
 
+/// A reply body, refused when longer than the `reply_cap` bytes asked for.
+fn checked_body(
+    op: u32,
+    r: std::result::Result<Vec<u8>, i32>,
+    reply_cap: usize,
+) -> FuseResult<Vec<u8>> {
+    match r {
+        Ok(body) if body.len() > reply_cap => Err(Error::Protocol(format!(
+            "{}: {}-byte reply body exceeds the {reply_cap} bytes asked for",
+            opcode_name(op),
+            body.len()
+        ))),
+        r => Ok(r),
+    }
+}
+
 impl FuseClient {
     /// Sends a request and waits for its reply; returns the body (at most `reply_cap` bytes) or
     /// the errno.
@@ -55,14 +67,7 @@ impl FuseClient {
         reply_cap: usize,
     ) -> FuseResult<Vec<u8>> {
         let reply = self.request(op, nodeid, args, reply_cap)?;
-        match reply.into_result() {
-            Ok(body) if body.len() > reply_cap => Err(Error::Protocol(format!(
-                "{}: {}-byte reply body exceeds the {reply_cap} bytes asked for",
-                opcode_name(op),
-                body.len()
-            ))),
-            r => Ok(r),
-        }
+        checked_body(op, reply.into_result(), reply_cap)
     }
 
     /// Like [`FuseClient::try_call`], for replies that must be exactly one `T`.
@@ -82,6 +87,44 @@ impl FuseClient {
                 body.len()
             ))),
             Ok(_) => Ok(Ok(())),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    /// Like [`FuseClient::try_call`], with request extensions `ext` (whole 8-byte records, see
+    /// [`super::fuse_client::secctx_extension`]) after the arguments and `total_extlen` set as
+    /// the kernel does.
+    pub fn try_call_with_ext(
+        &mut self,
+        op: u32,
+        nodeid: u64,
+        args: &[&[u8]],
+        ext: &[u8],
+        reply_cap: usize,
+    ) -> FuseResult<Vec<u8>> {
+        assert_eq!(ext.len() % 8, 0, "extensions come in 8-byte units");
+        if ext.is_empty() {
+            return self.try_call(op, nodeid, args, reply_cap);
+        }
+        let mut all = args.to_vec();
+        all.push(ext);
+        let unique = self.next_unique();
+        let mut hdr = self.header(unique, op, nodeid, &all, self.ctx());
+        hdr.total_extlen = (ext.len() / 8) as u16;
+        let reply = self.request_with_header(hdr, &all, reply_cap)?;
+        checked_body(op, reply.into_result(), reply_cap)
+    }
+
+    /// Like [`FuseClient::try_call_with_ext`], for replies that must be exactly one `T`.
+    pub fn try_call_ext_obj<T: Pod>(
+        &mut self,
+        op: u32,
+        nodeid: u64,
+        args: &[&[u8]],
+        ext: &[u8],
+    ) -> FuseResult<T> {
+        match self.try_call_with_ext(op, nodeid, args, ext, std::mem::size_of::<T>())? {
+            Ok(body) => exact::<T>(op, &body).map(Ok),
             Err(e) => Ok(Err(e)),
         }
     }
@@ -211,22 +254,38 @@ impl FuseClient {
             open_flags: 0,
         };
         let n = cstr(name.as_ref());
+        self.try_create_like(opcode::CREATE, parent, &arg, &n, &[])
+    }
+
+    /// FUSE_CREATE or FUSE_TMPFILE with a caller-made `fuse_create_in`, the name (NUL
+    /// terminated) and request extensions `ext` (may be empty); returns the new entry and the
+    /// open file.
+    pub fn try_create_like(
+        &mut self,
+        op: u32,
+        parent: u64,
+        arg: &abi::CreateIn,
+        name: &[u8],
+        ext: &[u8],
+    ) -> FuseResult<(abi::EntryOut, abi::OpenOut)> {
         let es = std::mem::size_of::<abi::EntryOut>();
         let os = std::mem::size_of::<abi::OpenOut>();
-        let body = match self.try_call(opcode::CREATE, parent, &[arg.as_bytes(), &n], es + os)? {
-            Ok(b) => b,
-            Err(e) => return Ok(Err(e)),
-        };
+        let body =
+            match self.try_call_with_ext(op, parent, &[arg.as_bytes(), name], ext, es + os)? {
+                Ok(b) => b,
+                Err(e) => return Ok(Err(e)),
+            };
         if body.len() != es + os {
             return Err(Error::Protocol(format!(
-                "CREATE: reply body is {} bytes, expected {}",
+                "{}: reply body is {} bytes, expected {}",
+                opcode_name(op),
                 body.len(),
                 es + os
             )));
         }
         Ok(Ok((
-            exact::<abi::EntryOut>(opcode::CREATE, &body[..es])?,
-            exact::<abi::OpenOut>(opcode::CREATE, &body[es..])?,
+            exact::<abi::EntryOut>(op, &body[..es])?,
+            exact::<abi::OpenOut>(op, &body[es..])?,
         )))
     }
 

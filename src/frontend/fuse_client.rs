@@ -17,7 +17,6 @@
 //!   [`FuseClient::submit`]/[`FuseClient::complete`]/[`FuseClient::wait`] for pipelining;
 //! - raw submissions (arbitrary bytes, arbitrary descriptor chains) for robustness tests.
 
-use super::checked::FuseResult;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,7 +24,7 @@ use std::time::Duration;
 
 use super::memory::{Arena, GuestMemory};
 use super::virtqueue::{Buffer, RawDesc, UsedElem, Virtqueue};
-use super::{Error, Result};
+use super::{Error, FuseResult, Result};
 use crate::fuse::abi::{self, opcode, InHeader, OutHeader, Pod};
 
 /// Step between request ids, as in Linux (the low bit marks interrupts).
@@ -732,7 +731,14 @@ impl FuseClient {
         }
     }
 
-    fn header(&self, unique: u64, opcode: u32, nodeid: u64, args: &[&[u8]], ctx: Ctx) -> InHeader {
+    pub(super) fn header(
+        &self,
+        unique: u64,
+        opcode: u32,
+        nodeid: u64,
+        args: &[&[u8]],
+        ctx: Ctx,
+    ) -> InHeader {
         let body: usize = args.iter().map(|a| a.len()).sum();
         InHeader {
             len: (std::mem::size_of::<InHeader>() + body) as u32,
@@ -1002,6 +1008,9 @@ impl FuseClient {
     }
 
     // ---- typed helpers -------------------------------------------------------------------
+    //
+    // Each is a thin wrapper over its fallible `try_*` twin (`checked.rs`), which lays out the
+    // request and checks the reply: one call path, two ways to report a broken daemon.
 
     /// Sends a request, panicking on transport/protocol failure; returns the body or the errno.
     fn call(
@@ -1011,20 +1020,7 @@ impl FuseClient {
         args: &[&[u8]],
         reply_cap: usize,
     ) -> std::result::Result<Vec<u8>, i32> {
-        match self.request(op, nodeid, args, reply_cap) {
-            Ok(r) => {
-                let body = r.into_result()?;
-                if body.len() > reply_cap {
-                    panic!(
-                        "{}: {}-byte reply body exceeds the {reply_cap} bytes asked for",
-                        opcode_name(op),
-                        body.len()
-                    );
-                }
-                Ok(body)
-            }
-            Err(e) => panic!("{} on nodeid {nodeid} failed: {e}", opcode_name(op)),
-        }
+        settle(op, self.try_call(op, nodeid, args, reply_cap))
     }
 
     /// Like `call`, for replies that must be exactly one `T`.
@@ -1034,33 +1030,12 @@ impl FuseClient {
         nodeid: u64,
         args: &[&[u8]],
     ) -> std::result::Result<T, i32> {
-        let size = std::mem::size_of::<T>();
-        let body = self.call(op, nodeid, args, size)?;
-        Ok(Self::exact::<T>(op, &body))
+        settle(op, self.try_call_obj(op, nodeid, args))
     }
 
     /// Like `call`, for replies without a body.
     fn call_empty(&mut self, op: u32, nodeid: u64, args: &[&[u8]]) -> std::result::Result<(), i32> {
-        let body = self.call(op, nodeid, args, 0)?;
-        assert!(
-            body.is_empty(),
-            "{}: unexpected {}-byte reply body",
-            opcode_name(op),
-            body.len()
-        );
-        Ok(())
-    }
-
-    fn exact<T: Pod>(op: u32, body: &[u8]) -> T {
-        let size = std::mem::size_of::<T>();
-        assert_eq!(
-            body.len(),
-            size,
-            "{}: reply body is {} bytes, expected {size}",
-            opcode_name(op),
-            body.len()
-        );
-        T::from_prefix(body).expect("length checked")
+        settle(op, self.try_call_empty(op, nodeid, args))
     }
 
     /// FUSE_INIT as a Linux 6.x kernel sends it: 7.38, [`DEFAULT_INIT_FLAGS`], 64-byte
@@ -1287,31 +1262,10 @@ impl FuseClient {
             umask,
             open_flags: 0,
         };
-        self.create_like(opcode::TMPFILE, parent, &arg, &cstr(b"/"))
-    }
-
-    fn create_like(
-        &mut self,
-        op: u32,
-        parent: u64,
-        arg: &abi::CreateIn,
-        name: &[u8],
-    ) -> std::result::Result<(abi::EntryOut, abi::OpenOut), i32> {
-        let es = std::mem::size_of::<abi::EntryOut>();
-        let os = std::mem::size_of::<abi::OpenOut>();
-        let body = self.call(op, parent, &[arg.as_bytes(), name], es + os)?;
-        assert_eq!(
-            body.len(),
-            es + os,
-            "{}: reply body is {} bytes, expected {}",
-            opcode_name(op),
-            body.len(),
-            es + os
-        );
-        Ok((
-            abi::EntryOut::from_prefix(&body).expect("sized"),
-            abi::OpenOut::from_prefix(&body[es..]).expect("sized"),
-        ))
+        settle(
+            opcode::TMPFILE,
+            self.try_create_like(opcode::TMPFILE, parent, &arg, &cstr(b"/"), &[]),
+        )
     }
 
     /// FUSE_READ of up to `size` bytes at `offset`.
@@ -1518,16 +1472,7 @@ impl FuseClient {
         ext: &[u8],
         reply_cap: usize,
     ) -> std::result::Result<Vec<u8>, i32> {
-        assert_eq!(ext.len() % 8, 0, "extensions come in 8-byte units");
-        let mut all = args.to_vec();
-        all.push(ext);
-        let unique = self.next_unique();
-        let mut hdr = self.header(unique, op, nodeid, &all, self.ctx());
-        hdr.total_extlen = (ext.len() / 8) as u16;
-        match self.request_with_header(hdr, &all, reply_cap) {
-            Ok(r) => r.into_result(),
-            Err(e) => panic!("{} on nodeid {nodeid} failed: {e}", opcode_name(op)),
-        }
+        settle(op, self.try_call_with_ext(op, nodeid, args, ext, reply_cap))
     }
 
     /// FUSE_MKDIR with request extensions.
@@ -1541,9 +1486,8 @@ impl FuseClient {
     ) -> std::result::Result<abi::EntryOut, i32> {
         let arg = abi::MkdirIn { mode, umask };
         let n = cstr(name.as_ref());
-        let es = std::mem::size_of::<abi::EntryOut>();
-        let body = self.call_with_ext(opcode::MKDIR, parent, &[arg.as_bytes(), &n], ext, es)?;
-        Ok(Self::exact(opcode::MKDIR, &body))
+        let r = self.try_call_ext_obj(opcode::MKDIR, parent, &[arg.as_bytes(), &n], ext);
+        settle(opcode::MKDIR, r)
     }
 
     /// FUSE_MKNOD with request extensions.
@@ -1563,9 +1507,8 @@ impl FuseClient {
             padding: 0,
         };
         let n = cstr(name.as_ref());
-        let es = std::mem::size_of::<abi::EntryOut>();
-        let body = self.call_with_ext(opcode::MKNOD, parent, &[arg.as_bytes(), &n], ext, es)?;
-        Ok(Self::exact(opcode::MKNOD, &body))
+        let r = self.try_call_ext_obj(opcode::MKNOD, parent, &[arg.as_bytes(), &n], ext);
+        settle(opcode::MKNOD, r)
     }
 
     /// FUSE_SYMLINK with request extensions.
@@ -1578,9 +1521,8 @@ impl FuseClient {
     ) -> std::result::Result<abi::EntryOut, i32> {
         let n = cstr(name.as_ref());
         let t = cstr(target.as_ref());
-        let es = std::mem::size_of::<abi::EntryOut>();
-        let body = self.call_with_ext(opcode::SYMLINK, parent, &[&n, &t], ext, es)?;
-        Ok(Self::exact(opcode::SYMLINK, &body))
+        let r = self.try_call_ext_obj(opcode::SYMLINK, parent, &[&n, &t], ext);
+        settle(opcode::SYMLINK, r)
     }
 
     /// FUSE_CREATE with `open_flags` (`FUSE_OPEN_KILL_SUIDGID`) and request extensions.
@@ -1602,20 +1544,10 @@ impl FuseClient {
             open_flags,
         };
         let n = cstr(name.as_ref());
-        let es = std::mem::size_of::<abi::EntryOut>();
-        let os = std::mem::size_of::<abi::OpenOut>();
-        let body =
-            self.call_with_ext(opcode::CREATE, parent, &[arg.as_bytes(), &n], ext, es + os)?;
-        assert_eq!(
-            body.len(),
-            es + os,
-            "CREATE: reply body is {} bytes",
-            body.len()
-        );
-        Ok((
-            abi::EntryOut::from_prefix(&body).expect("sized"),
-            abi::OpenOut::from_prefix(&body[es..]).expect("sized"),
-        ))
+        settle(
+            opcode::CREATE,
+            self.try_create_like(opcode::CREATE, parent, &arg, &n, ext),
+        )
     }
 
     /// FUSE_OPEN with `open_flags` (`FUSE_OPEN_KILL_SUIDGID`).

@@ -1,5 +1,5 @@
-//! Guest memory of the test frontend: one memfd mapped `MAP_SHARED`, handed to the daemon with
-//! `VHOST_USER_SET_MEM_TABLE` as a single region.
+//! Guest memory of the test frontend: one memfd mapped `MAP_SHARED` as a `vm-memory`
+//! `GuestMemoryMmap` of one region, handed to the daemon with `VHOST_USER_SET_MEM_TABLE`.
 //!
 //! [`GuestMemory`] owns the mapping and hands out ranges with a bump allocator (rings, indirect
 //! tables, per-client buffer areas: everything that lives as long as the connection). Short-lived
@@ -11,12 +11,16 @@
 //! non-zero base so that a daemon that confuses offsets and addresses fails loudly.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU16, AtomicU32};
+use std::fs::File;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use vhost::VhostUserMemoryRegionInfo;
+use vm_memory::{
+    AtomicAccess, Bytes, FileOffset, GuestAddress, GuestMemoryBackend as _, GuestMemoryMmap,
+    GuestRegionMmap, MmapRegion,
+};
 
 use super::{Error, Result};
 use crate::fuse::abi::Pod;
@@ -34,28 +38,24 @@ pub(crate) fn align_up(v: u64, align: u64) -> u64 {
     (v + align - 1) & !(align - 1)
 }
 
-/// One memfd-backed, shared mapping of guest memory at a fixed guest physical base address.
+/// Guest memory: one memfd mapped shared, as a `vm-memory` [`GuestMemoryMmap`] of one region
+/// at a fixed guest physical base address. Every access is bounds-checked here (with this
+/// module's errors) and done by `vm-memory`; ring fields are read and written with atomic
+/// loads and stores ([`Bytes::load`], [`Bytes::store`]).
 pub struct GuestMemory {
-    fd: OwnedFd,
-    host: NonNull<u8>,
+    mem: GuestMemoryMmap,
+    /// The memfd behind `mem` (the region holds it too).
+    file: std::sync::Arc<File>,
     size: usize,
     gpa_base: u64,
     /// Offset of the first byte not yet handed out by [`GuestMemory::alloc`].
     bump: Mutex<u64>,
 }
 
-// SAFETY: the mapping is owned by this struct and lives until `drop`; all accesses through the raw
-// pointer go through bounds-checked methods that copy bytes or use atomics, so sharing the struct
-// between threads cannot create references to freed memory. Concurrent writes to the same guest
-// bytes are the caller's protocol problem, exactly as for a real guest.
-unsafe impl Send for GuestMemory {}
-// SAFETY: see `Send`; no method hands out a `&mut` into the mapping.
-unsafe impl Sync for GuestMemory {}
-
 impl std::fmt::Debug for GuestMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GuestMemory")
-            .field("fd", &self.fd.as_raw_fd())
+            .field("fd", &self.file.as_raw_fd())
             .field("size", &self.size)
             .field("gpa_base", &format_args!("{:#x}", self.gpa_base))
             .field("allocated", &self.allocated())
@@ -80,42 +80,23 @@ impl GuestMemory {
             return Err(Error::Config("guest memory range overflows".into()));
         }
 
-        // SAFETY: the name is a valid NUL-terminated string; memfd_create does not keep the
-        // pointer.
-        let raw =
-            unsafe { libc::memfd_create(c"virtiofsd-test-guest".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(Error::io("memfd_create", std::io::Error::last_os_error()));
-        }
-        // SAFETY: `raw` is a freshly created file descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-
-        // SAFETY: `fd` is a valid memfd; ftruncate only changes its size.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } < 0 {
-            return Err(Error::io("ftruncate", std::io::Error::last_os_error()));
-        }
-
-        // SAFETY: we ask for a fresh shared mapping of `size` bytes of a file that is at least
-        // `size` bytes long; the kernel picks the address, so no existing mapping is affected.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::io("mmap", std::io::Error::last_os_error()));
-        }
-        let host = NonNull::new(ptr.cast::<u8>())
-            .ok_or_else(|| Error::Config("mmap returned a null mapping".into()))?;
-
+        let fd = nix::sys::memfd::memfd_create(
+            c"virtiofsd-test-guest",
+            nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+        )
+        .map_err(|e| Error::io("memfd_create", e.into()))?;
+        let file = std::sync::Arc::new(File::from(fd));
+        file.set_len(size as u64)
+            .map_err(|e| Error::io("ftruncate", e))?;
+        let mapping = MmapRegion::from_file(FileOffset::from_arc(file.clone(), 0), size)
+            .map_err(|e| Error::io("mmap", std::io::Error::other(e)))?;
+        let region = GuestRegionMmap::new(mapping, GuestAddress(gpa_base))
+            .ok_or_else(|| Error::Config("guest memory range overflows".into()))?;
+        let mem = GuestMemoryMmap::from_regions(vec![region])
+            .map_err(|e| Error::Config(format!("guest memory: {e}")))?;
         Ok(GuestMemory {
-            fd,
-            host,
+            mem,
+            file,
             size,
             gpa_base,
             bump: Mutex::new(0),
@@ -132,14 +113,14 @@ impl GuestMemory {
         self.size
     }
 
-    /// One past the last valid guest physical address.
+    /// Guest physical address one past the last byte.
     pub fn gpa_end(&self) -> u64 {
         self.gpa_base + self.size as u64
     }
 
     /// The memfd backing guest memory.
     pub fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.file.as_raw_fd()
     }
 
     /// The region as `VHOST_USER_SET_MEM_TABLE` describes it: guest address, size, frontend
@@ -150,32 +131,51 @@ impl GuestMemory {
         VhostUserMemoryRegionInfo {
             guest_phys_addr: self.gpa_base,
             memory_size: self.size as u64,
-            userspace_addr: self.host.as_ptr() as u64,
+            userspace_addr: self
+                .host_address(self.gpa_base)
+                .expect("the first byte is inside"),
             mmap_offset: 0,
-            mmap_handle: self.fd.as_raw_fd(),
+            mmap_handle: self.file.as_raw_fd(),
             ..Default::default()
         }
     }
 
     /// Whether `[gpa, gpa + len)` lies inside guest memory.
     pub fn contains(&self, gpa: u64, len: u64) -> bool {
-        self.offset_of(gpa, len).is_ok()
+        self.check(gpa, len).is_ok()
     }
 
-    fn offset_of(&self, gpa: u64, len: u64) -> Result<usize> {
+    /// `gpa` as a guest address, when `[gpa, gpa + len)` lies inside guest memory.
+    fn check(&self, gpa: u64, len: u64) -> Result<GuestAddress> {
         let out = || Error::AddressOutOfRange { addr: gpa, len };
         let off = gpa.checked_sub(self.gpa_base).ok_or_else(out)?;
         let end = off.checked_add(len).ok_or_else(out)?;
         if end > self.size as u64 {
             return Err(out());
         }
-        Ok(off as usize)
+        Ok(GuestAddress(gpa))
+    }
+
+    /// A failed access to a range [`GuestMemory::check`] accepted.
+    fn failed(gpa: u64, len: usize, e: vm_memory::GuestMemoryError) -> Error {
+        Error::Config(format!(
+            "guest memory access at {gpa:#x} ({len} bytes): {e}"
+        ))
     }
 
     /// The frontend's (userspace) address of `gpa`: what `VHOST_USER_SET_VRING_ADDR` carries.
     pub fn host_address(&self, gpa: u64) -> Result<u64> {
-        let off = self.offset_of(gpa, 0)?;
-        Ok(self.host.as_ptr() as u64 + off as u64)
+        let addr = self.check(gpa, 0)?;
+        // The end of memory is a valid address here (an empty range), but no byte of a region.
+        if gpa == self.gpa_end() {
+            let last = self.host_address(gpa - 1)?;
+            return Ok(last + 1);
+        }
+        let host = self
+            .mem
+            .get_host_address(addr)
+            .map_err(|e| Self::failed(gpa, 0, e))?;
+        Ok(host as u64)
     }
 
     /// Reserves `len` bytes aligned to `align` (a power of two) for the lifetime of this memory.
@@ -210,24 +210,25 @@ impl GuestMemory {
 
     /// Copies `data` to guest memory at `gpa`.
     pub fn write(&self, gpa: u64, data: &[u8]) -> Result<()> {
-        let off = self.offset_of(gpa, data.len() as u64)?;
-        // SAFETY: `offset_of` checked that `[off, off + len)` lies inside the live mapping, and
-        // `data` cannot overlap it (it is a Rust slice, the mapping is only reachable through raw
-        // pointers).
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.host.as_ptr().add(off), data.len())
-        };
-        Ok(())
+        let addr = self.check(gpa, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.mem
+            .write_slice(data, addr)
+            .map_err(|e| Self::failed(gpa, data.len(), e))
     }
 
     /// Copies guest memory at `gpa` into `buf`.
     pub fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<()> {
-        let off = self.offset_of(gpa, buf.len() as u64)?;
-        // SAFETY: as in `write`, with source and destination swapped.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.host.as_ptr().add(off), buf.as_mut_ptr(), buf.len())
-        };
-        Ok(())
+        let addr = self.check(gpa, buf.len() as u64)?;
+        let len = buf.len();
+        if len == 0 {
+            return Ok(());
+        }
+        self.mem
+            .read_slice(buf, addr)
+            .map_err(|e| Self::failed(gpa, len, e))
     }
 
     /// Reads `len` bytes at `gpa` into a new vector.
@@ -239,10 +240,7 @@ impl GuestMemory {
 
     /// Sets `len` bytes at `gpa` to `byte`.
     pub fn fill(&self, gpa: u64, len: usize, byte: u8) -> Result<()> {
-        let off = self.offset_of(gpa, len as u64)?;
-        // SAFETY: `offset_of` checked that the range lies inside the live mapping.
-        unsafe { std::ptr::write_bytes(self.host.as_ptr().add(off), byte, len) };
-        Ok(())
+        self.write(gpa, &vec![byte; len])
     }
 
     /// Writes a FUSE wire struct at `gpa`.
@@ -256,34 +254,31 @@ impl GuestMemory {
         Ok(T::from_prefix(&bytes).expect("read exactly size_of::<T>() bytes"))
     }
 
-    /// The naturally aligned little-endian `u16` at `gpa`, for ring fields shared with the device.
-    pub(crate) fn atomic_u16(&self, gpa: u64) -> Result<&AtomicU16> {
-        let off = self.offset_of(gpa, 2)?;
-        if gpa % 2 != 0 {
+    /// Checks that the naturally aligned `T` at `gpa` is inside guest memory.
+    fn check_aligned<T>(&self, gpa: u64) -> Result<GuestAddress> {
+        let size = std::mem::size_of::<T>() as u64;
+        let addr = self.check(gpa, size)?;
+        if gpa % size != 0 {
             return Err(Error::Config(format!("unaligned ring field at {gpa:#x}")));
         }
-        // SAFETY: the two bytes are inside the live mapping (checked above), 2-aligned (the
-        // mapping is page aligned and `gpa` is even), `AtomicU16` has the layout of `u16`, and the
-        // reference cannot outlive `self`, which owns the mapping.
-        Ok(unsafe { &*self.host.as_ptr().add(off).cast::<AtomicU16>() })
+        Ok(addr)
     }
 
-    /// The naturally aligned little-endian `u32` at `gpa`, for used ring elements.
-    pub(crate) fn atomic_u32(&self, gpa: u64) -> Result<&AtomicU32> {
-        let off = self.offset_of(gpa, 4)?;
-        if gpa % 4 != 0 {
-            return Err(Error::Config(format!("unaligned ring field at {gpa:#x}")));
-        }
-        // SAFETY: as in `atomic_u16`, for four 4-aligned bytes.
-        Ok(unsafe { &*self.host.as_ptr().add(off).cast::<AtomicU32>() })
+    /// An atomic load of the naturally aligned `T` (`u16`, `u32`) at `gpa`, for ring fields
+    /// shared with the device. The value is as stored (little-endian in a ring).
+    pub(crate) fn load<T: AtomicAccess>(&self, gpa: u64, order: Ordering) -> Result<T> {
+        let addr = self.check_aligned::<T>(gpa)?;
+        self.mem
+            .load(addr, order)
+            .map_err(|e| Self::failed(gpa, std::mem::size_of::<T>(), e))
     }
-}
 
-impl Drop for GuestMemory {
-    fn drop(&mut self) {
-        // SAFETY: `host`/`size` describe the mapping created in `new`, which nothing references
-        // any more (every borrow of guest memory is tied to `&self`).
-        unsafe { libc::munmap(self.host.as_ptr().cast(), self.size) };
+    /// An atomic store of the naturally aligned `T` (`u16`, `u32`) at `gpa`.
+    pub(crate) fn store<T: AtomicAccess>(&self, gpa: u64, val: T, order: Ordering) -> Result<()> {
+        let addr = self.check_aligned::<T>(gpa)?;
+        self.mem
+            .store(val, addr, order)
+            .map_err(|e| Self::failed(gpa, std::mem::size_of::<T>(), e))
     }
 }
 

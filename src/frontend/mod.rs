@@ -40,7 +40,6 @@ use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures}
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::VhostBackend;
 
-pub use checked::FuseResult;
 pub use fuse_client::{
     secctx_extension, Completion, Ctx, DirEntry, DirEntryPlus, FuseClient, KernelState, Reply,
     SgLayout, Ticket, TicketKind, XattrReply,
@@ -188,6 +187,11 @@ impl From<vhost::Error> for Error {
 
 /// Result type of the frontend.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Outcome of a typed FUSE request (the `try_*` helpers of [`FuseClient`]): `Err` for a
+/// transport or protocol failure, `Ok(Err(e))` for a FUSE error reply with positive errno `e`,
+/// `Ok(Ok(v))` for success. The panicking helpers (`lookup`, `read`, ...) unwrap the outer one.
+pub type FuseResult<T> = Result<std::result::Result<T, i32>>;
 
 /// Settings of a [`FsFrontend`].
 #[derive(Debug, Clone)]

@@ -419,13 +419,10 @@ impl Virtqueue {
         mem.fill(layout.desc, (layout.end() - layout.desc) as usize, 0)?;
 
         let start = opts.initial_index;
-        mem.atomic_u16(layout.avail_idx())?
-            .store(start.to_le(), Ordering::Relaxed);
-        mem.atomic_u16(layout.used_idx())?
-            .store(start.to_le(), Ordering::Relaxed);
+        mem.store::<u16>(layout.avail_idx(), start.to_le(), Ordering::Relaxed)?;
+        mem.store::<u16>(layout.used_idx(), start.to_le(), Ordering::Relaxed)?;
         if opts.event_idx {
-            mem.atomic_u16(layout.used_event())?
-                .store(start.to_le(), Ordering::Relaxed);
+            mem.store::<u16>(layout.used_event(), start.to_le(), Ordering::Relaxed)?;
         }
         fence(Ordering::SeqCst);
 
@@ -737,24 +734,21 @@ impl Virtqueue {
     pub fn write_avail_idx_raw(&mut self, idx: u16) -> Result<()> {
         fence(Ordering::SeqCst);
         self.mem
-            .atomic_u16(self.layout.avail_idx())?
-            .store(idx.to_le(), Ordering::Release);
+            .store::<u16>(self.layout.avail_idx(), idx.to_le(), Ordering::Release)?;
         Ok(())
     }
 
     /// Stores `flags` into `avail.flags` (e.g. `VRING_AVAIL_F_NO_INTERRUPT`).
     pub fn write_avail_flags(&self, flags: u16) -> Result<()> {
         self.mem
-            .atomic_u16(self.layout.avail_flags())?
-            .store(flags.to_le(), Ordering::Release);
+            .store::<u16>(self.layout.avail_flags(), flags.to_le(), Ordering::Release)?;
         Ok(())
     }
 
     /// Stores `idx` into `used_event` (only meaningful with event indices).
     pub fn write_used_event(&self, idx: u16) -> Result<()> {
         self.mem
-            .atomic_u16(self.layout.used_event())?
-            .store(idx.to_le(), Ordering::Release);
+            .store::<u16>(self.layout.used_event(), idx.to_le(), Ordering::Release)?;
         Ok(())
     }
 
@@ -762,27 +756,24 @@ impl Virtqueue {
     pub fn read_used_idx(&self) -> Result<u16> {
         Ok(u16::from_le(
             self.mem
-                .atomic_u16(self.layout.used_idx())?
-                .load(Ordering::Acquire),
+                .load::<u16>(self.layout.used_idx(), Ordering::Acquire)?,
         ))
     }
 
     /// Current `used.flags` as written by the device.
     pub fn read_used_flags(&self) -> Result<u16> {
-        Ok(u16::from_le(
-            self.mem
-                .atomic_u16(self.layout.used_flags())?
-                .load(Ordering::Acquire),
-        ))
+        Ok(u16::from_le(self.mem.load::<u16>(
+            self.layout.used_flags(),
+            Ordering::Acquire,
+        )?))
     }
 
     /// Current `avail_event` as written by the device.
     pub fn read_avail_event(&self) -> Result<u16> {
-        Ok(u16::from_le(
-            self.mem
-                .atomic_u16(self.layout.avail_event())?
-                .load(Ordering::Acquire),
-        ))
+        Ok(u16::from_le(self.mem.load::<u16>(
+            self.layout.avail_event(),
+            Ordering::Acquire,
+        )?))
     }
 
     // ---- publishing and notification -----------------------------------------------------
@@ -793,12 +784,14 @@ impl Virtqueue {
         if self.avail_published == self.avail_shadow {
             return;
         }
-        let idx = self
-            .mem
-            .atomic_u16(self.layout.avail_idx())
-            .expect("avail.idx inside guest memory");
         fence(Ordering::Release);
-        idx.store(self.avail_shadow.to_le(), Ordering::Release);
+        self.mem
+            .store::<u16>(
+                self.layout.avail_idx(),
+                self.avail_shadow.to_le(),
+                Ordering::Release,
+            )
+            .expect("avail.idx inside guest memory");
         self.avail_published = self.avail_shadow;
     }
 
@@ -853,8 +846,8 @@ impl Virtqueue {
         }
         // used.idx was loaded with acquire ordering, so the element is fully written.
         let slot = self.layout.used_slot(self.last_used);
-        let id = u32::from_le(self.mem.atomic_u32(slot)?.load(Ordering::Relaxed));
-        let len = u32::from_le(self.mem.atomic_u32(slot + 4)?.load(Ordering::Relaxed));
+        let id = u32::from_le(self.mem.load::<u32>(slot, Ordering::Relaxed)?);
+        let len = u32::from_le(self.mem.load::<u32>(slot + 4, Ordering::Relaxed)?);
         self.last_used = self.last_used.wrapping_add(1);
 
         let entry = u16::try_from(id)
@@ -1082,9 +1075,11 @@ impl Virtqueue {
     }
 
     fn push_head(&mut self, head: u16) -> Result<()> {
-        self.mem
-            .atomic_u16(self.layout.avail_slot(self.avail_shadow))?
-            .store(head.to_le(), Ordering::Relaxed);
+        self.mem.store::<u16>(
+            self.layout.avail_slot(self.avail_shadow),
+            head.to_le(),
+            Ordering::Relaxed,
+        )?;
         self.avail_shadow = self.avail_shadow.wrapping_add(1);
         self.stats.added += 1;
         Ok(())
@@ -1203,38 +1198,29 @@ mod tests {
         fn run(&mut self, q: &Virtqueue) -> usize {
             let mem = q.memory();
             let l = q.layout();
-            let avail = u16::from_le(
-                mem.atomic_u16(l.avail_idx())
-                    .unwrap()
-                    .load(Ordering::Acquire),
-            );
+            let avail = u16::from_le(mem.load::<u16>(l.avail_idx(), Ordering::Acquire).unwrap());
             let mut n = 0;
             while self.next_avail != avail {
                 let head = u16::from_le(
-                    mem.atomic_u16(l.avail_slot(self.next_avail))
-                        .unwrap()
-                        .load(Ordering::Relaxed),
+                    mem.load::<u16>(l.avail_slot(self.next_avail), Ordering::Relaxed)
+                        .unwrap(),
                 );
                 let (_descs, written) = Self::walk(q, head);
                 let slot = l.used_slot(self.next_used);
-                mem.atomic_u32(slot)
-                    .unwrap()
-                    .store(u32::from(head).to_le(), Ordering::Relaxed);
-                mem.atomic_u32(slot + 4)
-                    .unwrap()
-                    .store(written.to_le(), Ordering::Relaxed);
+                mem.store::<u32>(slot, u32::from(head).to_le(), Ordering::Relaxed)
+                    .unwrap();
+                mem.store::<u32>(slot + 4, written.to_le(), Ordering::Relaxed)
+                    .unwrap();
                 self.next_avail = self.next_avail.wrapping_add(1);
                 self.next_used = self.next_used.wrapping_add(1);
                 n += 1;
             }
             fence(Ordering::Release);
-            mem.atomic_u16(l.used_idx())
-                .unwrap()
-                .store(self.next_used.to_le(), Ordering::Release);
+            mem.store::<u16>(l.used_idx(), self.next_used.to_le(), Ordering::Release)
+                .unwrap();
             // Ask for a kick at the next entry.
-            mem.atomic_u16(l.avail_event())
-                .unwrap()
-                .store(self.next_avail.to_le(), Ordering::Release);
+            mem.store::<u16>(l.avail_event(), self.next_avail.to_le(), Ordering::Release)
+                .unwrap();
             n
         }
     }
@@ -1249,9 +1235,8 @@ mod tests {
         };
         // Like a real device, ask for a kick at the first entry.
         q.memory()
-            .atomic_u16(q.layout().avail_event())
-            .unwrap()
-            .store(start.to_le(), Ordering::Release);
+            .store::<u16>(q.layout().avail_event(), start.to_le(), Ordering::Release)
+            .unwrap();
         let buf = q.memory().alloc(64, 8).unwrap();
         let mut total = 0u64;
         // 3 chains of up to 3 descriptors per round keep the 8-entry queue busy across many
@@ -1301,9 +1286,12 @@ mod tests {
         assert!(q.notify().unwrap());
         // The device says "don't kick me".
         q.memory()
-            .atomic_u16(q.layout().used_flags())
-            .unwrap()
-            .store(VRING_USED_F_NO_NOTIFY.to_le(), Ordering::Release);
+            .store::<u16>(
+                q.layout().used_flags(),
+                VRING_USED_F_NO_NOTIFY.to_le(),
+                Ordering::Release,
+            )
+            .unwrap();
         q.add_chain(&[Buffer::readable(buf, 8)], false).unwrap();
         q.publish();
         assert!(!q.notify().unwrap());
@@ -1352,18 +1340,16 @@ mod tests {
         // Not yet published.
         assert_eq!(
             u16::from_le(
-                mem.atomic_u16(q.layout().avail_idx())
+                mem.load::<u16>(q.layout().avail_idx(), Ordering::Relaxed)
                     .unwrap()
-                    .load(Ordering::Relaxed)
             ),
             0
         );
         q.publish();
         assert_eq!(
             u16::from_le(
-                mem.atomic_u16(q.layout().avail_idx())
+                mem.load::<u16>(q.layout().avail_idx(), Ordering::Relaxed)
                     .unwrap()
-                    .load(Ordering::Relaxed)
             ),
             1
         );
@@ -1427,9 +1413,8 @@ mod tests {
         let ring: Vec<u16> = (0..4)
             .map(|i| {
                 u16::from_le(
-                    mem.atomic_u16(q.layout().avail_slot(i))
-                        .unwrap()
-                        .load(Ordering::Relaxed),
+                    mem.load::<u16>(q.layout().avail_slot(i), Ordering::Relaxed)
+                        .unwrap(),
                 )
             })
             .collect();
@@ -1439,15 +1424,12 @@ mod tests {
 
         // The device returns the out-of-range head and a head it never got.
         let l = q.layout();
-        mem.atomic_u32(l.used_slot(0))
-            .unwrap()
-            .store(9999u32.to_le(), Ordering::Relaxed);
-        mem.atomic_u32(l.used_slot(1))
-            .unwrap()
-            .store(7u32.to_le(), Ordering::Relaxed);
-        mem.atomic_u16(l.used_idx())
-            .unwrap()
-            .store(2u16.to_le(), Ordering::Release);
+        mem.store::<u32>(l.used_slot(0), 9999u32.to_le(), Ordering::Relaxed)
+            .unwrap();
+        mem.store::<u32>(l.used_slot(1), 7u32.to_le(), Ordering::Relaxed)
+            .unwrap();
+        mem.store::<u16>(l.used_idx(), 2u16.to_le(), Ordering::Release)
+            .unwrap();
         let e = q.pop_used().unwrap().unwrap();
         assert_eq!((e.id, e.writable_capacity), (9999, None));
         assert!(matches!(
@@ -1455,9 +1437,8 @@ mod tests {
             Err(Error::UnknownUsedId { id: 7, .. })
         ));
         // A used index that jumps by more than the queue size.
-        mem.atomic_u16(l.used_idx())
-            .unwrap()
-            .store(100u16.to_le(), Ordering::Release);
+        mem.store::<u16>(l.used_idx(), 100u16.to_le(), Ordering::Release)
+            .unwrap();
         assert!(matches!(q.pop_used(), Err(Error::UsedRingCorrupt { .. })));
     }
 
@@ -1476,9 +1457,8 @@ mod tests {
         assert_eq!(
             u16::from_le(
                 q.memory()
-                    .atomic_u16(q.layout().used_event())
+                    .load::<u16>(q.layout().used_event(), Ordering::Relaxed)
                     .unwrap()
-                    .load(Ordering::Relaxed)
             ),
             0
         );
@@ -1489,15 +1469,12 @@ mod tests {
         let call = q.call_fd().try_clone().unwrap();
         let th = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(30));
-            mem.atomic_u32(l.used_slot(0))
-                .unwrap()
-                .store(u32::from(head).to_le(), Ordering::Relaxed);
-            mem.atomic_u32(l.used_slot(0) + 4)
-                .unwrap()
-                .store(16u32.to_le(), Ordering::Relaxed);
-            mem.atomic_u16(l.used_idx())
-                .unwrap()
-                .store(1u16.to_le(), Ordering::Release);
+            mem.store::<u32>(l.used_slot(0), u32::from(head).to_le(), Ordering::Relaxed)
+                .unwrap();
+            mem.store::<u32>(l.used_slot(0) + 4, 16u32.to_le(), Ordering::Relaxed)
+                .unwrap();
+            mem.store::<u16>(l.used_idx(), 1u16.to_le(), Ordering::Release)
+                .unwrap();
             call.write(1).unwrap();
         });
         let e = q.wait_used_for(Duration::from_secs(5)).unwrap();

@@ -5,6 +5,10 @@
 //! capabilities its requests need, in the effective and permitted sets, clears the inheritable
 //! and ambient sets, and removes every other capability from the bounding set, so that nothing
 //! the process becomes later can get them back. A daemon not running as root keeps none.
+//!
+//! The calls are raw `capget`/`capset`/`prctl`: the bounding set is cleared up to the running
+//! kernel's `cap_last_cap`, which may know capabilities no crate's list names yet, and `nix`
+//! has no capability calls.
 
 use std::fmt;
 use std::io;

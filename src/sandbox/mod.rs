@@ -24,36 +24,31 @@
 
 pub mod caps;
 mod namespace;
+pub mod process;
 pub mod seccomp;
+pub mod userns;
 
 use std::fmt;
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
-/// What `--sandbox` asks for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+use nix::errno::Errno;
+use nix::sched::CloneFlags;
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{WaitPidFlag, WaitStatus};
+use nix::unistd::{ForkResult, Pid};
+
+pub use namespace::Error as StepError;
+pub use process::ForkError;
+
+/// What `--sandbox` asks for (the names are the flag's values).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum SandboxMode {
     #[default]
     Namespace,
     Chroot,
     None,
-}
-
-impl FromStr for SandboxMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "namespace" => Ok(SandboxMode::Namespace),
-            "chroot" => Ok(SandboxMode::Chroot),
-            "none" => Ok(SandboxMode::None),
-            _ => Err(format!(
-                "invalid value '{s}': expected one of namespace, chroot, none"
-            )),
-        }
-    }
 }
 
 impl fmt::Display for SandboxMode {
@@ -78,48 +73,57 @@ pub struct Confined {
     pub supervised: bool,
 }
 
-/// Why the sandbox could not be set up.
-#[derive(Debug)]
-pub struct SandboxError(pub String);
-
-impl fmt::Display for SandboxError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+/// Why the sandbox could not be set up. Each message starts with the `--sandbox` value; the
+/// failed step, when there is one, is the source.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("--sandbox={mode}: cannot set up the sandbox")]
+    NotAlone {
+        mode: SandboxMode,
+        #[source]
+        source: ForkError,
+    },
+    #[error("--sandbox={mode}: cannot resolve {}", .path.display())]
+    Resolve {
+        mode: SandboxMode,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "--sandbox=namespace (namespaces may be unavailable here, e.g. inside a container: use \
+         --sandbox=chroot or --sandbox=none)"
+    )]
+    Namespaces(#[source] StepError),
+    #[error("--sandbox={mode}: cannot block the forwarded signals")]
+    BlockSignals {
+        mode: SandboxMode,
+        #[source]
+        source: Errno,
+    },
+    #[error("--sandbox={mode}: cannot fork")]
+    Fork {
+        mode: SandboxMode,
+        #[source]
+        source: ForkError,
+    },
+    #[error("--sandbox={mode}: cannot set the signal mask")]
+    SignalMask {
+        mode: SandboxMode,
+        #[source]
+        source: Errno,
+    },
+    #[error(
+        "--sandbox=namespace (use --sandbox=chroot or --sandbox=none where namespaces cannot be \
+         used)"
+    )]
+    Pivot(#[source] StepError),
+    #[error("--sandbox=chroot (it needs root, CAP_SYS_CHROOT; use --sandbox=none otherwise)")]
+    Chroot(#[source] StepError),
 }
-
-impl std::error::Error for SandboxError {}
 
 /// The signals the supervising parent forwards to the child.
-const FORWARDED: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
-
-fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
-    // SAFETY: `set` is a local sigset_t initialised by sigemptyset before use.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for &s in signals {
-            libc::sigaddset(&mut set, s);
-        }
-        set
-    }
-}
-
-fn sigmask(how: libc::c_int, set: &libc::sigset_t) -> io::Result<libc::sigset_t> {
-    // SAFETY: `old` is a local out value; pthread_sigmask reads `set` and writes `old`.
-    unsafe {
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        match libc::pthread_sigmask(how, set, &mut old) {
-            0 => Ok(old),
-            rc => Err(io::Error::from_raw_os_error(rc)),
-        }
-    }
-}
-
-/// Number of threads of this process.
-fn thread_count() -> usize {
-    std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
-}
+const FORWARDED: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
 
 /// Sets up the sandbox `mode` around `shared_dir`.
 ///
@@ -140,38 +144,29 @@ pub fn enter(
             supervised: false,
         });
     }
-    let fail =
-        |what: &str, e: &dyn fmt::Display| SandboxError(format!("--sandbox={mode}: {what}: {e}"));
-    let threads = thread_count();
-    if threads != 1 {
-        return Err(fail(
-            "cannot set up the sandbox",
-            &format!("the process runs {threads} threads; this must be done before any starts"),
-        ));
-    }
-    let shared_dir = std::fs::canonicalize(shared_dir)
-        .map_err(|e| fail(&format!("cannot resolve {}", shared_dir.display()), &e))?;
+    process::check_single_threaded().map_err(|source| SandboxError::NotAlone { mode, source })?;
+    let shared_dir = std::fs::canonicalize(shared_dir).map_err(|source| SandboxError::Resolve {
+        mode,
+        path: shared_dir.to_path_buf(),
+        source,
+    })?;
     if mode == SandboxMode::Namespace {
-        create_namespaces().map_err(|e| {
-            SandboxError(format!(
-                "--sandbox=namespace: {e}; namespaces may be unavailable here (e.g. inside a \
-                 container): use --sandbox=chroot or --sandbox=none"
-            ))
-        })?;
+        create_namespaces().map_err(SandboxError::Namespaces)?;
     }
 
-    let forwarded = sigset(&[FORWARDED[0], FORWARDED[1], FORWARDED[2], libc::SIGCHLD]);
-    let old_mask = sigmask(libc::SIG_BLOCK, &forwarded)
-        .map_err(|e| fail("cannot block the forwarded signals", &e))?;
-    // SAFETY: the process is single-threaded (checked above), so the child is a complete copy
-    // with no lock held by a vanished thread.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        let e = io::Error::last_os_error();
-        let _ = sigmask(libc::SIG_SETMASK, &old_mask);
-        return Err(fail("cannot fork", &e));
-    }
-    if child > 0 {
+    let mut forwarded: SigSet = FORWARDED.into_iter().collect();
+    forwarded.add(Signal::SIGCHLD);
+    let old_mask = forwarded
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+        .map_err(|source| SandboxError::BlockSignals { mode, source })?;
+    let child = match process::fork_single_threaded() {
+        Ok(child) => child,
+        Err(source) => {
+            let _ = old_mask.thread_set_mask();
+            return Err(SandboxError::Fork { mode, source });
+        }
+    };
+    if let ForkResult::Parent { child } = child {
         // SAFETY: the parent never serves: its copy of the listening socket is closed so that
         // only the child accepts; the process exits in `supervise` without dropping the
         // listener again.
@@ -184,38 +179,21 @@ pub fn enter(
     // would ignore it otherwise); SIGCHLD is as before.
     let mut mask = old_mask;
     for s in FORWARDED {
-        // SAFETY: `mask` is an initialised signal set.
-        unsafe { libc::sigaddset(&mut mask, s) };
+        mask.add(s);
     }
-    sigmask(libc::SIG_SETMASK, &mask).map_err(|e| fail("cannot set the signal mask", &e))?;
-    // SAFETY: prctl with these arguments only sets this process's parent-death signal: should
-    // the supervising parent die, the child is told to stop.
-    unsafe {
-        libc::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGTERM as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    };
+    mask.thread_set_mask()
+        .map_err(|source| SandboxError::SignalMask { mode, source })?;
+    // Should the supervising parent die, the child is told to stop.
+    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGTERM);
     let proc_self_fd = match mode {
         SandboxMode::Namespace => namespace::unshare(
-            libc::CLONE_NEWNS | libc::CLONE_NEWNET,
-            "cannot create mount and network namespaces",
+            CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWNET,
+            "mount and network namespaces",
         )
-        .and_then(|()| namespace::pivot_into(&shared_dir)),
-        _ => namespace::chroot_into(&shared_dir),
-    }
-    .map_err(|e| {
-        let hint = match mode {
-            SandboxMode::Namespace => {
-                "; use --sandbox=chroot or --sandbox=none where namespaces cannot be used"
-            }
-            _ => "; --sandbox=chroot needs root (CAP_SYS_CHROOT); use --sandbox=none otherwise",
-        };
-        SandboxError(format!("--sandbox={mode}: {e}{hint}"))
-    })?;
+        .and_then(|()| namespace::pivot_into(&shared_dir))
+        .map_err(SandboxError::Pivot),
+        _ => namespace::chroot_into(&shared_dir).map_err(SandboxError::Chroot),
+    }?;
     log::info!("sandbox: {mode}, {} is the root now", shared_dir.display());
     Ok(Confined {
         root_dir: PathBuf::from("/"),
@@ -227,20 +205,18 @@ pub fn enter(
 /// In the parent, before the fork: a user namespace when not root (root, including root of a
 /// `--uid-map` user namespace, needs none), then a new pid namespace for the child. The mount
 /// and network namespaces are the child's own, so that the parent can still remove the socket.
-fn create_namespaces() -> io::Result<()> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+fn create_namespaces() -> Result<(), StepError> {
+    if !nix::unistd::geteuid().is_root() {
         namespace::enter_identity_user_namespace()?;
     }
-    namespace::unshare(libc::CLONE_NEWPID, "cannot create a pid namespace")
+    namespace::unshare(CloneFlags::CLONE_NEWPID, "a pid namespace")
 }
 
 /// The supervising parent: forwards the stop signals to `child`, waits for it, removes the
 /// socket file and exits with the child's status (128 + the signal when it was killed).
-fn supervise(child: libc::pid_t, set: &libc::sigset_t, socket_file: Option<&Path>) -> ! {
+fn supervise(child: Pid, set: &SigSet, socket_file: Option<&Path>) -> ! {
     // The parent needs no privilege but to remove the socket where it created it.
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let keep = if unsafe { libc::geteuid() } == 0 {
+    let keep = if nix::unistd::geteuid().is_root() {
         caps::CapSet::of(&[caps::CAP_DAC_OVERRIDE])
     } else {
         caps::CapSet::default()
@@ -249,29 +225,22 @@ fn supervise(child: libc::pid_t, set: &libc::sigset_t, socket_file: Option<&Path
         log::warn!("supervisor: cannot drop capabilities: {e}");
     }
     let status = loop {
-        let mut sig: libc::c_int = 0;
-        // SAFETY: `set` is an initialised signal set blocked in this (only) thread; `sig` is a
-        // valid out pointer.
-        if unsafe { libc::sigwait(set, &mut sig) } != 0 {
+        // `set` is blocked in this (only) thread.
+        let Ok(sig) = set.wait() else {
+            continue;
+        };
+        if sig != Signal::SIGCHLD {
+            // `child` is ours and not reaped yet.
+            let _ = nix::sys::signal::kill(child, sig);
             continue;
         }
-        if sig != libc::SIGCHLD {
-            // SAFETY: kill has no memory-safety preconditions; `child` is ours, not reaped.
-            unsafe { libc::kill(child, sig) };
-            continue;
-        }
-        let mut status = 0;
-        // SAFETY: `status` is a valid out pointer; `child` is our own child.
-        match unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) } {
-            0 => continue,
-            pid if pid == child => break status,
-            _ => {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
+        match process::wait_for(child, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => continue,
+            Ok(status @ (WaitStatus::Exited(..) | WaitStatus::Signaled(..))) => break status,
+            Ok(_) => continue,
+            Err(e) => {
                 log::error!("supervisor: cannot wait for the daemon: {e}");
-                break 1 << 8;
+                break WaitStatus::Exited(child, 1);
             }
         }
     };
@@ -282,15 +251,10 @@ fn supervise(child: libc::pid_t, set: &libc::sigset_t, socket_file: Option<&Path
             }
         }
     }
-    let code = if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else if libc::WIFSIGNALED(status) {
-        log::error!("the daemon was killed by signal {}", libc::WTERMSIG(status));
-        128 + libc::WTERMSIG(status)
-    } else {
-        1
-    };
-    std::process::exit(code)
+    if let WaitStatus::Signaled(_, sig, _) = status {
+        log::error!("the daemon was killed by signal {}", sig as i32);
+    }
+    std::process::exit(process::exit_code(status))
 }
 
 #[cfg(test)]
@@ -299,11 +263,11 @@ mod tests {
 
     #[test]
     fn modes_parse_and_print_as_spelled() {
+        use clap::ValueEnum;
         for s in ["namespace", "chroot", "none"] {
-            assert_eq!(s.parse::<SandboxMode>().unwrap().to_string(), s);
+            assert_eq!(SandboxMode::from_str(s, false).unwrap().to_string(), s);
         }
-        let e = "jail".parse::<SandboxMode>().unwrap_err();
-        assert!(e.contains("namespace, chroot, none"), "{e}");
+        assert!(SandboxMode::from_str("jail", false).is_err());
         assert_eq!(SandboxMode::default(), SandboxMode::Namespace);
     }
 }

@@ -1,46 +1,107 @@
-//! The confinement steps of `--sandbox=namespace` and `--sandbox=chroot`, as raw system calls.
+//! The confinement steps of `--sandbox=namespace` and `--sandbox=chroot`, through `nix`.
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-fn cstr(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::mount::{MntFlags, MsFlags};
+use nix::sched::CloneFlags;
+use nix::sys::stat::Mode;
+
+/// A confinement step that failed, with the path it worked on.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot create {what}")]
+    Unshare {
+        what: &'static str,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot write /proc/self/{file}")]
+    IdentityMap {
+        file: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot open {}", .path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot make the mounts of the new mount namespace slaves")]
+    MakeSlave(#[source] Errno),
+    #[error("cannot mount a procfs (subset=pid) for the new pid namespace")]
+    MountProc(#[source] Errno),
+    #[error(
+        "cannot mount a procfs (subset=pid) for the new pid namespace (the subset=pid option \
+         needs Linux 5.8 or later; the sandbox does not fall back to a procfs that shows \
+         system-wide files)"
+    )]
+    ProcSubsetUnknown(#[source] Errno),
+    #[error("cannot bind-mount {} onto itself", .path.display())]
+    BindMount {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot read the mount flags of {}", .path.display())]
+    MountFlags {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot remount {} nodev", .path.display())]
+    RemountNodev {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot read /proc/self/mountinfo")]
+    MountInfo(#[source] io::Error),
+    #[error("{} is not a mount point after the bind mount", .0.display())]
+    NotAMountPoint(PathBuf),
+    #[error("cannot change directory to {}", .path.display())]
+    Chdir {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot pivot_root into {}", .path.display())]
+    PivotRoot {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot detach the old root")]
+    DetachOldRoot(#[source] Errno),
+    #[error("cannot chroot into {}", .path.display())]
+    Chroot {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
 }
 
-/// Adds what failed to an error, keeping its kind and errno text.
-fn context(what: &str, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("{what}: {e}"))
-}
-
-fn check(rc: libc::c_int, what: &str) -> io::Result<()> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(context(what, io::Error::last_os_error()))
-    }
-}
-
-/// `unshare(2)` with `flags`.
-pub fn unshare(flags: libc::c_int, what: &str) -> io::Result<()> {
-    // SAFETY: unshare only changes the namespaces of the calling process.
-    check(unsafe { libc::unshare(flags) }, what)
+/// `unshare(2)` with `flags`; `what` names the namespaces in the error.
+pub fn unshare(flags: CloneFlags, what: &'static str) -> Result<(), Error> {
+    nix::sched::unshare(flags).map_err(|source| Error::Unshare { what, source })
 }
 
 /// Moves the calling (single-threaded) process into a new user namespace in which its own uid
 /// and gid map to themselves, so that an unprivileged daemon may create the other namespaces;
 /// files keep the owners they have outside. Supplementary groups are denied in it (the kernel
 /// requires that before an unprivileged gid map).
-pub fn enter_identity_user_namespace() -> io::Result<()> {
-    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    unshare(libc::CLONE_NEWUSER, "cannot create a user namespace")?;
-    let write = |file: &str, text: String| {
+pub fn enter_identity_user_namespace() -> Result<(), Error> {
+    let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+    unshare(CloneFlags::CLONE_NEWUSER, "a user namespace")?;
+    let write = |file: &'static str, text: String| {
         std::fs::write(format!("/proc/self/{file}"), text)
-            .map_err(|e| context(&format!("cannot write /proc/self/{file}"), e))
+            .map_err(|source| Error::IdentityMap { file, source })
     };
     write("uid_map", format!("{uid} {uid} 1\n"))?;
     write("setgroups", "deny\n".into())?;
@@ -48,57 +109,24 @@ pub fn enter_identity_user_namespace() -> io::Result<()> {
 }
 
 /// Opens `path` as an `O_PATH` directory descriptor.
-fn open_path_dir(path: &Path) -> io::Result<OwnedFd> {
-    let c = cstr(path)?;
-    // SAFETY: `c` is a NUL-terminated path; open returns a new descriptor or -1.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(context(
-            &format!("cannot open {}", path.display()),
-            io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+fn open_path_dir(path: &Path) -> Result<OwnedFd, Error> {
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    nix::fcntl::open(path, flags, Mode::empty()).map_err(|source| Error::Open {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
-fn mount(
-    source: Option<&Path>,
-    target: &Path,
-    fstype: Option<&str>,
-    flags: libc::c_ulong,
-    data: Option<&CStr>,
-) -> io::Result<()> {
-    let source = source.map(cstr).transpose()?;
-    let target = cstr(target)?;
-    let fstype = fstype
-        .map(|t| CString::new(t).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e)))
-        .transpose()?;
-    let ptr = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
-    let data = data.map_or(std::ptr::null(), |d| d.as_ptr().cast::<libc::c_void>());
-    // SAFETY: every pointer is null or a NUL-terminated string that outlives the call (the
-    // file system data, when given, is such a string of options).
-    let rc = unsafe { libc::mount(ptr(&source), target.as_ptr(), ptr(&fstype), flags, data) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+/// `mount(2)` without a source or file system type: a change of `target`'s mount.
+fn remount(target: &Path, flags: MsFlags) -> nix::Result<()> {
+    nix::mount::mount(None::<&str>, target, None::<&str>, flags, None::<&str>)
 }
 
-fn chdir(path: &Path) -> io::Result<()> {
-    let c = cstr(path)?;
-    // SAFETY: `c` is a NUL-terminated path that outlives the call.
-    let rc = unsafe { libc::chdir(c.as_ptr()) };
-    check(
-        rc,
-        &format!("cannot change directory to {}", path.display()),
-    )
+fn chdir(path: &Path) -> Result<(), Error> {
+    nix::unistd::chdir(path).map_err(|source| Error::Chdir {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// The options of the procfs the sandbox mounts: only the directories of processes (and
@@ -107,71 +135,70 @@ fn chdir(path: &Path) -> io::Result<()> {
 /// limited by the new pid namespace, in which the daemon is alone (no `hidepid` needed).
 pub const PROC_OPTIONS: &CStr = c"subset=pid";
 
-/// `ST_NOSYMFOLLOW` of `statvfs(3)`'s `f_flag` (`linux/statfs.h`), which the `libc` crate
-/// does not define.
-const ST_NOSYMFOLLOW: libc::c_ulong = 0x2000;
-
 /// Mounts a procfs of the calling process's pid namespace on `target` with
 /// [`PROC_OPTIONS`]. Never falls back to another procfs: when this one cannot be mounted, the
 /// sandbox does not start.
-fn mount_fresh_proc(target: &Path) -> io::Result<()> {
-    mount(
-        Some(Path::new("proc")),
+fn mount_fresh_proc(target: &Path) -> Result<(), Error> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC | MsFlags::MS_RELATIME;
+    nix::mount::mount(
+        Some("proc"),
         target,
         Some("proc"),
-        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RELATIME,
+        flags,
         Some(PROC_OPTIONS),
     )
-    .map_err(|e| {
-        let what = "cannot mount a procfs (subset=pid) for the new pid namespace";
-        if e.raw_os_error() == Some(libc::EINVAL) {
-            context(
-                &format!(
-                    "{what} (the subset=pid option needs Linux 5.8 or later; the sandbox does \
-                     not fall back to a procfs that shows system-wide files)"
-                ),
-                e,
-            )
-        } else {
-            context(what, e)
-        }
+    .map_err(|e| match e {
+        Errno::EINVAL => Error::ProcSubsetUnknown(e),
+        e => Error::MountProc(e),
     })
 }
+
+/// `ST_NOSYMFOLLOW` of `statvfs(3)`'s `f_flag` (`linux/statfs.h`), which neither `libc` nor
+/// `nix` defines (and `nix`'s `Statvfs::flags` drops bits it does not know, so the raw call is
+/// kept here).
+const ST_NOSYMFOLLOW: libc::c_ulong = 0x2000;
 
 /// The mount flags of the mount at `path` that a bind remount must pass again to keep them:
 /// read-only, nosuid, noexec, nodev, nosymfollow (in a user namespace, the kernel refuses to
 /// clear the first four when they are locked). The access-time flags are left out: a remount
 /// that gives none keeps the mount's own.
-fn kept_mount_flags(path: &Path) -> io::Result<libc::c_ulong> {
-    let c = cstr(path)?;
+fn kept_mount_flags(path: &Path) -> Result<MsFlags, Error> {
+    let fail = |source| Error::MountFlags {
+        path: path.to_path_buf(),
+        source,
+    };
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| fail(Errno::EINVAL))?;
     // SAFETY: `st` is a local out value; `c` is a NUL-terminated path.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: see above.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(context(
-            &format!("cannot read the mount flags of {}", path.display()),
-            io::Error::last_os_error(),
-        ));
+        return Err(fail(Errno::last()));
     }
     let pairs = [
-        (libc::ST_RDONLY, libc::MS_RDONLY),
-        (libc::ST_NOSUID, libc::MS_NOSUID),
-        (libc::ST_NOEXEC, libc::MS_NOEXEC),
-        (libc::ST_NODEV, libc::MS_NODEV),
-        (ST_NOSYMFOLLOW, libc::MS_NOSYMFOLLOW),
+        (libc::ST_RDONLY, MsFlags::MS_RDONLY),
+        (libc::ST_NOSUID, MsFlags::MS_NOSUID),
+        (libc::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (libc::ST_NODEV, MsFlags::MS_NODEV),
+        (
+            ST_NOSYMFOLLOW,
+            MsFlags::from_bits_retain(libc::MS_NOSYMFOLLOW),
+        ),
     ];
     Ok(pairs
         .iter()
         .filter(|(st_flag, _)| st.f_flag & st_flag != 0)
-        .fold(0, |flags, (_, ms)| flags | ms))
+        .fold(MsFlags::empty(), |flags, (_, ms)| flags | *ms))
 }
 
 /// Remounts the mount at `path` (the top one, when several are stacked there) `nodev`, keeping
 /// its other flags.
-fn remount_nodev(path: &Path) -> io::Result<()> {
-    let flags = kept_mount_flags(path)? | libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NODEV;
-    mount(None, path, None, flags, None)
-        .map_err(|e| context(&format!("cannot remount {} nodev", path.display()), e))
+fn remount_nodev(path: &Path) -> Result<(), Error> {
+    let flags =
+        kept_mount_flags(path)? | MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NODEV;
+    remount(path, flags).map_err(|source| Error::RemountNodev {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Undoes the octal escapes of a path in `/proc/self/mountinfo` (`\040` for a space, `\011`,
@@ -221,20 +248,22 @@ fn mount_points_under(mountinfo: &str, dir: &Path) -> Vec<std::path::PathBuf> {
 /// them, whatever the host mounted there. Reads the mounts from `/proc/self/mountinfo` of the
 /// fresh procfs. A submount the daemon may not reach (`EACCES`) is left as it is: nothing in it
 /// can be opened by the daemon either.
-fn make_nodev(dir: &Path) -> io::Result<()> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| context("cannot read /proc/self/mountinfo", e))?;
+fn make_nodev(dir: &Path) -> Result<(), Error> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(Error::MountInfo)?;
     let points = mount_points_under(&mountinfo, dir);
     if !points.iter().any(|p| p == dir) {
-        return Err(io::Error::other(format!(
-            "{} is not a mount point after the bind mount",
-            dir.display()
-        )));
+        return Err(Error::NotAMountPoint(dir.to_path_buf()));
     }
     for p in points {
         match remount_nodev(&p) {
-            Err(e) if p != dir && e.raw_os_error() == Some(libc::EACCES) => {
-                log::debug!("{e}: left as it is");
+            Err(Error::RemountNodev {
+                source: Errno::EACCES,
+                ..
+            }) if p != dir => {
+                log::debug!(
+                    "cannot remount {} nodev (EACCES): left as it is",
+                    p.display()
+                );
             }
             r => r?,
         }
@@ -249,55 +278,43 @@ fn make_nodev(dir: &Path) -> io::Result<()> {
 /// namespace: bind-mounted onto itself, remounted `nodev` (and its submounts), `pivot_root`
 /// into it, the old root detached. Returns the `/proc/self/fd` descriptor, which stays usable
 /// afterwards.
-pub fn pivot_into(shared_dir: &Path) -> io::Result<OwnedFd> {
+pub fn pivot_into(shared_dir: &Path) -> Result<OwnedFd, Error> {
     let root = Path::new("/");
-    mount(None, root, None, libc::MS_REC | libc::MS_SLAVE, None).map_err(|e| {
-        context(
-            "cannot make the mounts of the new mount namespace slaves",
-            e,
-        )
-    })?;
-    let proc_dir = Path::new("/proc");
-    mount_fresh_proc(proc_dir)?;
+    remount(root, MsFlags::MS_REC | MsFlags::MS_SLAVE).map_err(Error::MakeSlave)?;
+    mount_fresh_proc(Path::new("/proc"))?;
     let proc_self_fd = open_path_dir(Path::new("/proc/self/fd"))?;
-    mount(
+    nix::mount::mount(
         Some(shared_dir),
         shared_dir,
-        None,
-        libc::MS_BIND | libc::MS_REC,
-        None,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
     )
-    .map_err(|e| {
-        context(
-            &format!("cannot bind-mount {} onto itself", shared_dir.display()),
-            e,
-        )
+    .map_err(|source| Error::BindMount {
+        path: shared_dir.to_path_buf(),
+        source,
     })?;
     make_nodev(shared_dir)?;
     chdir(shared_dir)?;
-    let dot = c".";
-    // SAFETY: both arguments are the static NUL-terminated string "."; pivot_root reads them.
-    let rc = unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) };
-    check(
-        if rc == 0 { 0 } else { -1 },
-        &format!("cannot pivot_root into {}", shared_dir.display()),
-    )?;
+    nix::unistd::pivot_root(".", ".").map_err(|source| Error::PivotRoot {
+        path: shared_dir.to_path_buf(),
+        source,
+    })?;
     // The old root is stacked under the new one at "."; detach it and everything under it.
-    // SAFETY: "." is a static NUL-terminated string; umount2 reads it.
-    let rc = unsafe { libc::umount2(dot.as_ptr(), libc::MNT_DETACH) };
-    check(rc, "cannot detach the old root")?;
+    nix::mount::umount2(".", MntFlags::MNT_DETACH).map_err(Error::DetachOldRoot)?;
     chdir(root)?;
     Ok(proc_self_fd)
 }
 
 /// Opens `/proc/self/fd`, then makes `shared_dir` the process's root directory with
 /// `chroot(2)`. Returns the `/proc/self/fd` descriptor.
-pub fn chroot_into(shared_dir: &Path) -> io::Result<OwnedFd> {
+pub fn chroot_into(shared_dir: &Path) -> Result<OwnedFd, Error> {
     let proc_self_fd = open_path_dir(Path::new("/proc/self/fd"))?;
     chdir(shared_dir)?;
-    // SAFETY: "." is a static NUL-terminated string; chroot reads it.
-    let rc = unsafe { libc::chroot(c".".as_ptr()) };
-    check(rc, &format!("cannot chroot into {}", shared_dir.display()))?;
+    nix::unistd::chroot(".").map_err(|source| Error::Chroot {
+        path: shared_dir.to_path_buf(),
+        source,
+    })?;
     chdir(Path::new("/"))?;
     Ok(proc_self_fd)
 }

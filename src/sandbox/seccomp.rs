@@ -24,15 +24,15 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
-use std::str::FromStr;
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
 };
 
-/// What happens to a system call that is not on the list (`--seccomp`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What happens to a system call that is not on the list (`--seccomp`; the names are the
+/// flag's values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Action {
     /// Kill the process (`SECCOMP_RET_KILL_PROCESS`).
     #[default]
@@ -60,22 +60,6 @@ impl Action {
 impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Action {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "kill" => Ok(Action::Kill),
-            "log" => Ok(Action::Log),
-            "trap" => Ok(Action::Trap),
-            "none" => Ok(Action::None),
-            _ => Err(format!(
-                "invalid value '{s}': expected one of kill, log, trap, none"
-            )),
-        }
     }
 }
 
@@ -348,23 +332,24 @@ pub fn allowed_syscalls() -> std::collections::BTreeSet<libc::c_long> {
 }
 
 /// Why the filter could not be built or installed.
-#[derive(Debug)]
-pub struct Error(String);
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no seccomp filter for this architecture ({0}); use --seccomp=none")]
+    UnsupportedArch(&'static str),
+    #[error("cannot build the filter")]
+    Build(#[source] seccompiler::BackendError),
+    #[error("cannot build the filter: system call {0} is both allowed and restricted")]
+    AllowedAndRestricted(libc::c_long),
+    #[error("cannot install the SIGSYS handler")]
+    SigsysHandler(#[source] io::Error),
+    #[error("cannot install the filter")]
+    Install(#[source] seccompiler::Error),
 }
-
-impl std::error::Error for Error {}
 
 /// The BPF program of the filter for `action`, or `None` for [`Action::None`], for the calling
 /// process (its pid is the one [`Value::OwnPid`] allows).
 pub fn program(action: Action) -> Result<Option<BpfProgram>, Error> {
-    // SAFETY: getpid has no preconditions and cannot fail.
-    let pid = unsafe { libc::getpid() };
-    program_for(action, pid)
+    program_for(action, nix::unistd::getpid().as_raw())
 }
 
 /// `AUDIT_ARCH_*` of the target (`linux/audit.h`), for the architectures `seccompiler` builds
@@ -388,15 +373,9 @@ pub fn program_for(action: Action, own_pid: libc::pid_t) -> Result<Option<BpfPro
         Action::Log => SeccompAction::Log,
         Action::Trap => SeccompAction::Trap,
     };
-    let unsupported = || {
-        Error(format!(
-            "no seccomp filter for this architecture ({}); use --seccomp=none",
-            std::env::consts::ARCH
-        ))
-    };
+    let unsupported = || Error::UnsupportedArch(std::env::consts::ARCH);
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|_| unsupported())?;
     let audit_arch = audit_arch().ok_or_else(unsupported)?;
-    let build = |e: &dyn fmt::Display| Error(format!("cannot build the filter: {e}"));
     // c_long is i64 here but i32 on 32-bit targets.
     #[allow(clippy::useless_conversion)]
     let mut rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> = allowed_syscalls()
@@ -411,21 +390,16 @@ pub fn program_for(action: Action, own_pid: libc::pid_t) -> Result<Option<BpfPro
         };
         let rule = SeccompCondition::new(r.arg, len, SeccompCmpOp::Eq, value)
             .and_then(|c| SeccompRule::new(vec![c]))
-            .map_err(|e| build(&e))?;
+            .map_err(Error::Build)?;
         #[allow(clippy::useless_conversion)]
         let previous = rules.insert(i64::from(r.syscall), vec![rule]);
         if previous.is_some() {
-            return Err(build(&format!(
-                "system call {} is both allowed and restricted",
-                r.syscall
-            )));
+            return Err(Error::AllowedAndRestricted(r.syscall));
         }
     }
     let filter =
-        SeccompFilter::new(rules, mismatch, SeccompAction::Allow, arch).map_err(|e| build(&e))?;
-    let main: BpfProgram = filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| build(&e))?;
+        SeccompFilter::new(rules, mismatch, SeccompAction::Allow, arch).map_err(Error::Build)?;
+    let main: BpfProgram = filter.try_into().map_err(Error::Build)?;
     Ok(Some(with_enosys_prefix(audit_arch, main)))
 }
 
@@ -476,11 +450,9 @@ pub fn install(action: Action) -> Result<(), Error> {
         return Ok(());
     };
     if action == Action::Trap {
-        install_sigsys_handler()
-            .map_err(|e| Error(format!("cannot install the SIGSYS handler: {e}")))?;
+        install_sigsys_handler().map_err(Error::SigsysHandler)?;
     }
-    seccompiler::apply_filter_all_threads(&prog)
-        .map_err(|e| Error(format!("cannot install the filter: {e}")))
+    seccompiler::apply_filter_all_threads(&prog).map_err(Error::Install)
 }
 
 /// Installs [`sigsys_handler`] for `SIGSYS`. The handler resets itself on entry
@@ -996,14 +968,14 @@ mod tests {
     #[test]
     fn actions_parse_and_print() {
         for a in [Action::Kill, Action::Log, Action::Trap, Action::None] {
-            assert_eq!(a.as_str().parse::<Action>(), Ok(a));
+            assert_eq!(
+                <Action as clap::ValueEnum>::from_str(a.as_str(), false),
+                Ok(a)
+            );
+            assert_eq!(a.to_string(), a.as_str());
         }
         assert_eq!(Action::default(), Action::Kill);
-        let e = "maybe".parse::<Action>().unwrap_err();
-        assert!(
-            e.contains("'maybe'") && e.contains("kill, log, trap, none"),
-            "{e}"
-        );
+        assert!(<Action as clap::ValueEnum>::from_str("maybe", false).is_err());
     }
 
     #[test]

@@ -17,7 +17,7 @@ TREE=${TREE:-/var/tmp/virtiofsd-bench-tree}
 ROUNDS=${ROUNDS:-3}
 
 echo "== building virtiofsd and virtiofsd-bench (release)" >&2
-cargo build --release --locked --bins >&2
+cargo build --release --locked --bins --features test-utils >&2
 
 # shellcheck source=tests/bench/reference.sh
 . tests/bench/reference.sh

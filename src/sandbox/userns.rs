@@ -36,11 +36,51 @@
 use std::fmt;
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+
+use nix::errno::Errno;
+use nix::sched::CloneFlags;
+use nix::sys::socket::MsgFlags;
+use nix::unistd::{ForkResult, Gid, Pid, Uid};
+
+use super::process::{self, ForkError};
+
+/// Why the daemon could not enter its user namespace.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot enter a user namespace")]
+    NotAlone(#[source] ForkError),
+    /// A map the kernel would refuse (the message names the flag).
+    #[error("{0}")]
+    InvalidMap(String),
+    #[error("cannot create a socket pair")]
+    SocketPair(#[source] io::Error),
+    #[error("cannot fork the map writer")]
+    Fork(#[source] ForkError),
+    #[error("cannot create a user namespace{hint}")]
+    Unshare {
+        /// What an errno means here, e.g. "(user namespaces are not permitted here ...)".
+        hint: &'static str,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot signal the map writer")]
+    Go(#[source] Errno),
+    /// The map writer's report of what it could not write (the message names the file).
+    #[error("{0}")]
+    WriteMaps(String),
+    #[error("writing the user namespace's id maps failed: {0}")]
+    MapWriterVanished(String),
+    #[error("cannot become {id} 0 inside the user namespace")]
+    BecomeRoot {
+        id: &'static str,
+        #[source]
+        source: Errno,
+    },
+}
 
 /// One range of a uid or gid map: `count` ids starting at `ns_id` inside the namespace are the
 /// ids starting at `host_id` outside it.
@@ -216,20 +256,6 @@ fn map_text(maps: &[IdMapRange]) -> String {
         .collect()
 }
 
-/// Number of threads of this process, from `/proc/self/status`.
-fn thread_count() -> io::Result<usize> {
-    let status = fs::read_to_string("/proc/self/status")?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|n| n.trim().parse().ok())
-        .ok_or_else(|| io::Error::other("no Threads: line in /proc/self/status"))
-}
-
-fn error(kind: io::ErrorKind, msg: String) -> io::Error {
-    io::Error::new(kind, msg)
-}
-
 /// Which of the two maps.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -267,7 +293,7 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(kind: Kind, given: &[IdMapRange], own_id: u32) -> io::Result<Plan> {
+    fn new(kind: Kind, given: &[IdMapRange], own_id: u32) -> Result<Plan, Error> {
         let maps = if given.is_empty() {
             vec![IdMapRange {
                 ns_id: 0,
@@ -277,7 +303,7 @@ impl Plan {
         } else {
             given.to_vec()
         };
-        check_maps(kind.flag(), &maps).map_err(|m| error(io::ErrorKind::InvalidInput, m))?;
+        check_maps(kind.flag(), &maps).map_err(Error::InvalidMap)?;
         Ok(Plan { kind, maps, own_id })
     }
 
@@ -304,178 +330,101 @@ impl Plan {
 /// switch to id 0 changes the process's host uid or gid (root mapping a subordinate range), the
 /// kernel makes the process non-dumpable; this is left so, which keeps other processes of the
 /// mapped host uid from tracing it. Reopening through `/proc/self/fd` keeps working.
-pub fn enter_user_namespace(uid_maps: &[IdMapRange], gid_maps: &[IdMapRange]) -> io::Result<()> {
-    let threads = thread_count()
-        .map_err(|e| io::Error::other(format!("cannot count this process's threads: {e}")))?;
-    if threads != 1 {
-        return Err(io::Error::other(format!(
-            "cannot enter a user namespace: the process runs {threads} threads; this must be \
-             done before any thread starts"
-        )));
-    }
-    // SAFETY: geteuid, getegid and getpid have no preconditions and cannot fail.
-    let (euid, egid, pid) = unsafe { (libc::geteuid(), libc::getegid(), libc::getpid()) };
+pub fn enter_user_namespace(uid_maps: &[IdMapRange], gid_maps: &[IdMapRange]) -> Result<(), Error> {
+    process::check_single_threaded().map_err(Error::NotAlone)?;
+    let (euid, egid, pid) = (
+        nix::unistd::geteuid(),
+        nix::unistd::getegid(),
+        nix::unistd::getpid(),
+    );
     let plans = [
-        Plan::new(Kind::Uid, uid_maps, euid)?,
-        Plan::new(Kind::Gid, gid_maps, egid)?,
+        Plan::new(Kind::Uid, uid_maps, euid.as_raw())?,
+        Plan::new(Kind::Gid, gid_maps, egid.as_raw())?,
     ];
 
-    let (mut parent_end, child_end) = UnixStream::pair()
-        .map_err(|e| io::Error::other(format!("cannot create a socket pair: {e}")))?;
-    // SAFETY: the process is single-threaded (checked above), so the child is a complete copy
-    // with no lock held by a vanished thread; it runs `map_writer` and leaves with `_exit`
-    // without returning into the caller's code.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        return Err(io::Error::other(format!(
-            "cannot fork the map writer: {}",
-            io::Error::last_os_error()
-        )));
-    }
-    if child == 0 {
-        drop(parent_end);
-        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            map_writer(child_end, pid, &plans)
-        }))
-        .map_or(2, |ok| if ok { 0 } else { 1 });
-        // SAFETY: _exit ends the child at once, without running the parent's exit handlers or
-        // flushing its copied stdio buffers.
-        unsafe { libc::_exit(code) };
-    }
+    let (mut parent_end, child_end) = UnixStream::pair().map_err(Error::SocketPair)?;
+    let child = match process::fork_single_threaded().map_err(Error::Fork)? {
+        ForkResult::Parent { child } => child,
+        ForkResult::Child => {
+            drop(parent_end);
+            let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                map_writer(child_end, pid, &plans)
+            }))
+            .map_or(2, |ok| if ok { 0 } else { 1 });
+            // SAFETY: _exit ends the child at once, without running the parent's exit handlers
+            // or flushing its copied stdio buffers.
+            unsafe { libc::_exit(code) };
+        }
+    };
     drop(child_end);
 
-    // SAFETY: unshare only changes this process's namespaces.
-    let unshared = if unsafe { libc::unshare(libc::CLONE_NEWUSER) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    };
-    if let Err(e) = unshared {
+    if let Err(e) = nix::sched::unshare(CloneFlags::CLONE_NEWUSER) {
         drop(parent_end); // the writer reads end-of-file and leaves without writing
-        let _ = reap(child);
+        let _ = process::wait_for(child, None);
         return Err(unshare_error(e));
     }
     let go = send_go(&parent_end);
     let mut report = Vec::new();
     let read = parent_end.read_to_end(&mut report);
-    let status = reap(child);
-    if let Err(e) = go {
-        return Err(io::Error::other(format!(
-            "cannot signal the map writer: {e}"
-        )));
-    }
+    let status = process::wait_for(child, None);
+    go.map_err(Error::Go)?;
     match report.split_first() {
         Some((b'0', _)) => {}
-        Some((_, msg)) => {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                String::from_utf8_lossy(msg).into_owned(),
-            ))
-        }
+        Some((_, msg)) => return Err(Error::WriteMaps(String::from_utf8_lossy(msg).into_owned())),
         None => {
             let why = match (read, status) {
                 (Err(e), _) => format!("cannot read its report: {e}"),
-                (_, Ok(s)) => format!("it ended without a report ({})", describe_status(s)),
+                (_, Ok(s)) => format!("it ended without a report ({})", process::describe(s)),
                 (_, Err(e)) => format!("it ended without a report (wait failed: {e})"),
             };
-            return Err(io::Error::other(format!(
-                "writing the user namespace's id maps failed: {why}"
-            )));
+            return Err(Error::MapWriterVanished(why));
         }
     }
     become_root()
 }
 
 /// Sends the one-byte go-ahead without risking SIGPIPE if the writer has already died.
-fn send_go(sock: &UnixStream) -> io::Result<()> {
+fn send_go(sock: &UnixStream) -> nix::Result<()> {
+    use std::os::fd::AsRawFd;
     loop {
-        // SAFETY: the buffer is one valid byte; the descriptor belongs to `sock`.
-        let n = unsafe {
-            libc::send(
-                sock.as_raw_fd(),
-                b"g".as_ptr().cast(),
-                1,
-                libc::MSG_NOSIGNAL,
-            )
-        };
-        if n == 1 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match nix::sys::socket::send(sock.as_raw_fd(), b"g", MsgFlags::MSG_NOSIGNAL) {
+            Ok(1) => return Ok(()),
+            Ok(_) => return Err(Errno::EIO),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
         }
     }
 }
 
-/// Waits for the child `pid` and returns its wait status.
-fn reap(pid: libc::pid_t) -> io::Result<libc::c_int> {
-    loop {
-        let mut status = 0;
-        // SAFETY: `status` is a valid out pointer; `pid` is our own child.
-        if unsafe { libc::waitpid(pid, &mut status, 0) } == pid {
-            return Ok(status);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
-fn describe_status(status: libc::c_int) -> String {
-    if libc::WIFEXITED(status) {
-        format!("exit status {}", libc::WEXITSTATUS(status))
-    } else if libc::WIFSIGNALED(status) {
-        format!("killed by signal {}", libc::WTERMSIG(status))
-    } else {
-        format!("wait status {status}")
-    }
-}
-
-fn unshare_error(e: io::Error) -> io::Error {
-    let hint = match e.raw_os_error() {
-        Some(libc::EPERM) => {
-            "; user namespaces are not permitted here (a container or seccomp policy, \
+fn unshare_error(source: Errno) -> Error {
+    let hint = match source {
+        Errno::EPERM => {
+            " (user namespaces are not permitted here: a container or seccomp policy, \
              kernel.unprivileged_userns_clone, or a chroot forbids them)"
         }
-        Some(libc::ENOSPC) | Some(libc::EUSERS) => {
-            "; the limit of user namespaces (/proc/sys/user/max_user_namespaces) or of their \
-             nesting is reached"
+        Errno::ENOSPC | Errno::EUSERS => {
+            " (the limit of user namespaces, /proc/sys/user/max_user_namespaces, or of their \
+             nesting is reached)"
         }
-        Some(libc::EINVAL) => "; the process must be single-threaded",
+        Errno::EINVAL => " (the process must be single-threaded)",
         _ => "",
     };
-    error(
-        e.kind(),
-        format!("cannot create a user namespace: {e}{hint}"),
-    )
+    Error::Unshare { hint, source }
 }
 
 /// Inside the namespace, with the maps written: become its root.
-fn become_root() -> io::Result<()> {
-    // SAFETY: setresgid only changes this process's credentials.
-    if unsafe { libc::setresgid(0, 0, 0) } != 0 {
-        let e = io::Error::last_os_error();
-        return Err(error(
-            e.kind(),
-            format!("cannot become gid 0 inside the user namespace: {e}"),
-        ));
-    }
-    // SAFETY: setresuid only changes this process's credentials.
-    if unsafe { libc::setresuid(0, 0, 0) } != 0 {
-        let e = io::Error::last_os_error();
-        return Err(error(
-            e.kind(),
-            format!("cannot become uid 0 inside the user namespace: {e}"),
-        ));
-    }
-    Ok(())
+fn become_root() -> Result<(), Error> {
+    let root_gid = Gid::from_raw(0);
+    nix::unistd::setresgid(root_gid, root_gid, root_gid)
+        .map_err(|source| Error::BecomeRoot { id: "gid", source })?;
+    let root_uid = Uid::from_raw(0);
+    nix::unistd::setresuid(root_uid, root_uid, root_uid)
+        .map_err(|source| Error::BecomeRoot { id: "uid", source })
 }
 
 /// The forked helper: waits for the go-ahead, writes the maps of process `pid`, reports on
 /// `sock` (`0`, or `1` and a message) and returns whether it succeeded.
-fn map_writer(mut sock: UnixStream, pid: libc::pid_t, plans: &[Plan]) -> bool {
+fn map_writer(mut sock: UnixStream, pid: Pid, plans: &[Plan]) -> bool {
     let mut go = [0u8; 1];
     loop {
         match sock.read(&mut go) {
@@ -496,7 +445,7 @@ fn map_writer(mut sock: UnixStream, pid: libc::pid_t, plans: &[Plan]) -> bool {
 
 /// Writes one map of process `pid`, directly if the kernel lets this process do it, through
 /// `newuidmap`/`newgidmap` otherwise.
-fn write_map(pid: libc::pid_t, plan: &Plan) -> Result<(), String> {
+fn write_map(pid: Pid, plan: &Plan) -> Result<(), String> {
     let kind = plan.kind.name();
     let path = format!("/proc/{pid}/{kind}_map");
     let text = map_text(&plan.maps);
@@ -749,6 +698,7 @@ mod tests {
     fn refuses_to_run_in_a_threaded_process() {
         // The test harness runs tests on their own threads, so this process has several.
         let e = enter_user_namespace(&[r(0, 100000, 65536)], &[]).unwrap_err();
-        assert!(e.to_string().contains("before any thread starts"), "{e}");
+        let shown = crate::error::Chain(&e).to_string();
+        assert!(shown.contains("before any thread starts"), "{shown}");
     }
 }
