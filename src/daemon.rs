@@ -355,7 +355,11 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         passthrough::InodeFileHandles::Never => &[][..],
         _ => caps::FILE_HANDLE_CAPS,
     };
-    let keep = caps::kept(caps::running_as_root(), file_handle_caps, &opts.modcaps);
+    let keep = caps::kept(
+        nix::unistd::geteuid().is_root(),
+        file_handle_caps,
+        &opts.modcaps,
+    );
     let kept = caps::drop_all_but(keep, caps::last_cap()).map_err(DaemonError::DropCaps)?;
     info!("capabilities kept: {kept}");
 

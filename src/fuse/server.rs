@@ -19,7 +19,7 @@ use log::{debug, warn};
 use super::abi::{self, opcode, Pod};
 use super::io::{Reader, Writer};
 use crate::filesystem::{
-    Context, DirEntry, Entry, FileSystem, SecCtx, SetAttr, SetTime, XattrReply,
+    errno, Context, DirEntry, Entry, FileSystem, SecCtx, SetAttr, SetTime, XattrReply,
 };
 
 /// Largest WRITE (and READ) payload offered to the client.
@@ -69,10 +69,6 @@ impl std::error::Error for ServerError {
 }
 
 type Result<T> = std::result::Result<T, ServerError>;
-
-fn errno(e: i32) -> io::Error {
-    io::Error::from_raw_os_error(e)
-}
 
 fn einval() -> io::Error {
     errno(libc::EINVAL)

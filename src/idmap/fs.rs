@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use super::Translation;
 use crate::filesystem::{
-    Context, DirEntry, Entry, FileSystem, Opened, SecCtx, SetAttr, XattrReply,
+    errno, Context, DirEntry, Entry, FileSystem, Opened, SecCtx, SetAttr, XattrReply,
 };
 use crate::fuse::abi::init;
 use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
@@ -34,10 +34,6 @@ const ACL_XATTRS: [&[u8]; 2] = [b"system.posix_acl_access", b"system.posix_acl_d
 const XATTR_LIST_MAX: u32 = 65536;
 /// `renameat2(2)`'s `RENAME_WHITEOUT`.
 pub(super) const RENAME_WHITEOUT: u32 = 1 << 2;
-
-fn errno(e: i32) -> io::Error {
-    io::Error::from_raw_os_error(e)
-}
 
 fn is_acl(name: &CStr) -> bool {
     ACL_XATTRS.contains(&name.to_bytes())

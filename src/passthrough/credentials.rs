@@ -27,8 +27,7 @@ pub struct CredsGuard {
 
 /// Whether the daemon runs with effective uid 0 (and so should create files as the caller).
 pub fn running_as_root() -> bool {
-    // SAFETY: `geteuid` has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }
 
 /// Switches to `uid`/`gid` when `as_root` (see [`running_as_root`]); `None` when no switch is

@@ -271,10 +271,7 @@ mod tests {
             .into()
     }
 
-    fn running_as_root() -> bool {
-        // SAFETY: geteuid has no preconditions.
-        unsafe { libc::geteuid() == 0 }
-    }
+    use crate::passthrough::credentials::running_as_root;
 
     #[test]
     fn a_handle_reopens_its_file_after_a_rename() {

@@ -42,7 +42,6 @@ pub mod xattrmap;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
@@ -196,11 +195,13 @@ fn is_resource_shortage(e: &io::Error) -> bool {
 
 /// Opens the directory `path` with `O_PATH`.
 fn open_path_dir(path: &std::path::Path) -> io::Result<OwnedFd> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
-        .open(path)?;
-    Ok(f.into())
+    use nix::fcntl::OFlag;
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    Ok(nix::fcntl::open(
+        path,
+        flags,
+        nix::sys::stat::Mode::empty(),
+    )?)
 }
 
 fn open_path_flags() -> i32 {

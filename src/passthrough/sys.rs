@@ -16,9 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub const EMPTY: &CStr = c"";
 
 /// An `io::Error` for a raw `errno` value.
-pub fn error(errno: i32) -> io::Error {
-    io::Error::from_raw_os_error(errno)
-}
+pub use crate::filesystem::errno as error;
 
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 {

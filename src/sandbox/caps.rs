@@ -142,13 +142,6 @@ pub fn cap_number(name: &str) -> Option<u32> {
     NAMES.iter().position(|n| *n == bare).map(|i| i as u32)
 }
 
-/// Whether the process runs as root (effective uid 0, possibly of a user namespace), and so
-/// keeps [`ROOT_CAPS`].
-pub fn running_as_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// The changes `--modcaps` asks for, in order: `(true, cap)` adds, `(false, cap)` removes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModCaps(pub Vec<(bool, u32)>);
