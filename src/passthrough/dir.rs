@@ -21,7 +21,7 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
-use super::dircache::{Charge, Overflow};
+use super::budget::{Charge, Overflow};
 use super::sys;
 
 /// Bytes before the name in a record: inode number (8), type (1), name length (2). The name

@@ -27,96 +27,14 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::budget::{Budget, Charge, Overflow};
 use super::dir::DirSnapshot;
 use super::key::{InodeKey, Stamp};
 
 /// Directories remembered as too large for a snapshot.
 const TOO_BIG_KEPT: usize = 64;
-
-/// Bytes all listings may hold together.
-#[derive(Debug)]
-pub struct Budget {
-    cap: usize,
-    used: AtomicUsize,
-    /// Most bytes ever held at once.
-    peak: AtomicUsize,
-}
-
-impl Budget {
-    fn new(cap: usize) -> Self {
-        Budget {
-            cap,
-            used: AtomicUsize::new(0),
-            peak: AtomicUsize::new(0),
-        }
-    }
-
-    /// Takes `n` bytes if they fit.
-    fn try_take(&self, n: usize) -> bool {
-        let mut cur = self.used.load(Ordering::Relaxed);
-        loop {
-            let Some(next) = cur.checked_add(n).filter(|&v| v <= self.cap) else {
-                return false;
-            };
-            match self
-                .used
-                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => {
-                    self.peak.fetch_max(next, Ordering::Relaxed);
-                    return true;
-                }
-                Err(seen) => cur = seen,
-            }
-        }
-    }
-
-    fn give(&self, n: usize) {
-        self.used.fetch_sub(n, Ordering::AcqRel);
-    }
-}
-
-/// The bytes of the budget one snapshot holds; given back when it is dropped.
-#[derive(Debug, Default)]
-pub struct Charge {
-    budget: Option<Arc<Budget>>,
-    bytes: usize,
-}
-
-impl Charge {
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    /// Gives back `n` of the bytes held (the snapshot shrank).
-    pub fn release(&mut self, n: usize) {
-        let n = n.min(self.bytes);
-        self.bytes -= n;
-        if let Some(b) = &self.budget {
-            b.give(n);
-        }
-    }
-}
-
-impl Drop for Charge {
-    fn drop(&mut self) {
-        let n = self.bytes;
-        self.release(n);
-    }
-}
-
-/// Why a snapshot could not grow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Overflow {
-    /// It would take more than a quarter of the budget.
-    TooBig,
-    /// The budget is held by listings in use.
-    Full,
-}
 
 /// What the cache knows of a directory with a given stamp.
 #[derive(Debug)]
@@ -235,7 +153,7 @@ impl<K: Hash + Eq + Copy> DirCache<K> {
     /// exceed its share, or when the budget stays full after dropping every snapshot that only
     /// the cache holds.
     pub fn reserve(&self, charge: &mut Charge, n: usize) -> Result<(), Overflow> {
-        if charge.bytes.saturating_add(n) > self.per_listing {
+        if charge.bytes().saturating_add(n) > self.per_listing {
             return Err(Overflow::TooBig);
         }
         while !self.budget.try_take(n) {
@@ -243,8 +161,7 @@ impl<K: Hash + Eq + Copy> DirCache<K> {
                 return Err(Overflow::Full);
             }
         }
-        charge.budget.get_or_insert_with(|| self.budget.clone());
-        charge.bytes += n;
+        charge.add(&self.budget, n);
         Ok(())
     }
 
@@ -280,18 +197,18 @@ impl<K: Hash + Eq + Copy> DirCache<K> {
 
     /// Bytes all listings hold now.
     pub fn used(&self) -> usize {
-        self.budget.used.load(Ordering::Relaxed)
+        self.budget.used()
     }
 
     /// The budget, in bytes.
     pub fn cap(&self) -> usize {
-        self.budget.cap
+        self.budget.cap()
     }
 
     /// Most bytes all listings ever held at once.
     #[cfg(test)]
     pub fn peak(&self) -> usize {
-        self.budget.peak.load(Ordering::Relaxed)
+        self.budget.peak()
     }
 
     /// The snapshots in the cache.

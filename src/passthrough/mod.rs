@@ -21,6 +21,7 @@
 //! - `sys`: thin wrappers over the syscalls;
 //! - `credentials`: creating files as the guest caller when running as root.
 
+mod budget;
 pub mod config;
 mod credentials;
 mod dir;
@@ -637,7 +638,7 @@ impl PassthroughFs {
                 Ok((dir::Listing::Snapshot(snap), settled))
             }
             Err(why) => {
-                if why == dircache::Overflow::TooBig {
+                if why == budget::Overflow::TooBig {
                     self.dircache.too_big(data.key, stamp);
                 }
                 log::debug!(
