@@ -228,7 +228,8 @@ pub fn current() -> io::Result<(CapSet, CapSet, CapSet)> {
     ))
 }
 
-fn set(effective: CapSet, permitted: CapSet, inheritable: CapSet) -> io::Result<()> {
+/// Sets the calling thread's effective, permitted and inheritable sets.
+pub fn set(effective: CapSet, permitted: CapSet, inheritable: CapSet) -> io::Result<()> {
     let mut hdr = CapHeader {
         version: LINUX_CAPABILITY_VERSION_3,
         pid: 0,

@@ -3,6 +3,7 @@
 //! refuse as documented when handles are not available.
 
 use super::*;
+use crate::sandbox::caps::{self, CapSet};
 
 fn as_root() -> bool {
     credentials::running_as_root()
@@ -316,47 +317,26 @@ fn a_mount_without_handles_under_the_share() {
 /// Drops `CAP_DAC_READ_SEARCH` from the effective set of the calling thread (capabilities are
 /// per thread) until dropped.
 struct NoDacReadSearch {
-    saved: [u32; 6],
+    saved: (CapSet, CapSet, CapSet),
 }
 
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-
-const CAP_V3: u32 = 0x2008_0522;
 const CAP_DAC_READ_SEARCH: u32 = 2;
 
 impl NoDacReadSearch {
     fn new() -> Option<Self> {
-        let mut hdr = CapHeader {
-            version: CAP_V3,
-            pid: 0,
-        };
-        let mut data = [0u32; 6];
-        // SAFETY: a v3 header and room for two `__user_cap_data_struct`s (three u32 each).
-        if unsafe { libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()) } != 0 {
-            return None;
-        }
-        let saved = data;
-        data[0] &= !(1 << CAP_DAC_READ_SEARCH);
-        // SAFETY: as above; only the calling thread's effective set changes.
-        if unsafe { libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) } != 0 {
-            return None;
-        }
+        let saved = caps::current().ok()?;
+        let mut effective = saved.0;
+        effective.remove(CAP_DAC_READ_SEARCH);
+        caps::set(effective, saved.1, saved.2).ok()?;
         Some(NoDacReadSearch { saved })
     }
 }
 
 impl Drop for NoDacReadSearch {
     fn drop(&mut self) {
-        let mut hdr = CapHeader {
-            version: CAP_V3,
-            pid: 0,
-        };
-        // SAFETY: as in `new`; restores the effective set saved there (still permitted).
-        unsafe { libc::syscall(libc::SYS_capset, &mut hdr, self.saved.as_ptr()) };
+        // The effective set saved in `new` (still permitted).
+        let (e, p, i) = self.saved;
+        let _ = caps::set(e, p, i);
     }
 }
 
