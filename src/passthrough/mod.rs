@@ -194,15 +194,12 @@ fn is_resource_shortage(e: &io::Error) -> bool {
     )
 }
 
-/// Opens the directory `path` with `O_PATH`.
-fn open_path_dir(path: &std::path::Path) -> io::Result<OwnedFd> {
+/// Opens the directory `path` with `O_PATH` (the shared directory, `/proc/self/fd`; the sandbox
+/// opens the latter with it too, before it hides `/proc`).
+pub fn open_path_dir(path: &std::path::Path) -> nix::Result<OwnedFd> {
     use nix::fcntl::OFlag;
     let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-    Ok(nix::fcntl::open(
-        path,
-        flags,
-        nix::sys::stat::Mode::empty(),
-    )?)
+    nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty())
 }
 
 fn open_path_flags() -> i32 {

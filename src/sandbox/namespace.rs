@@ -7,10 +7,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::fcntl::OFlag;
 use nix::mount::{MntFlags, MsFlags};
 use nix::sched::CloneFlags;
-use nix::sys::stat::Mode;
 
 /// A confinement step that failed, with the path it worked on.
 #[derive(Debug, thiserror::Error)]
@@ -110,8 +108,7 @@ pub fn enter_identity_user_namespace() -> Result<(), Error> {
 
 /// Opens `path` as an `O_PATH` directory descriptor.
 fn open_path_dir(path: &Path) -> Result<OwnedFd, Error> {
-    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-    nix::fcntl::open(path, flags, Mode::empty()).map_err(|source| Error::Open {
+    crate::passthrough::open_path_dir(path).map_err(|source| Error::Open {
         path: path.to_path_buf(),
         source,
     })
