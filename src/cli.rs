@@ -465,6 +465,8 @@ fn id_maps(flag: &str, specs: &[String]) -> Result<Vec<IdMapRange>, UsageError> 
 pub enum UsageError {
     #[error("--shared-dir: missing; expected --shared-dir=DIR (or -o source=DIR)")]
     MissingSharedDir,
+    #[error("--shared-dir: '{}' does not exist; expected --shared-dir=DIR", .0.display())]
+    SharedDirMissing(PathBuf),
     #[error("--shared-dir: '{}' is not a directory; expected --shared-dir=DIR", .0.display())]
     NotADirectory(PathBuf),
     #[error("--tag: expected a tag of 1 to 36 bytes")]
@@ -711,6 +713,9 @@ impl Args {
         let level = log::LevelFilter::from(self.log_level);
 
         let shared_dir = self.shared_dir.take().ok_or(UsageError::MissingSharedDir)?;
+        if !shared_dir.exists() {
+            return Err(UsageError::SharedDirMissing(shared_dir));
+        }
         if !shared_dir.is_dir() {
             return Err(UsageError::NotADirectory(shared_dir));
         }
@@ -948,7 +953,24 @@ mod tests {
     #[test]
     fn shared_dir_must_exist() {
         let e = parse(&["--shared-dir=/nonexistent/dir", "--socket-path=/s"]).unwrap_err();
-        assert!(e.to_string().starts_with("--shared-dir:"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "--shared-dir: '/nonexistent/dir' does not exist; expected --shared-dir=DIR"
+        );
+    }
+
+    #[test]
+    fn shared_dir_must_be_a_directory() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let arg = format!("--shared-dir={}", f.path().display());
+        let e = parse(&[arg.as_str(), "--socket-path=/s"]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "--shared-dir: '{}' is not a directory; expected --shared-dir=DIR",
+                f.path().display()
+            )
+        );
     }
 
     #[test]
