@@ -98,8 +98,6 @@ pub struct InodeData {
     origin: Mutex<Option<Origin>>,
     /// The handle this inode was last opened with, to stat it after its name is gone.
     pub last_open: Mutex<Weak<HandleData>>,
-    /// `S_IFMT` bits of the file's mode.
-    pub kind: u32,
     /// For directories: the stamp of the last listing served from offset 0, if that stamp was
     /// settled (see `dircache`); lets OPENDIR tell the guest its cached listing is still good.
     pub listing: Mutex<Option<Stamp>>,
@@ -123,7 +121,6 @@ impl InodeData {
             handle: OnceLock::new(),
             origin: Mutex::new(origin),
             last_open: Mutex::new(Weak::new()),
-            kind: n.key.kind,
             listing: Mutex::new(None),
             refcount: AtomicU64::new(1),
         }
@@ -209,11 +206,11 @@ impl InodeData {
     }
 
     pub fn is_dir(&self) -> bool {
-        self.kind == libc::S_IFDIR
+        self.key.kind == libc::S_IFDIR
     }
 
     pub fn is_symlink(&self) -> bool {
-        self.kind == libc::S_IFLNK
+        self.key.kind == libc::S_IFLNK
     }
 
     #[cfg(test)]

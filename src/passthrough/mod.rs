@@ -982,7 +982,7 @@ impl PassthroughFs {
             self.check_writable()?;
         }
         let data = self.inode(inode)?;
-        match data.kind {
+        match data.key.kind {
             libc::S_IFDIR => return Err(error(libc::EISDIR)),
             kind => check_openable(kind)?,
         }

@@ -159,7 +159,7 @@ impl FileSystem for PassthroughFs {
             match &h {
                 Some(h) => sys::ftruncate(h.fd(), size)?,
                 None => {
-                    match data.kind {
+                    match data.key.kind {
                         libc::S_IFREG => {}
                         libc::S_IFDIR => return Err(error(libc::EISDIR)),
                         _ => return Err(error(libc::EINVAL)),
@@ -345,7 +345,7 @@ impl FileSystem for PassthroughFs {
             return Err(error(libc::EROFS));
         }
         let data = self.inode(inode)?;
-        check_openable(data.kind)?;
+        check_openable(data.key.kind)?;
         let file = self.open_node(&data, self.host_open_flags(flags))?;
         if flags & libc::O_TRUNC != 0 {
             self.truncated_on_open(file.as_fd(), fuse_flags)?;
@@ -793,7 +793,7 @@ impl FileSystem for PassthroughFs {
     fn syncfs(&self, _ctx: &Context, inode: u64) -> io::Result<()> {
         let data = self.inode(inode)?;
         // syncfs(2) needs a real descriptor; regular files and directories are safe to open.
-        let opened = match data.kind {
+        let opened = match data.key.kind {
             libc::S_IFDIR => self
                 .open_node(&data, libc::O_RDONLY | libc::O_DIRECTORY)
                 .ok(),
