@@ -28,6 +28,7 @@ pub mod frontend;
 pub mod fuse;
 pub mod idmap;
 pub mod logging;
+pub mod migration;
 pub mod passthrough;
 pub mod sandbox;
 pub mod vhost_user;

@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use std::os::fd::BorrowedFd;
 
+use crate::migration::{Decoder, Encoder, StateError};
+
 /// Where a filesystem writes the data of a READ (the transport implements it over the reply
 /// buffers: `fuse::io::Writer`).
 pub trait ZeroCopyWriter {
@@ -183,6 +185,22 @@ pub trait FileSystem: Send + Sync {
 
     /// The client unmounted: drop every node id and handle.
     fn destroy(&self) {}
+
+    /// Writes what a migration destination needs to serve the node ids and handles the client
+    /// holds (see `migration`). Called with no request in flight.
+    fn save_state(&self, out: &mut Encoder) -> Result<(), StateError> {
+        Err(StateError::Refused(
+            "this file system cannot be migrated".into(),
+        ))
+    }
+
+    /// Takes over the node ids and handles of a state written by a source's
+    /// [`FileSystem::save_state`]; called on a file system that has served nothing yet.
+    fn load_state(&self, input: &mut Decoder<'_>) -> Result<(), StateError> {
+        Err(StateError::Refused(
+            "this file system cannot be migrated".into(),
+        ))
+    }
 
     fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
         enosys()

@@ -18,6 +18,7 @@ use log::{debug, warn};
 
 use super::abi::{self, opcode, Pod};
 use super::io::{Reader, Writer};
+use crate::migration::{self, Decoder, Encoder, StateError};
 use crate::filesystem::{
     errno, Context, DirEntry, Entry, FileSystem, SecCtx, SetAttr, SetTime, XattrReply,
 };
@@ -227,6 +228,9 @@ pub struct Server<F: FileSystem> {
     fs: F,
     /// Flags agreed in `FUSE_INIT` (`abi::init`).
     options: AtomicU64,
+    /// Flags the client offered in `FUSE_INIT` (with `flags2`), kept for a migration: the
+    /// destination agrees on them again with its own file system.
+    capable: AtomicU64,
     initialized: AtomicBool,
 }
 
@@ -235,8 +239,76 @@ impl<F: FileSystem> Server<F> {
         Server {
             fs,
             options: AtomicU64::new(0),
+            capable: AtomicU64::new(0),
             initialized: AtomicBool::new(false),
         }
+    }
+
+    /// The flags agreed with a client that offered `capable`; the file system sets itself up
+    /// for them.
+    fn agree(&self, capable: u64) -> io::Result<u64> {
+        let wanted = self.fs.init(capable)? & capable;
+        let mut enabled = wanted | (capable & abi::init::INIT_EXT);
+        if capable & abi::init::MAX_PAGES != 0 {
+            enabled |= abi::init::MAX_PAGES;
+        }
+        Ok(enabled)
+    }
+
+    /// The session and file system state a migration destination needs (see `migration`):
+    /// whether the guest mounted, what INIT agreed, and the file system's nodes and handles.
+    /// Called with the queues stopped.
+    pub fn save_state(&self) -> std::result::Result<Vec<u8>, StateError> {
+        let mut e = Encoder::new();
+        let s = e.begin();
+        e.bool(self.initialized.load(Ordering::Acquire));
+        e.u64(self.capable.load(Ordering::Relaxed));
+        e.u64(self.options.load(Ordering::Relaxed));
+        e.end(s);
+        let s = e.begin();
+        self.fs.save_state(&mut e)?;
+        e.end(s);
+        Ok(migration::seal(&e.into_bytes()))
+    }
+
+    /// Takes over the session saved by a source daemon's [`Server::save_state`]: the guest
+    /// goes on without a new INIT. Refused on a server that has served a session already, and
+    /// when this daemon's options would agree on other flags than the source's did.
+    pub fn load_state(&self, blob: &[u8]) -> std::result::Result<(), StateError> {
+        if self.initialized.load(Ordering::Acquire) {
+            return Err(StateError::Refused(
+                "a session is being served already: a migration destination must not have \
+                 served a guest before"
+                    .into(),
+            ));
+        }
+        let mut d = Decoder::new(migration::open(blob)?);
+        let mut s = d.section("session")?;
+        let initialized = s.bool("session: mounted")?;
+        let capable = s.u64("session: offered flags")?;
+        let options = s.u64("session: agreed flags")?;
+        s.finish()?;
+        let mut f = d.section("file system")?;
+        d.finish()?;
+        if initialized {
+            let here = self.agree(capable).map_err(|e| StateError::Io {
+                what: "the file system refused the session's INIT flags".into(),
+                source: e,
+            })?;
+            if here != options {
+                return Err(StateError::Refused(format!(
+                    "the guest agreed on FUSE flags {options:#x} with the source; with this \
+                     daemon's options it would get {here:#x} (start the destination with the \
+                     source's options)"
+                )));
+            }
+        }
+        self.fs.load_state(&mut f)?;
+        f.finish()?;
+        self.capable.store(capable, Ordering::Relaxed);
+        self.options.store(options, Ordering::Relaxed);
+        self.initialized.store(initialized, Ordering::Release);
+        Ok(())
     }
 
     /// The filesystem behind this server.
@@ -700,11 +772,8 @@ impl<F: FileSystem> Server<F> {
             // Not part of the protocol version the two sides agree on.
             capable &= !abi::init::ALLOW_IDMAP;
         }
-        let wanted = self.fs.init(capable)? & capable;
-        let mut enabled = wanted | (capable & abi::init::INIT_EXT);
-        if capable & abi::init::MAX_PAGES != 0 {
-            enabled |= abi::init::MAX_PAGES;
-        }
+        let enabled = self.agree(capable)?;
+        self.capable.store(capable, Ordering::Relaxed);
         self.options.store(enabled, Ordering::Relaxed);
         self.initialized.store(true, Ordering::Release);
 

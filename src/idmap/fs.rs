@@ -27,6 +27,7 @@ use crate::filesystem::{
 };
 use crate::fuse::abi::init;
 use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
+use crate::migration::{Decoder, Encoder, StateError};
 
 /// The extended attributes that hold POSIX ACLs.
 const ACL_XATTRS: [&[u8]; 2] = [b"system.posix_acl_access", b"system.posix_acl_default"];
@@ -141,6 +142,16 @@ impl<F: FileSystem> FileSystem for MappedFs<F> {
 
     fn destroy(&self) {
         self.inner.destroy()
+    }
+
+    // Translation keeps no state of its own: both daemons of a migration are started with the
+    // same mapping, and the nodes and handles are the wrapped file system's.
+    fn save_state(&self, out: &mut Encoder) -> Result<(), StateError> {
+        self.inner.save_state(out)
+    }
+
+    fn load_state(&self, input: &mut Decoder<'_>) -> Result<(), StateError> {
+        self.inner.load_state(input)
     }
 
     fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {

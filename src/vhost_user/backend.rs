@@ -12,8 +12,10 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use log::{error, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -21,15 +23,18 @@ use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{DescriptorChain, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use super::descriptor::{split_chain, GuestMem};
+use super::descriptor::{split_chain, DirtyLog, GuestMem, GuestMemory};
 use crate::filesystem::FileSystem;
 use crate::fuse::server::Server;
+
+/// A virtqueue over guest memory with a dirty-page log.
+pub type Vring = VringRwLock<GuestMemoryAtomic<GuestMemory>>;
 
 /// Largest virtqueue the device accepts.
 pub const MAX_QUEUE_SIZE: usize = 32768;
@@ -43,13 +48,77 @@ const TAG_LEN: usize = 36;
 /// With a thread pool, chains taken off the rings and not yet answered, per pool thread.
 pub const POOL_BACKLOG: usize = 4;
 
+/// Most time `GET_VRING_BASE` waits for the chains a queue has in flight to be answered.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// Chains each queue has taken off its ring and not yet returned, so that stopping a queue
+/// (`GET_VRING_BASE`, which a migration sends before it copies guest memory for the last time)
+/// can wait for them: a reply written into guest memory after that copy would never reach the
+/// destination.
+struct InFlight {
+    per_queue: Vec<AtomicUsize>,
+    idle: Condvar,
+    lock: Mutex<()>,
+}
+
+impl InFlight {
+    fn new(queues: usize) -> Self {
+        InFlight {
+            per_queue: (0..queues).map(|_| AtomicUsize::new(0)).collect(),
+            idle: Condvar::new(),
+            lock: Mutex::new(()),
+        }
+    }
+
+    /// Counts one chain of `queue` in flight; called before the chain is popped, so that a stop
+    /// that finds the ring not ready and the count at zero knows no chain is being taken.
+    fn enter(&self, queue: usize) {
+        if let Some(c) = self.per_queue.get(queue) {
+            c.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// One chain of `queue` fewer in flight (returned, or none was popped).
+    fn leave(&self, queue: usize) {
+        if let Some(c) = self.per_queue.get(queue) {
+            if c.fetch_sub(1, Ordering::AcqRel) == 1 {
+                let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+                self.idle.notify_all();
+            }
+        }
+    }
+
+    /// Waits until `queue` has no chain in flight, for at most `limit`; whether it has none.
+    fn wait_idle(&self, queue: usize, limit: Duration) -> bool {
+        let Some(c) = self.per_queue.get(queue) else {
+            return true;
+        };
+        let deadline = Instant::now() + limit;
+        let mut guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        while c.load(Ordering::Acquire) != 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            guard = self
+                .idle
+                .wait_timeout(guard, (deadline - now).min(Duration::from_millis(10)))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
+    }
+}
+
 /// A chain queued for a pool thread, with the memory it was resolved against.
 struct Job {
     mem: GuestMem,
     head: u16,
     chain: DescriptorChain<GuestMem>,
-    vring: VringRwLock,
+    vring: Vring,
     event_idx: bool,
+    /// The queue the chain came from.
+    queue: usize,
 }
 
 /// What the queue threads and the pool threads share: the chains in flight.
@@ -64,7 +133,7 @@ struct Backlog {
     peak: usize,
     /// Queues that stopped popping because the pool was full, to kick when a chain is answered,
     /// by the worker thread serving them (one queue per thread).
-    stalled: Vec<(usize, VringRwLock)>,
+    stalled: Vec<(usize, Vring)>,
 }
 
 /// The request thread pool.
@@ -79,7 +148,7 @@ impl Pool {
     /// Counts one more chain in flight, if the pool has room; otherwise records `vring`, served by
     /// the queue thread `queue`, as stalled (it is kicked once a chain is answered) and returns
     /// `false`.
-    fn take_slot(&self, queue: usize, vring: &VringRwLock) -> bool {
+    fn take_slot(&self, queue: usize, vring: &Vring) -> bool {
         let mut b = self.backlog.lock().unwrap_or_else(PoisonError::into_inner);
         if b.in_flight >= self.limit {
             if !b.stalled.iter().any(|(q, _)| *q == queue) {
@@ -112,7 +181,7 @@ fn give_slot(backlog: &Mutex<Backlog>) {
 }
 
 /// Signals the queue's kick eventfd, so that its thread serves it again as after a guest kick.
-fn kick(vring: &VringRwLock) -> io::Result<()> {
+fn kick(vring: &Vring) -> io::Result<()> {
     let state = vring.get_ref();
     let Some(kick) = state.get_kick() else {
         // Not started (or stopped): the next start reads the ring anyway.
@@ -141,11 +210,12 @@ enum Pass {
 /// The vhost-user-fs device backend.
 pub struct FsBackend<F: FileSystem + 'static> {
     server: Arc<Server<F>>,
-    mem: RwLock<GuestMemoryAtomic<GuestMemoryMmap<()>>>,
+    mem: RwLock<GuestMemoryAtomic<GuestMemory>>,
     event_idx: std::sync::atomic::AtomicBool,
     tag: Option<String>,
     num_queues: usize,
     pool: Option<Pool>,
+    in_flight: Arc<InFlight>,
 }
 
 impl<F: FileSystem + 'static> FsBackend<F> {
@@ -161,6 +231,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             }
         }
         let server = Arc::new(Server::new(fs));
+        let num_queues = 1 + MAX_REQUEST_QUEUES;
+        let in_flight = Arc::new(InFlight::new(num_queues));
         let pool = if pool_size > 0 {
             let limit = pool_size.saturating_mul(POOL_BACKLOG);
             let backlog = Arc::new(Mutex::new(Backlog {
@@ -168,7 +240,12 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 ..Backlog::default()
             }));
             Some(Pool {
-                jobs: Mutex::new(start_pool(server.clone(), backlog.clone(), pool_size)?),
+                jobs: Mutex::new(start_pool(
+                    server.clone(),
+                    backlog.clone(),
+                    in_flight.clone(),
+                    pool_size,
+                )?),
                 backlog,
                 limit,
             })
@@ -177,11 +254,12 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         };
         Ok(FsBackend {
             server,
-            mem: RwLock::new(GuestMemoryAtomic::new(GuestMemoryMmap::new())),
+            mem: RwLock::new(GuestMemoryAtomic::new(GuestMemory::new())),
             event_idx: std::sync::atomic::AtomicBool::new(false),
             tag,
-            num_queues: 1 + MAX_REQUEST_QUEUES,
+            num_queues,
             pool,
+            in_flight,
         })
     }
 
@@ -204,7 +282,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 
     /// Serves every available chain of `vring` (served by the queue thread `queue`), or with a
     /// thread pool hands them to it until it is full.
-    fn process_queue(&self, vring: &VringRwLock, queue: usize) -> io::Result<Pass> {
+    fn process_queue(&self, vring: &Vring, queue: usize) -> io::Result<Pass> {
         let mem = self.memory();
         let event_idx = self.event_idx.load(std::sync::atomic::Ordering::Relaxed);
         // Chains returned since the guest was last told.
@@ -215,11 +293,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                     return Ok(Pass::Stalled);
                 }
             }
+            self.in_flight.enter(queue);
             let chain = vring
                 .get_mut()
                 .get_queue_mut()
                 .pop_descriptor_chain(mem.clone());
             let Some(chain) = chain else {
+                self.in_flight.leave(queue);
                 if let Some(pool) = &self.pool {
                     give_slot(&pool.backlog);
                 }
@@ -233,6 +313,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                     chain,
                     vring: vring.clone(),
                     event_idx,
+                    queue,
                 };
                 let sent = pool
                     .jobs
@@ -240,13 +321,16 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                     .unwrap_or_else(PoisonError::into_inner)
                     .send(job);
                 if sent.is_err() {
+                    self.in_flight.leave(queue);
                     give_slot(&pool.backlog);
                     return Err(io::Error::other("request thread pool is gone"));
                 }
                 continue;
             }
             let len = serve_chain(&self.server, &mem, chain);
-            match vring.add_used(head, len) {
+            let used = vring.add_used(head, len);
+            self.in_flight.leave(queue);
+            match used {
                 Ok(()) => unsignalled += 1,
                 // A head the guest made up (outside the table) cannot be returned; the chain
                 // is dropped and the queue goes on.
@@ -287,7 +371,7 @@ fn serve_chain<F: FileSystem>(
 }
 
 /// Returns a chain to the guest and notifies it when it asked to be.
-fn complete(vring: &VringRwLock, head: u16, len: u32, event_idx: bool) -> io::Result<()> {
+fn complete(vring: &Vring, head: u16, len: u32, event_idx: bool) -> io::Result<()> {
     vring
         .add_used(head, len)
         .map_err(|e| io::Error::other(format!("add_used: {e}")))?;
@@ -296,7 +380,7 @@ fn complete(vring: &VringRwLock, head: u16, len: u32, event_idx: bool) -> io::Re
 
 /// Interrupts the guest for the chains returned so far, unless (with event-index) it asked not
 /// to be told yet.
-fn notify(vring: &VringRwLock, event_idx: bool) -> io::Result<()> {
+fn notify(vring: &Vring, event_idx: bool) -> io::Result<()> {
     let notify = !event_idx
         || vring
             .needs_notification()
@@ -312,6 +396,7 @@ fn notify(vring: &VringRwLock, event_idx: bool) -> io::Result<()> {
 fn start_pool<F: FileSystem + 'static>(
     server: Arc<Server<F>>,
     backlog: Arc<Mutex<Backlog>>,
+    in_flight: Arc<InFlight>,
     size: usize,
 ) -> io::Result<std::sync::mpsc::Sender<Job>> {
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
@@ -320,6 +405,7 @@ fn start_pool<F: FileSystem + 'static>(
         let rx = rx.clone();
         let server = server.clone();
         let backlog = backlog.clone();
+        let in_flight = in_flight.clone();
         thread::Builder::new()
             .name(format!("virtiofsd-pool-{i}"))
             .spawn(move || loop {
@@ -331,6 +417,7 @@ fn start_pool<F: FileSystem + 'static>(
                 if let Err(e) = complete(&job.vring, job.head, len, job.event_idx) {
                     error!("failed to return chain {}: {e}", job.head);
                 }
+                in_flight.leave(job.queue);
                 give_slot(&backlog);
             })?;
     }
@@ -338,8 +425,8 @@ fn start_pool<F: FileSystem + 'static>(
 }
 
 impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
-    type Bitmap = ();
-    type Vring = VringRwLock;
+    type Bitmap = DirtyLog;
+    type Vring = Vring;
 
     fn num_queues(&self) -> usize {
         self.num_queues
@@ -354,12 +441,17 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             | (1 << VIRTIO_RING_F_INDIRECT_DESC)
             | (1 << VIRTIO_RING_F_EVENT_IDX)
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            // Every page the device writes is marked in the dirty log once the frontend
+            // gives one (`LOG_SHMFD`), as a migration needs.
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
         let mut f = VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::LOG_SHMFD
+            | VhostUserProtocolFeatures::DEVICE_STATE;
         if self.tag.is_some() {
             f |= VhostUserProtocolFeatures::CONFIG;
         }
@@ -384,8 +476,22 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         config[start..end].to_vec()
     }
 
-    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap<()>>) -> io::Result<()> {
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemory>) -> io::Result<()> {
         *self.mem.write().unwrap_or_else(|p| p.into_inner()) = mem;
+        Ok(())
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        // The ring is no longer ready: no chain is popped from now on. Wait for those taken.
+        let queue = queue_index as usize;
+        if !self.in_flight.wait_idle(queue, STOP_WAIT) {
+            // A request that blocks (a lock wait) is not worth hanging the frontend for; its
+            // reply may then be lost by a migration.
+            warn!(
+                "queue {queue} stopped with requests still in flight after {} s",
+                STOP_WAIT.as_secs()
+            );
+        }
         Ok(())
     }
 
@@ -402,7 +508,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         &self,
         device_event: u16,
         evset: EventSet,
-        vrings: &[VringRwLock],
+        vrings: &[Vring],
         thread_id: usize,
     ) -> io::Result<()> {
         if evset != EventSet::IN {

@@ -13,15 +13,23 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use virtio_queue::DescriptorChain;
-use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryMmap, VolatileSlice,
-};
+use vm_memory::bitmap::Bitmap;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryMmap};
 
 use crate::fuse::io::{Reader, Writer, ZeroCopyReader, ZeroCopyWriter};
 
+/// The dirty-page log of a guest memory region: empty until the frontend starts a migration
+/// (`SET_LOG_BASE`), then every page the device writes is marked in it, so that the frontend
+/// sends that page to the destination again.
+pub type DirtyLog = BitmapMmapRegion;
+/// Guest memory, with a dirty-page log per region.
+pub type GuestMemory = GuestMemoryMmap<DirtyLog>;
 /// Guest memory as the queues see it.
-pub type GuestMem = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
+pub type GuestMem = GuestMemoryLoadGuard<GuestMemory>;
+/// A slice of guest memory, with the part of the dirty-page log that covers it.
+pub type VolatileSlice<'a> = vm_memory::VolatileSlice<'a, DirtyLog>;
 
 /// Most iovecs handed to one `preadv`/`pwritev` call.
 const MAX_IOVECS: usize = 64;
@@ -55,7 +63,7 @@ impl std::error::Error for ChainError {}
 
 /// Splits `chain` into the request reader and the reply writer.
 pub fn split_chain<'a, M>(
-    mem: &'a GuestMemoryMmap<()>,
+    mem: &'a GuestMemory,
     chain: DescriptorChain<M>,
 ) -> Result<(ChainReader<'a>, ChainWriter<'a>), ChainError>
 where
@@ -115,7 +123,7 @@ impl Default for SliceVec<'_> {
 impl<'a> SliceVec<'a> {
     pub fn new() -> Self {
         SliceVec {
-            inline: [MaybeUninit::uninit(); INLINE_SLICES],
+            inline: std::array::from_fn(|_| MaybeUninit::uninit()),
             len: 0,
             heap: Vec::new(),
             spilled: false,
@@ -130,7 +138,12 @@ impl<'a> SliceVec<'a> {
             self.len += 1;
         } else {
             let mut heap = Vec::with_capacity(INLINE_SLICES * 2);
-            heap.extend_from_slice(&self[..]);
+            for slot in &self.inline[..self.len] {
+                // SAFETY: the first `len` inline entries were written by `push`; each is read
+                // out once, and `len` is set to 0 below so that none is read or dropped again.
+                heap.push(unsafe { slot.assume_init_read() });
+            }
+            self.len = 0;
             heap.push(s);
             self.heap = heap;
             self.spilled = true;
@@ -141,8 +154,20 @@ impl<'a> SliceVec<'a> {
         if self.spilled {
             self.heap.truncate(n);
         } else {
-            self.len = self.len.min(n);
+            while self.len > n {
+                self.len -= 1;
+                // SAFETY: entry `len` (before the decrement, `len - 1` after) was written by
+                // `push` and is now past `len`, so it is dropped once and never read again.
+                unsafe { self.inline[self.len].assume_init_drop() };
+            }
         }
+    }
+}
+
+impl Drop for SliceVec<'_> {
+    fn drop(&mut self) {
+        // Inline entries hold a reference on their region's dirty log: release them.
+        self.truncate(0);
     }
 }
 
@@ -153,8 +178,8 @@ impl<'a> std::ops::Deref for SliceVec<'a> {
         if self.spilled {
             &self.heap
         } else {
-            // SAFETY: the first `len` inline entries were written by `push` (and never
-            // de-initialised: `VolatileSlice` is `Copy`); `MaybeUninit<T>` has `T`'s layout.
+            // SAFETY: the first `len` inline entries were written by `push` and are dropped
+            // only past `len` (`truncate`); `MaybeUninit<T>` has `T`'s layout.
             unsafe { std::slice::from_raw_parts(self.inline.as_ptr().cast(), self.len) }
         }
     }
@@ -229,8 +254,29 @@ impl<'a> Segments<'a> {
         n
     }
 
+    /// Marks the first `n` unconsumed bytes as written in the dirty-page log (after they were
+    /// written behind vm-memory's back, by a system call).
+    fn mark_written(&self, n: usize) {
+        let mut left = n;
+        for s in &self.slices[self.next..] {
+            if left == 0 {
+                break;
+            }
+            let len = s.len().min(left);
+            s.bitmap().mark_dirty(0, len);
+            left -= len;
+        }
+    }
+
     /// Runs `io` (a vectored syscall) over up to `count` bytes until done, short, or failed.
-    fn vectored<F>(&mut self, count: usize, mut offset: u64, mut io: F) -> io::Result<usize>
+    /// With `writes_memory`, the bytes the call filled are marked in the dirty-page log.
+    fn vectored<F>(
+        &mut self,
+        count: usize,
+        mut offset: u64,
+        writes_memory: bool,
+        mut io: F,
+    ) -> io::Result<usize>
     where
         F: FnMut(&[libc::iovec], libc::off64_t) -> isize,
     {
@@ -257,6 +303,9 @@ impl<'a> Segments<'a> {
                 return Err(e);
             }
             let got = ret as usize;
+            if writes_memory {
+                self.mark_written(got);
+            }
             self.advance(got);
             done += got;
             left -= got;
@@ -290,7 +339,7 @@ impl ZeroCopyReader for ChainReader<'_> {
         offset: u64,
     ) -> io::Result<usize> {
         let raw = fd.as_raw_fd();
-        self.segs.vectored(count, offset, |iov, off| {
+        self.segs.vectored(count, offset, false, |iov, off| {
             // SAFETY: every iovec points into a live guest memory mapping of at least
             // `iov_len` bytes (resolved by vm-memory); the kernel only reads from them.
             unsafe { libc::pwritev64(raw, iov.as_ptr(), iov.len() as i32, off) }
@@ -340,7 +389,7 @@ impl ZeroCopyWriter for ChainWriter<'_> {
         offset: u64,
     ) -> io::Result<usize> {
         let raw = fd.as_raw_fd();
-        self.segs.vectored(count, offset, |iov, off| {
+        self.segs.vectored(count, offset, true, |iov, off| {
             // SAFETY: every iovec points into a live, writable guest memory mapping of at least
             // `iov_len` bytes (resolved by vm-memory); the kernel writes only within them.
             unsafe { libc::preadv64(raw, iov.as_ptr(), iov.len() as i32, off) }
@@ -386,11 +435,11 @@ impl Writer for ChainWriter<'_> {
         }
         let mut tail = SliceVec::new();
         if at < self.segs.slices.len() {
-            let s = self.segs.slices[at];
+            let s = self.segs.slices[at].clone();
             let bad = |_| io::Error::from(io::ErrorKind::InvalidInput);
             tail.push(s.offset(rem).map_err(bad)?);
-            for &rest in &self.segs.slices[at + 1..] {
-                tail.push(rest);
+            for rest in &self.segs.slices[at + 1..] {
+                tail.push(rest.clone());
             }
             if rem == 0 {
                 self.segs.slices.truncate(at);
@@ -409,12 +458,12 @@ mod tests {
     use super::*;
     use vm_memory::{Bytes, GuestMemoryBackend};
 
-    fn memory() -> GuestMemoryMmap<()> {
+    fn memory() -> GuestMemory {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap()
     }
 
     /// `n` slices of `len` bytes, one every 0x100 bytes.
-    fn slices(mem: &GuestMemoryMmap<()>, n: u64, len: usize) -> SliceVec<'_> {
+    fn slices(mem: &GuestMemory, n: u64, len: usize) -> SliceVec<'_> {
         let mut v = SliceVec::new();
         for i in 0..n {
             v.push(mem.get_slice(GuestAddress(i * 0x100), len).unwrap());

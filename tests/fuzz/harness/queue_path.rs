@@ -12,6 +12,7 @@ use virtiofsd::frontend::VringLayout;
 use virtiofsd::fuse::io::{SliceReader, VecWriter};
 use virtiofsd::fuse::server::Server;
 use virtiofsd::vhost_user::descriptor::split_chain;
+use virtiofsd::vhost_user::descriptor::GuestMemory;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::common;
@@ -29,7 +30,7 @@ pub fn run(data: &[u8]) {
     let mode = data[2];
     let image = &data[3..data.len().min(3 + MEM_SIZE)];
 
-    let mem: GuestMemoryMmap<()> =
+    let mem: GuestMemory =
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x8000), (GuestAddress(0x8000), 0x8000)])
             .unwrap();
     mem.write_slice(image, GuestAddress(0)).unwrap();
