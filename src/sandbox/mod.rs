@@ -250,6 +250,8 @@ fn supervise(child: Pid, set: &SigSet, socket_file: Option<&Path>) -> ! {
                 log::warn!("cannot remove the socket {}: {e}", p.display());
             }
         }
+        // After the socket: from now on another daemon may take the path.
+        crate::socket_lock::remove_lock_file(p);
     }
     if let WaitStatus::Signaled(_, sig, _) = status {
         log::error!("the daemon was killed by signal {}", sig as i32);
