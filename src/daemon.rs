@@ -327,8 +327,23 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         0o777 & !socket_mode(opts.socket_group),
     ));
     set_rlimit_nofile(opts.rlimit_nofile)?;
-    // Requests are checked against the caller's groups, never the daemon's own.
-    passthrough::drop_supplementary_groups().map_err(DaemonError::SupplementaryGroups)?;
+    // Requests are checked against the caller's groups, never the daemon's own, except where
+    // a user namespace forbids dropping them (see `sandbox::groups`).
+    match sandbox::groups::plan_for_this_process() {
+        sandbox::groups::Plan::Drop => {
+            passthrough::drop_supplementary_groups().map_err(DaemonError::SupplementaryGroups)?
+        }
+        sandbox::groups::Plan::NotRoot | sandbox::groups::Plan::NoneHeld => {}
+        sandbox::groups::Plan::KeepSingleId => info!(
+            "setgroups is denied in this user namespace (e.g. unshare -r): the supplementary \
+             groups are kept; the namespace maps one uid and gid, so no other caller gets them"
+        ),
+        sandbox::groups::Plan::KeepMappedRange => log::warn!(
+            "setgroups is denied in this user namespace: the supplementary groups of the user \
+             who started the daemon cannot be dropped, and creations by guest callers are also \
+             checked against them"
+        ),
+    }
     // Still single-threaded here, as entering a user namespace requires.
     if !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty() {
         userns::enter_user_namespace(&cfg.uid_map, &cfg.gid_map)

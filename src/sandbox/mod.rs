@@ -23,6 +23,7 @@
 //! installs the seccomp filter of `--seccomp` ([`seccomp`]) on every thread.
 
 pub mod caps;
+pub mod groups;
 mod namespace;
 pub mod process;
 pub mod seccomp;
