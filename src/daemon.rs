@@ -24,6 +24,7 @@ use crate::idmap::{MappedFs, Translation};
 use crate::passthrough::{self, PassthroughFs};
 use crate::sandbox::userns::{self, IdMapRange};
 use crate::sandbox::{self, caps, seccomp, SandboxError, SandboxMode};
+use crate::socket_lock::{self, LockError};
 use crate::vhost_user::FsBackend;
 
 /// Where the vhost-user socket comes from.
@@ -88,6 +89,8 @@ pub enum DaemonError {
         #[source]
         source: io::Error,
     },
+    #[error(transparent)]
+    SocketLock(#[from] LockError),
     #[error("vhost-user socket: --fd {0} is not an open socket")]
     NotASocket(RawFd),
     #[error("vhost-user socket: cannot give group {gid} (--socket-group) the socket {}", .path.display())]
@@ -163,7 +166,7 @@ fn block_stop_signals() -> Result<SigSet, DaemonError> {
 }
 
 /// Blocks the stop signals (see [`block_stop_signals`]), then starts a thread that waits for
-/// them, removes `socket_path` and exits with status 0.
+/// them, removes `socket_path` and its lock file and exits with status 0.
 fn handle_stop_signals(socket_path: Option<PathBuf>) -> Result<(), DaemonError> {
     let set = block_stop_signals()?;
     std::thread::Builder::new()
@@ -174,6 +177,7 @@ fn handle_stop_signals(socket_path: Option<PathBuf>) -> Result<(), DaemonError> 
             }
             if let Some(p) = &socket_path {
                 let _ = std::fs::remove_file(p);
+                socket_lock::remove_lock_file(p);
             }
             std::process::exit(0);
         })
@@ -223,13 +227,16 @@ fn bind_listener(
     }
 }
 
-/// The socket file the daemon created, removed when dropped (`None`: nothing to remove here).
+/// The socket file the daemon created, removed when dropped, then its lock file (`None`:
+/// nothing to remove here). The socket goes first: once the lock file is gone another daemon
+/// may take the path.
 struct SocketFile(Option<PathBuf>);
 
 impl Drop for SocketFile {
     fn drop(&mut self) {
         if let Some(p) = &self.0 {
             let _ = std::fs::remove_file(p);
+            socket_lock::remove_lock_file(p);
         }
     }
 }
@@ -320,8 +327,23 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         0o777 & !socket_mode(opts.socket_group),
     ));
     set_rlimit_nofile(opts.rlimit_nofile)?;
-    // Requests are checked against the caller's groups, never the daemon's own.
-    passthrough::drop_supplementary_groups().map_err(DaemonError::SupplementaryGroups)?;
+    // Requests are checked against the caller's groups, never the daemon's own, except where
+    // a user namespace forbids dropping them (see `sandbox::groups`).
+    match sandbox::groups::plan_for_this_process() {
+        sandbox::groups::Plan::Drop => {
+            passthrough::drop_supplementary_groups().map_err(DaemonError::SupplementaryGroups)?
+        }
+        sandbox::groups::Plan::NotRoot | sandbox::groups::Plan::NoneHeld => {}
+        sandbox::groups::Plan::KeepSingleId => info!(
+            "setgroups is denied in this user namespace (e.g. unshare -r): the supplementary \
+             groups are kept; the namespace maps one uid and gid, so no other caller gets them"
+        ),
+        sandbox::groups::Plan::KeepMappedRange => log::warn!(
+            "setgroups is denied in this user namespace: the supplementary groups of the user \
+             who started the daemon cannot be dropped, and creations by guest callers are also \
+             checked against them"
+        ),
+    }
     // Still single-threaded here, as entering a user namespace requires.
     if !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty() {
         userns::enter_user_namespace(&cfg.uid_map, &cfg.gid_map)
@@ -333,6 +355,12 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         SocketSpec::Path(p) => Some(p.clone()),
         SocketSpec::Fd(_) => None,
     };
+    // One daemon per socket path: a second one stops here instead of replacing the socket
+    // (see `socket_lock`). The lock is held until this process, and the sandbox's child, exit.
+    let _lock = socket_path
+        .as_deref()
+        .map(|p| socket_lock::acquire(p, std::process::id()))
+        .transpose()?;
     let listener = bind_listener(&cfg.socket, opts.socket_group)?;
     let mut socket_file = SocketFile(socket_path.clone());
     // Modes from the guest are applied as given; the guest kernel already applied its umask.

@@ -9,6 +9,7 @@
 //! - [`sandbox`]: confining the daemon (`--sandbox`), dropping capabilities (`--modcaps`), the
 //!   seccomp filter (`--seccomp`) and the user namespace of `--uid-map`/`--gid-map`
 //!   ([`sandbox::userns`]);
+//! - [`socket_lock`]: one daemon per socket path (`<socket>.pid`);
 //! - [`error`]: showing an error with its causes.
 //!
 //! With the `test-utils` feature (and in the library's own unit tests), `frontend` holds the
@@ -31,4 +32,5 @@ pub mod logging;
 pub mod migration;
 pub mod passthrough;
 pub mod sandbox;
+pub mod socket_lock;
 pub mod vhost_user;

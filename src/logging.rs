@@ -2,12 +2,50 @@
 //!
 //! Both honour the level of `--log-level` and, when set, the filters of `RUST_LOG`.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
-/// The syslog identity of the daemon's messages.
-const IDENT: &std::ffi::CStr = c"virtiofsd";
+/// The syslog identity of the daemon's messages; each line carries it as `virtiofsd[PID]`.
+const IDENT: &str = "virtiofsd";
+
+/// Whether [`Syslog::init`] installed the syslog logger (so that [`set_pid`] retags it).
+static SYSLOG: AtomicBool = AtomicBool::new(false);
+
+/// The syslog tag `virtiofsd[PID]`, leaked: `openlog(3)` keeps the pointer. Made once at start
+/// and once more in a sandboxed child.
+fn tag(pid: u32) -> &'static CStr {
+    let tag = CString::new(format!("{IDENT}[{pid}]")).unwrap_or_default();
+    Box::leak(tag.into_boxed_c_str())
+}
+
+/// `openlog(3)` with the tag of `pid` (the pid is in the tag, not added by syslog from
+/// `getpid()`, which says 1 inside the sandbox's pid namespace). `LOG_NDELAY` connects to
+/// `/dev/log` now, while it can still be reached; a later call keeps that connection.
+fn open(pid: u32) {
+    // SAFETY: the tag is a NUL-terminated string with static lifetime, as openlog requires (it
+    // keeps the pointer).
+    unsafe { libc::openlog(tag(pid).as_ptr(), libc::LOG_NDELAY, libc::LOG_USER) };
+}
+
+/// Tells syslog the pid to show from now on: a sandboxed child calls it with its pid as the
+/// host (the launcher's pid namespace) numbers it, learned before it hides the host's `/proc`.
+/// Does nothing unless logging goes to syslog.
+pub fn set_pid(pid: u32) {
+    if SYSLOG.load(Ordering::Relaxed) {
+        open(pid);
+    }
+}
+
+/// This process's pid as numbered in the pid namespace of the mounted `/proc` (the host's,
+/// until a sandbox mounts its own): `/proc/self` links to it. Falls back to `getpid()`.
+pub fn pid_seen_by_proc() -> u32 {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse().ok())
+        .unwrap_or_else(std::process::id)
+}
 
 /// The filter of `--log-level` refined by `RUST_LOG`.
 fn filter(level: LevelFilter) -> env_logger::Logger {
@@ -43,24 +81,17 @@ pub struct Syslog {
 }
 
 impl Syslog {
-    /// Opens the connection to syslog (ident "virtiofsd", with the pid) and installs the
-    /// logger for `level`.
+    /// Opens the connection to syslog (tag `virtiofsd[PID]`, see [`set_pid`]) and installs
+    /// the logger for `level`.
     pub fn init(level: LevelFilter) -> Result<(), log::SetLoggerError> {
-        // SAFETY: IDENT is a NUL-terminated string with static lifetime, as openlog requires
-        // (it keeps the pointer).
-        unsafe {
-            libc::openlog(
-                IDENT.as_ptr(),
-                libc::LOG_PID | libc::LOG_NDELAY,
-                libc::LOG_USER,
-            )
-        };
+        open(std::process::id());
         let logger = Syslog {
             filter: filter(level),
         };
         let max = logger.filter.filter();
         log::set_boxed_logger(Box::new(logger))?;
         log::set_max_level(max);
+        SYSLOG.store(true, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -100,6 +131,17 @@ mod tests {
         assert_eq!(priority(Level::Info), libc::LOG_USER | libc::LOG_INFO);
         assert_eq!(priority(Level::Debug), libc::LOG_USER | libc::LOG_DEBUG);
         assert_eq!(priority(Level::Trace), libc::LOG_USER | libc::LOG_DEBUG);
+    }
+
+    #[test]
+    fn the_tag_carries_the_pid() {
+        assert_eq!(tag(4242), c"virtiofsd[4242]");
+    }
+
+    #[test]
+    fn proc_self_names_this_process() {
+        // The tests run in the pid namespace of the mounted /proc.
+        assert_eq!(pid_seen_by_proc(), std::process::id());
     }
 
     #[test]

@@ -20,20 +20,25 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    for w in &settings.warnings {
-        eprintln!("virtiofsd: {w}");
-    }
     let level = settings.log.level;
-    if settings.log.syslog {
-        if !std::path::Path::new("/dev/log").exists() {
-            logging::init_stderr(level);
-            log::warn!("--syslog: no syslog daemon listens on /dev/log; logging to stderr");
-        } else if let Err(e) = logging::Syslog::init(level) {
+    let to_syslog = settings.log.syslog && std::path::Path::new("/dev/log").exists();
+    if to_syslog {
+        if let Err(e) = logging::Syslog::init(level) {
             eprintln!("virtiofsd: --syslog: {e}");
             return ExitCode::FAILURE;
         }
     } else {
         logging::init_stderr(level);
+        if settings.log.syslog {
+            log::warn!("--syslog: no syslog daemon listens on /dev/log; logging to stderr");
+        }
+    }
+    // On stderr as always, and to syslog too with --syslog.
+    for w in &settings.warnings {
+        eprintln!("virtiofsd: {w}");
+        if to_syslog {
+            log::warn!("{w}");
+        }
     }
     match daemon::run(settings.daemon, &settings.process) {
         Ok(()) => ExitCode::SUCCESS,

@@ -232,6 +232,160 @@ fn callers_do_not_inherit_the_daemons_supplementary_groups() {
     assert!(!grp.join("sub").exists());
 }
 
+// ---- one daemon per socket path ----------------------------------------------------------------
+
+/// `<socket>.pid`, the lock file of a socket path.
+fn lock_file(socket: &Path) -> std::path::PathBuf {
+    let mut s = socket.as_os_str().to_owned();
+    s.push(".pid");
+    s.into()
+}
+
+/// Serves one LOOKUP of `name` through `socket`, then hangs up.
+fn assert_reachable(socket: &Path, share: &Path, name: &str) {
+    fs::write(share.join(name), b"x").unwrap();
+    let mut fe = FsFrontend::connect(socket, 1).expect("the first daemon is still reachable");
+    let mut c = fe.client(0).unwrap();
+    c.init().unwrap();
+    c.lookup(ROOT_ID, name).unwrap();
+    fe.disconnect();
+}
+
+#[test]
+fn a_second_daemon_on_a_live_socket_exits_1_naming_the_socket_and_the_first_pid() {
+    for sandbox in ["--sandbox=none", "--sandbox=namespace"] {
+        let d = run_dirs();
+        let first = spawn(&serve_args(&d, &[sandbox]));
+        wait_for(&d.socket);
+        let socket_inode = std::os::unix::fs::MetadataExt::ino(&fs::metadata(&d.socket).unwrap());
+        assert_eq!(
+            fs::read_to_string(lock_file(&d.socket)).unwrap(),
+            format!("{}\n", first.id()),
+            "{sandbox}: the lock file holds the pid of the daemon that was started"
+        );
+
+        let second = spawn(&serve_args(&d, &[sandbox]));
+        let (status, err) = wait_exit(second);
+        assert_eq!(
+            status.code(),
+            Some(1),
+            "{sandbox}: {status:?}, stderr: {err}"
+        );
+        assert!(
+            err.contains(&d.socket.display().to_string()) && err.contains("in use"),
+            "{sandbox}: {err}"
+        );
+        assert!(
+            err.contains(&format!("pid {}", first.id())),
+            "{sandbox}: {err}"
+        );
+        // The first daemon's socket is untouched and it still serves.
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::ino(&fs::metadata(&d.socket).unwrap()),
+            socket_inode,
+            "{sandbox}: the second daemon replaced the socket"
+        );
+        assert_reachable(&d.socket, &d.share, "still-there");
+        let (status, err) = wait_exit(first);
+        assert_eq!(status.code(), Some(0), "{sandbox}: {err}");
+        assert!(!d.socket.exists(), "{sandbox}: socket left behind");
+        assert!(
+            !lock_file(&d.socket).exists(),
+            "{sandbox}: lock file left behind"
+        );
+    }
+}
+
+#[test]
+fn a_stale_lock_from_a_killed_daemon_does_not_block_the_next_one() {
+    for sandbox in ["--sandbox=none", "--sandbox=namespace"] {
+        let d = run_dirs();
+        let killed = spawn(&serve_args(&d, &[sandbox]));
+        wait_for(&d.socket);
+        signal(&killed, libc::SIGKILL);
+        let (status, _) = wait_exit(killed);
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        // With a sandbox, the serving child learns of its parent's death and exits too; the
+        // lock is released once both are gone.
+        assert!(
+            lock_file(&d.socket).exists(),
+            "{sandbox}: no stale lock file to test with"
+        );
+        assert!(d.socket.exists(), "{sandbox}: no stale socket to test with");
+
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let next = loop {
+            let next = spawn(&serve_args(&d, &[sandbox]));
+            let mut next = next;
+            std::thread::sleep(Duration::from_millis(100));
+            match next.try_wait().unwrap() {
+                None => break next,
+                Some(_) => {
+                    let (_, err) = wait_exit(next);
+                    assert!(
+                        err.contains("in use") && Instant::now() < deadline,
+                        "{sandbox}: {err}"
+                    );
+                }
+            }
+        };
+        assert_reachable(&d.socket, &d.share, "after-stale");
+        let (status, err) = wait_exit(next);
+        assert_eq!(status.code(), Some(0), "{sandbox}: {err}");
+    }
+}
+
+#[test]
+fn a_lock_file_of_a_process_that_is_gone_does_not_block() {
+    let d = run_dirs();
+    // A lock file and a socket file left by something long gone, with a pid nobody holds.
+    fs::write(lock_file(&d.socket), "999999999\n").unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&d.socket).unwrap());
+    let child = spawn(&serve_args(&d, &["--sandbox=none"]));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_reachable(&d.socket, &d.share, "fresh");
+    let (status, err) = wait_exit(child);
+    assert_eq!(status.code(), Some(0), "{err}");
+}
+
+#[test]
+fn a_socket_passed_with_fd_takes_no_lock() {
+    use std::os::fd::AsRawFd;
+    let d = run_dirs();
+    // Another daemon holds the lock of this path: a socket handed over with --fd is the
+    // launcher's business, not the lock's.
+    fs::write(lock_file(&d.socket), "1\n").unwrap();
+    let holder = fs::File::open(lock_file(&d.socket)).unwrap();
+    // SAFETY: flock(2) on a descriptor this test owns and keeps open; no memory is passed.
+    let locked = unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(locked, 0);
+    let listener = std::os::unix::net::UnixListener::bind(&d.socket).unwrap();
+    let fd = listener.as_raw_fd();
+    let mut cmd = Command::new(BIN);
+    cmd.arg(format!("--fd={fd}"))
+        .arg(format!("--shared-dir={}", d.share.display()))
+        .arg("--log-level=error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure runs in the child between fork and exec and only calls fcntl, which
+    // is async-signal-safe; it makes the listening socket survive exec in the child only.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    assert_reachable(&d.socket, &d.share, "via-fd");
+    let (status, err) = wait_exit(child);
+    assert_eq!(status.code(), Some(0), "stderr: {err}");
+    assert_eq!(fs::read_to_string(lock_file(&d.socket)).unwrap(), "1\n");
+    drop((listener, holder));
+}
+
 /// Runs the binary with `args`, expects exit status 2 and a message naming `flag`.
 fn assert_refused(args: &[String], flag: &str) {
     let out = Command::new(BIN)

@@ -106,13 +106,9 @@ layout() {
         got="$(stat -c %a "$DEST/$f")"
         [ "$got" = "$want" ] || bad+="/$f: mode $got, expected $want"$'\n'
     done
-    # nothing else: every regular file or link installed is one of the above (on Debian,
-    # /etc/os-release says no libexec link)
+    # nothing else: every regular file or link installed is one of the above
     got="$(cd "$DEST" && find . ! -type d | sort | tr '\n' ' ')"
-    want="./usr/lib/systemd/system/virtiofsd@.service ./usr/lib/systemd/system/virtiofsd@.socket ./usr/lib/virtiofsd ./usr/share/doc/virtiofsd/example.conf ./usr/share/man/man1/virtiofsd.1.gz ./usr/share/qemu/vhost-user/50-virtiofsd.json "
-    if grep -qE '^ID(_LIKE)?=.*(fedora|rhel|centos)' /etc/os-release 2>/dev/null; then
-        want="${want/.\/usr\/lib\/virtiofsd /./usr/lib/virtiofsd ./usr/libexec/virtiofsd }"
-    fi
+    want="./usr/lib/qemu/virtiofsd ./usr/lib/systemd/system/virtiofsd@.service ./usr/lib/systemd/system/virtiofsd@.socket ./usr/lib/virtiofsd ./usr/libexec/virtiofsd ./usr/share/doc/virtiofsd/example.conf ./usr/share/man/man1/virtiofsd.1.gz ./usr/share/qemu/vhost-user/50-virtiofsd.json "
     [ "$got" = "$want" ] || bad+="installed files: $got"$'\n'"expected: $want"$'\n'
     [ -z "$bad" ] || { printf '%s' "$bad"; return 1; }
     echo "$got"
@@ -122,21 +118,36 @@ check "layout: files, modes, nothing else" layout
 check "installed binary runs (--version)" "$BIN" --version
 check "installed binary is target/release/virtiofsd" cmp "$BIN" "$ROOT/target/release/virtiofsd"
 
-# The Fedora/RHEL convention, detected from os-release, and the prefix substitution.
-libexec() {
-    local d="$WORK/fedora" os="$WORK/os-release-fedora"
-    printf 'ID="rocky"\nID_LIKE="rhel centos fedora"\n' > "$os"
-    OS_RELEASE="$os" "$ROOT/packaging/install.sh" --no-build --destdir "$d" >/dev/null || return 1
-    [ -L "$d/usr/libexec/virtiofsd" ] || { echo "no /usr/libexec/virtiofsd symlink"; return 1; }
-    [ "$(readlink "$d/usr/libexec/virtiofsd")" = ../lib/virtiofsd ] || { ls -l "$d/usr/libexec"; return 1; }
-    "$d/usr/libexec/virtiofsd" --version || return 1
-    printf 'ID=debian\n' > "$os"
-    OS_RELEASE="$os" "$ROOT/packaging/install.sh" --no-build --destdir "$WORK/debian" >/dev/null || return 1
-    [ ! -e "$WORK/debian/usr/libexec" ] || { echo "libexec link made on Debian"; return 1; }
-    "$ROOT/packaging/install.sh" --no-build --destdir "$WORK/both" --libexec-link yes >/dev/null || return 1
-    [ -L "$WORK/both/usr/libexec/virtiofsd" ] || { echo "--libexec-link yes made no link"; return 1; }
+# The paths distributions install the daemon at, and the links that make them this daemon: each
+# is a relative symlink that resolves inside the temporary root to usr/lib/virtiofsd, and runs.
+compat_paths() {
+    local p real
+    for p in usr/libexec/virtiofsd usr/lib/qemu/virtiofsd; do
+        [ -L "$DEST/$p" ] || { echo "/$p is not a symlink"; return 1; }
+        case "$(readlink "$DEST/$p")" in /*) echo "/$p is an absolute link"; return 1 ;; esac
+        real="$(cd "$DEST" && realpath --relative-to=. "$p")"
+        [ "$real" = usr/lib/virtiofsd ] || { echo "/$p resolves to $real"; return 1; }
+        "$DEST/$p" --version || return 1
+        [ "$("$DEST/$p" --print-capabilities)" = "$("$BIN" --print-capabilities)" ] ||
+            { echo "/$p --print-capabilities differs"; return 1; }
+    done
+    # --compat-links no: only /usr/lib/virtiofsd.
+    "$ROOT/packaging/install.sh" --no-build --destdir "$WORK/nolinks" --compat-links no >/dev/null ||
+        return 1
+    [ ! -e "$WORK/nolinks/usr/libexec" ] && [ ! -e "$WORK/nolinks/usr/lib/qemu" ] ||
+        { echo "--compat-links no made links"; return 1; }
+    # A distribution's daemon already at one of the paths is left alone, with a warning.
+    local d="$WORK/distro" out
+    mkdir -p "$d/usr/libexec" && printf '#!/bin/sh\necho distro\n' > "$d/usr/libexec/virtiofsd"
+    chmod 755 "$d/usr/libexec/virtiofsd"
+    out="$("$ROOT/packaging/install.sh" --no-build --destdir "$d" 2>&1)" || return 1
+    [ ! -L "$d/usr/libexec/virtiofsd" ] && [ "$("$d/usr/libexec/virtiofsd")" = distro ] ||
+        { echo "the distribution's /usr/libexec/virtiofsd was replaced"; return 1; }
+    printf '%s\n' "$out" | grep -q 'usr/libexec/virtiofsd exists and is not a link' ||
+        { echo "no warning: $out"; return 1; }
+    [ -L "$d/usr/lib/qemu/virtiofsd" ] || { echo "the other link is missing"; return 1; }
 }
-check "libexec symlink on Fedora/RHEL-like os-release only (or --libexec-link yes)" libexec
+check "/usr/libexec/virtiofsd and /usr/lib/qemu/virtiofsd run the daemon; --compat-links no; a distribution's file is kept" compat_paths
 
 prefix() {
     local d="$WORK/local" p
@@ -148,6 +159,7 @@ prefix() {
     grep -q '"binary": "/usr/local/lib/virtiofsd"' "$p/share/qemu/vhost-user/50-virtiofsd.json" ||
         { cat "$p/share/qemu/vhost-user/50-virtiofsd.json"; return 1; }
     [ -f "$p/share/man/man1/virtiofsd.1.gz" ] || { echo "no man page under the prefix"; return 1; }
+    [ "$(readlink "$p/libexec/virtiofsd")" = ../lib/virtiofsd ] || { echo "no libexec link under the prefix"; return 1; }
 }
 check "install.sh --prefix /usr/local names /usr/local/lib/virtiofsd in the units and JSON" prefix
 
@@ -166,11 +178,16 @@ b = sys.argv[2] + d.get("binary", "")
 if not os.access(b, os.X_OK): errs.append("%s is not executable" % b)
 extra = set(d) - {"description", "type", "binary", "features", "tags"}
 if extra: errs.append("unknown keys %s" % sorted(extra))
+# The features are what the installed daemon prints with --print-capabilities, no more, no less.
+import subprocess
+caps = json.loads(subprocess.run([b, "--print-capabilities"], capture_output=True, check=True).stdout)
+if d.get("features") != caps.get("features"):
+    errs.append("features %r, but --print-capabilities says %r" % (d.get("features"), caps.get("features")))
 print("\n".join(errs) or json.dumps(d))
 sys.exit(1 if errs else 0)
 PY
 }
-check "50-virtiofsd.json parses, type fs, binary is the installed daemon" json
+check "50-virtiofsd.json parses, type fs, binary is the installed daemon, features as --print-capabilities" json
 
 # --- systemd units -----------------------------------------------------------------------------
 units() {

@@ -23,6 +23,7 @@
 //! installs the seccomp filter of `--seccomp` ([`seccomp`]) on every thread.
 
 pub mod caps;
+pub mod groups;
 mod namespace;
 pub mod process;
 pub mod seccomp;
@@ -159,6 +160,8 @@ pub fn enter(
     let old_mask = forwarded
         .thread_swap_mask(SigmaskHow::SIG_BLOCK)
         .map_err(|source| SandboxError::BlockSignals { mode, source })?;
+    // The supervisor's pid, which the child (in a new pid namespace) cannot ask for.
+    let supervisor = std::process::id();
     let child = match process::fork_single_threaded() {
         Ok(child) => child,
         Err(source) => {
@@ -185,6 +188,10 @@ pub fn enter(
         .map_err(|source| SandboxError::SignalMask { mode, source })?;
     // Should the supervising parent die, the child is told to stop.
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGTERM);
+    // In a new pid namespace getpid() says 1: syslog lines carry the pid the host knows this
+    // process by, read while the host's /proc is still mounted.
+    let host_pid = crate::logging::pid_seen_by_proc();
+    crate::logging::set_pid(host_pid);
     let proc_self_fd = match mode {
         SandboxMode::Namespace => namespace::unshare(
             CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWNET,
@@ -194,7 +201,12 @@ pub fn enter(
         .map_err(SandboxError::Pivot),
         _ => namespace::chroot_into(&shared_dir).map_err(SandboxError::Chroot),
     }?;
-    log::info!("sandbox: {mode}, {} is the root now", shared_dir.display());
+    log::info!(
+        "sandbox: {mode}, {} is the root now; serving as pid {host_pid} (host), supervised by \
+         pid {}",
+        shared_dir.display(),
+        supervisor
+    );
     Ok(Confined {
         root_dir: PathBuf::from("/"),
         proc_self_fd: Some(proc_self_fd),
@@ -250,6 +262,8 @@ fn supervise(child: Pid, set: &SigSet, socket_file: Option<&Path>) -> ! {
                 log::warn!("cannot remove the socket {}: {e}", p.display());
             }
         }
+        // After the socket: from now on another daemon may take the path.
+        crate::socket_lock::remove_lock_file(p);
     }
     if let WaitStatus::Signaled(_, sig, _) = status {
         log::error!("the daemon was killed by signal {}", sig as i32);
