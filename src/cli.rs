@@ -13,6 +13,7 @@ use clap::{Parser, ValueEnum};
 
 use crate::daemon::{DaemonConfig, ProcessOptions, SocketSpec};
 use crate::idmap::Translation;
+use crate::migration;
 use crate::passthrough::xattrmap::XattrMap;
 use crate::passthrough::{CacheMode, Config, InodeFileHandles, Negotiate};
 use crate::sandbox::seccomp;
@@ -289,8 +290,9 @@ pub struct Args {
     #[arg(long = "preserve-noatime")]
     pub preserve_noatime: bool,
 
-    /// How migration represents inodes (find-paths, file-handles); migration is not supported
-    /// in this version, and only the default "find-paths" is accepted
+    /// How a live migration tells the destination where each file the guest knows is:
+    /// find-paths (its path in the shared directory) or file-handles (its file handle; the same
+    /// file system on both hosts, and CAP_DAC_READ_SEARCH on the destination)
     #[arg(
         long = "migration-mode",
         value_name = "MODE",
@@ -299,8 +301,8 @@ pub struct Args {
     )]
     pub migration_mode: MigrationMode,
 
-    /// What to do with inodes that fail to migrate (abort, guest-error); migration is not
-    /// supported in this version, and only the default "abort" is accepted
+    /// What a file the destination cannot find again becomes: abort (the migration fails and the
+    /// source goes on) or guest-error (the guest gets an error on that file only)
     #[arg(
         long = "migration-on-error",
         value_name = "ACTION",
@@ -309,11 +311,13 @@ pub struct Args {
     )]
     pub migration_on_error: MigrationOnError,
 
-    /// Check migrated inodes by file handle [not implemented yet]
+    /// With find-paths: the destination checks that each path opens the very file the source
+    /// had (by file handle; source and destination share one file system)
     #[arg(long = "migration-verify-handles")]
     pub migration_verify_handles: bool,
 
-    /// Re-check inode paths at migration switch-over [not implemented yet]
+    /// With find-paths: the source checks each path right before it sends it, and sends where
+    /// the file is now when it was renamed on the host
     #[arg(long = "migration-confirm-paths")]
     pub migration_confirm_paths: bool,
 }
@@ -403,14 +407,14 @@ impl From<LogLevel> for log::LevelFilter {
     }
 }
 
-/// `--migration-mode`; only the default is implemented.
+/// `--migration-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum MigrationMode {
     FindPaths,
     FileHandles,
 }
 
-/// `--migration-on-error`; only the default is implemented.
+/// `--migration-on-error`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum MigrationOnError {
     Abort,
@@ -535,6 +539,12 @@ pub enum UsageError {
     UnknownLegacy(String),
     #[error("--print-capabilities: prints the capabilities; there is nothing to serve")]
     NothingToServe,
+    /// A check of paths asked for with `--migration-mode=file-handles`.
+    #[error(
+        "{0}: checks the paths of --migration-mode=find-paths; expected it without \
+         --migration-mode=file-handles"
+    )]
+    MigrationPathsOnly(&'static str),
 }
 
 /// The refusal of a flag (or flag value) this version does not implement.
@@ -590,10 +600,10 @@ pub enum Command {
 /// The vhost-user backend capabilities printed by `--print-capabilities`: the JSON libvirt
 /// reads from a vhost-user description. Lists only what this version supports: the
 /// never/auto/always values of `--posix-acl` and `--security-label`, and "separate-options"
-/// (the flags can be given one by one, not only with `-o`). Not listed: "migrate-precopy" (no
-/// migration).
+/// (the flags can be given one by one, not only with `-o`), and "migrate-precopy" (live
+/// migration through QEMU: `SET_DEVICE_STATE_FD` and the dirty log).
 pub const CAPABILITIES: &str = "{\n  \"type\": \"fs\",\n  \"features\": [\n    \
-     \"posix-acl-negotiation-mode\",\n    \"security-label-negotiation-mode\",\n    \
+     \"migrate-precopy\",\n    \"posix-acl-negotiation-mode\",\n    \"security-label-negotiation-mode\",\n    \
      \"separate-options\"\n  ]\n}\n";
 
 /// The deprecation warning for flag spellings kept only for old command lines.
@@ -725,7 +735,7 @@ impl Args {
                 return Err(UsageError::TagLength);
             }
         }
-        self.check_unimplemented()?;
+        let migration = self.migration_options()?;
         let sandbox = self.sandbox;
         let modcaps = self
             .modcaps
@@ -789,6 +799,7 @@ impl Args {
         fs.allow_mmap = self.allow_mmap;
         fs.preserve_noatime = self.preserve_noatime;
         fs.inode_file_handles = self.inode_file_handles.into();
+        fs.migration = migration;
         if self.inode_file_handles == InodeFileHandlesArg::Fallback {
             warnings.push(deprecated(
                 "--inode-file-handles=fallback",
@@ -819,37 +830,32 @@ impl Args {
             warnings,
         })))
     }
+}
 
-    /// Refuses the flags and values whose feature this version does not have yet.
-    fn check_unimplemented(&self) -> Result<(), UsageError> {
-        if self.migration_mode != MigrationMode::FindPaths {
-            return Err(not_yet(
-                &format!("--migration-mode={}", spelled(&self.migration_mode)),
-                "; use --migration-mode=find-paths",
-            ));
+impl Args {
+    /// The `--migration-*` flags; the checks of a path only go with paths.
+    fn migration_options(&self) -> Result<migration::Options, UsageError> {
+        let mode = match self.migration_mode {
+            MigrationMode::FindPaths => migration::Mode::FindPaths,
+            MigrationMode::FileHandles => migration::Mode::FileHandles,
+        };
+        if mode == migration::Mode::FileHandles {
+            if self.migration_verify_handles {
+                return Err(UsageError::MigrationPathsOnly("--migration-verify-handles"));
+            }
+            if self.migration_confirm_paths {
+                return Err(UsageError::MigrationPathsOnly("--migration-confirm-paths"));
+            }
         }
-        if self.migration_on_error != MigrationOnError::Abort {
-            return Err(not_yet(
-                &format!("--migration-on-error={}", spelled(&self.migration_on_error)),
-                "; use --migration-on-error=abort",
-            ));
-        }
-        let refused = [
-            (
-                self.migration_verify_handles,
-                "--migration-verify-handles",
-                "",
-            ),
-            (
-                self.migration_confirm_paths,
-                "--migration-confirm-paths",
-                "",
-            ),
-        ];
-        match refused.into_iter().find(|(given, _, _)| *given) {
-            Some((_, flag, hint)) => Err(not_yet(flag, hint)),
-            None => Ok(()),
-        }
+        Ok(migration::Options {
+            mode,
+            on_error: match self.migration_on_error {
+                MigrationOnError::Abort => migration::OnError::Abort,
+                MigrationOnError::GuestError => migration::OnError::GuestError,
+            },
+            verify_handles: self.migration_verify_handles,
+            confirm_paths: self.migration_confirm_paths,
+        })
     }
 }
 
@@ -974,23 +980,40 @@ mod tests {
     }
 
     #[test]
-    fn unimplemented_flags_are_refused_not_ignored() {
-        for (flag, named) in [
-            (
+    fn migration_flags_reach_the_filesystem_config() {
+        let m = |v: &[&str]| {
+            let mut a = vec!["--shared-dir=/tmp", "--socket-path=/s"];
+            a.extend_from_slice(v);
+            settings(&a).map(|s| s.daemon.fs.migration)
+        };
+        assert_eq!(m(&[]).unwrap(), migration::Options::default());
+        let kubevirt = m(&[
+            "--migration-mode=find-paths",
+            "--migration-on-error=guest-error",
+        ]);
+        assert_eq!(
+            kubevirt.unwrap(),
+            migration::Options {
+                on_error: migration::OnError::GuestError,
+                ..Default::default()
+            }
+        );
+        let checked = m(&["--migration-verify-handles", "--migration-confirm-paths"]).unwrap();
+        assert!(checked.verify_handles && checked.confirm_paths);
+        assert_eq!(
+            m(&["--migration-mode=file-handles"]).unwrap().mode,
+            migration::Mode::FileHandles
+        );
+        for flag in ["--migration-verify-handles", "--migration-confirm-paths"] {
+            let e = parse(&[
+                "--shared-dir=/tmp",
+                "--socket-path=/s",
                 "--migration-mode=file-handles",
-                "--migration-mode=file-handles",
-            ),
-            ("--migration-on-error=guest-error", "--migration-on-error"),
-            ("--migration-verify-handles", "--migration-verify-handles"),
-            ("--migration-confirm-paths", "--migration-confirm-paths"),
-        ] {
-            let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", flag]).unwrap_err();
-            assert!(e.to_string().starts_with(named), "{flag}: {e}");
-            assert!(
-                e.to_string()
-                    .contains("not implemented yet in this version"),
-                "{e}"
-            );
+                flag,
+            ])
+            .unwrap_err();
+            assert!(e.to_string().starts_with(flag), "{e}");
+            assert!(e.to_string().contains("find-paths"), "{e}");
         }
     }
 
@@ -1407,7 +1430,7 @@ mod tests {
             Ok(Command::PrintCapabilities)
         ));
         assert!(CAPABILITIES.contains("\"separate-options\""));
-        assert!(!CAPABILITIES.contains("migrate-precopy"));
+        assert!(CAPABILITIES.contains("\"migrate-precopy\""));
     }
 
     #[test]

@@ -166,7 +166,6 @@ fn kata_new_command_line() {
 }
 
 #[test]
-#[ignore = "depends on the migration work: --migration-on-error=guest-error exits 2 until then"]
 fn kubevirt_command_line() {
     launch(
         "KubeVirt",

@@ -25,6 +25,7 @@
 pub mod checked;
 pub mod fuse_client;
 pub mod memory;
+pub mod migrate;
 pub mod virtqueue;
 
 #[cfg(test)]
@@ -45,6 +46,7 @@ pub use fuse_client::{
     SgLayout, Ticket, TicketKind, XattrReply,
 };
 pub use memory::{Arena, GuestMemory};
+pub use migrate::DirtyLog;
 pub use virtqueue::{
     Buffer, Next, QueueOptions, QueueStats, RawDesc, RawDescriptor, UsedElem, Virtqueue,
     VringLayout,
@@ -277,7 +279,7 @@ impl FsFrontend {
 
     /// Connects to the daemon's socket and sets the device up the way QEMU does:
     /// `SET_OWNER`, `GET_FEATURES`, `GET_PROTOCOL_FEATURES`/`SET_PROTOCOL_FEATURES` (MQ,
-    /// REPLY_ACK, CONFIG when offered; every later message then asks for an ack),
+    /// REPLY_ACK, CONFIG, LOG_SHMFD, DEVICE_STATE when offered; every later message then asks for an ack),
     /// `GET_QUEUE_NUM` (with MQ), `SET_FEATURES` (VERSION_1, PROTOCOL_FEATURES, and EVENT_IDX /
     /// INDIRECT_DESC when configured and offered), `SET_MEM_TABLE`, and for each of the
     /// `1 + num_request_queues` vrings `SET_VRING_NUM`, `SET_VRING_BASE`, `SET_VRING_ADDR`,
@@ -310,7 +312,9 @@ impl FsFrontend {
             protocol_features = p
                 & (VhostUserProtocolFeatures::MQ
                     | VhostUserProtocolFeatures::REPLY_ACK
-                    | VhostUserProtocolFeatures::CONFIG);
+                    | VhostUserProtocolFeatures::CONFIG
+                    | VhostUserProtocolFeatures::LOG_SHMFD
+                    | VhostUserProtocolFeatures::DEVICE_STATE);
             fe.set_protocol_features(protocol_features)?;
             if protocol_features.contains(VhostUserProtocolFeatures::REPLY_ACK) {
                 fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);

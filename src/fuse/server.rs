@@ -18,10 +18,10 @@ use log::{debug, warn};
 
 use super::abi::{self, opcode, Pod};
 use super::io::{Reader, Writer};
-use crate::migration::{self, Decoder, Encoder, StateError};
 use crate::filesystem::{
     errno, Context, DirEntry, Entry, FileSystem, SecCtx, SetAttr, SetTime, XattrReply,
 };
+use crate::migration::{self, Decoder, Encoder, StateError};
 
 /// Largest WRITE (and READ) payload offered to the client.
 pub const MAX_WRITE_SIZE: u32 = 1 << 20;

@@ -67,7 +67,9 @@ pub const MAX_STATE: usize = 1 << 30;
 pub enum StateError {
     #[error("state is {len} bytes, shorter than its {HEADER_LEN}-byte header")]
     TooShort { len: usize },
-    #[error("state does not start with this daemon's magic (not a virtio-fs state of this daemon)")]
+    #[error(
+        "state does not start with this daemon's magic (not a virtio-fs state of this daemon)"
+    )]
     Foreign,
     #[error("state format version {found}, this daemon reads version {VERSION}")]
     Version { found: u32 },

@@ -157,6 +157,8 @@ pub struct Config {
     pub entry_timeout: Duration,
     /// Attribute timeout; defaults from `cache`.
     pub attr_timeout: Duration,
+    /// How nodes and handles travel in a live migration (`--migration-*`).
+    pub migration: crate::migration::Options,
 }
 
 impl Config {
@@ -181,6 +183,7 @@ impl Config {
             listing_memory: DEFAULT_LISTING_MEMORY,
             entry_timeout: cache.timeout(),
             attr_timeout: cache.timeout(),
+            migration: crate::migration::Options::default(),
         }
     }
 }

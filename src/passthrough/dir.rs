@@ -224,7 +224,7 @@ impl DirSnapshot {
     }
 
     /// Appends one record (the room was made by the caller, or the buffers grow uncharged).
-    fn push(&mut self, ino: u64, dtype: u8, name: &[u8]) -> io::Result<()> {
+    pub(super) fn push(&mut self, ino: u64, dtype: u8, name: &[u8]) -> io::Result<()> {
         let start = u32::try_from(self.buf.len()).map_err(|_| sys::error(libc::EOVERFLOW))?;
         let len = u16::try_from(name.len()).map_err(|_| sys::error(libc::ENAMETOOLONG))?;
         self.buf.extend_from_slice(&ino.to_ne_bytes());

@@ -105,6 +105,21 @@ impl FileHandle {
         })
     }
 
+    /// The handle's type and bytes, as a migration sends them.
+    pub fn parts(&self) -> (i32, &[u8]) {
+        (self.handle_type, &self.bytes)
+    }
+
+    /// A handle from its type and bytes (as [`FileHandle::parts`] gave them), to be opened on
+    /// the mount `mnt_id`; `None` when longer than any file system's handle.
+    pub fn from_parts(mnt_id: u64, handle_type: i32, bytes: &[u8]) -> Option<FileHandle> {
+        (bytes.len() <= MAX_HANDLE_SZ).then(|| FileHandle {
+            mnt_id,
+            handle_type,
+            bytes: bytes.into(),
+        })
+    }
+
     /// Opens the inode with `flags` (`O_CLOEXEC` added), given any descriptor on its mount.
     /// `ESTALE` when the inode no longer exists; `EPERM` without `CAP_DAC_READ_SEARCH`.
     pub fn open(&self, mount_fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {

@@ -97,6 +97,37 @@ impl HandleStore {
         Ok(())
     }
 
+    /// Every handle, by number (for a migration's save).
+    pub fn all(&self) -> Vec<(u64, Arc<HandleData>)> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        let mut v: Vec<_> = map.iter().map(|(h, d)| (*h, d.clone())).collect();
+        v.sort_by_key(|(h, _)| *h);
+        v
+    }
+
+    /// The number the next handle gets.
+    pub fn next_id(&self) -> u64 {
+        self.next.load(Ordering::Relaxed)
+    }
+
+    /// Adds `data` as handle `h` (a migration destination taking over the source's handles);
+    /// `None` when `h` is 0 or taken. Later handles get higher numbers.
+    pub fn restore(&self, h: u64, data: HandleData) -> Option<Arc<HandleData>> {
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        if h == 0 || map.contains_key(&h) {
+            return None;
+        }
+        let data = Arc::new(data);
+        map.insert(h, data.clone());
+        self.next.fetch_max(h.saturating_add(1), Ordering::Relaxed);
+        Some(data)
+    }
+
+    /// Makes the next handle get at least `h`.
+    pub fn reserve_ids(&self, h: u64) {
+        self.next.fetch_max(h, Ordering::Relaxed);
+    }
+
     pub fn clear(&self) {
         let old = std::mem::take(&mut *self.map.write().unwrap_or_else(PoisonError::into_inner));
         drop(old);

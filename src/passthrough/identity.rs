@@ -249,7 +249,7 @@ impl PassthroughFs {
 
     /// What a new inode with `key` proves its identity with: nothing more than its key when
     /// its birth time is settled; else its file handle; else a descriptor held from now on.
-    fn new_inode(
+    pub(super) fn new_inode(
         &self,
         key: InodeKey,
         identity: Identity,

@@ -213,7 +213,7 @@ impl InodeData {
         self.key.kind == libc::S_IFLNK
     }
 
-    #[cfg(test)]
+    /// References the guest holds on this node.
     pub fn refcount(&self) -> u64 {
         self.refcount.load(Ordering::Relaxed)
     }
@@ -390,6 +390,86 @@ impl InodeStore {
         };
         // The descriptor closes outside the lock (when the last `Arc` goes).
         drop(removed);
+    }
+
+    /// Every inode, by node id (for a migration's save).
+    pub fn all(&self) -> Vec<Arc<InodeData>> {
+        let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
+        let mut v: Vec<_> = maps.by_id.values().cloned().collect();
+        v.sort_by_key(|d| d.id);
+        v
+    }
+
+    /// The node id the next new inode gets.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.load(Ordering::Relaxed)
+    }
+
+    /// Makes the next new inode get at least `id` (a migration destination goes on numbering
+    /// where the source stopped: a node id is never given twice).
+    pub fn reserve_ids(&self, id: u64) {
+        self.next_id.fetch_max(id, Ordering::Relaxed);
+    }
+
+    /// Adds `n` as node `id` with `refcount` references (a migration destination taking over
+    /// the source's nodes); gives `n` back when `id` or its key is taken already.
+    pub fn restore(&self, id: u64, n: NewInode, refcount: u64) -> Result<Arc<InodeData>, NewInode> {
+        let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
+        if id == ROOT_ID || maps.by_id.contains_key(&id) || maps.by_key.contains_key(&n.key) {
+            return Err(n);
+        }
+        let key = n.key;
+        let data = Arc::new(InodeData::new(id, n));
+        data.refcount.store(refcount.max(1), Ordering::Relaxed);
+        maps.by_key.insert(key, id);
+        maps.by_id.insert(id, data.clone());
+        drop(maps);
+        self.reserve_ids(id + 1);
+        Ok(data)
+    }
+
+    /// Adds node `id` as a node that reaches no file: every operation on it fails with `ESTALE`
+    /// until the guest forgets it (a node a migration destination could not find again).
+    /// `false` when `id` is taken.
+    pub fn restore_lost(&self, id: u64, kind: u32, refcount: u64) -> bool {
+        let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
+        if id == ROOT_ID || maps.by_id.contains_key(&id) {
+            return false;
+        }
+        let key = InodeKey {
+            dev: 0,
+            ino: 0,
+            mnt_id: 0,
+            kind,
+            btime: None,
+        };
+        let data = InodeData::new(
+            id,
+            NewInode {
+                key,
+                identity: Identity::Pinned,
+                source: Source::Found(Origin {
+                    parent: match maps.by_id.get(&ROOT_ID) {
+                        Some(root) => root.clone(),
+                        None => return false,
+                    },
+                    name: c"lost".into(),
+                }),
+                handle: None,
+                settled: false,
+            },
+        );
+        // Reached by no name (stale), and kept out of the key map.
+        data.stale.store(true, Ordering::Relaxed);
+        data.origin
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        data.refcount.store(refcount.max(1), Ordering::Relaxed);
+        maps.by_id.insert(id, Arc::new(data));
+        drop(maps);
+        self.reserve_ids(id + 1);
+        true
     }
 
     /// Drops every inode but the root (the guest unmounted).

@@ -32,6 +32,7 @@ mod identity;
 mod inode;
 mod io_fds;
 mod key;
+mod migration;
 mod ops;
 mod sys;
 #[cfg(test)]

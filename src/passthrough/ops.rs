@@ -67,6 +67,20 @@ impl FileSystem for PassthroughFs {
         Ok(want & capable)
     }
 
+    fn save_state(
+        &self,
+        out: &mut crate::migration::Encoder,
+    ) -> Result<(), crate::migration::StateError> {
+        self.save_migration_state(out)
+    }
+
+    fn load_state(
+        &self,
+        input: &mut crate::migration::Decoder<'_>,
+    ) -> Result<(), crate::migration::StateError> {
+        self.load_migration_state(input)
+    }
+
     fn destroy(&self) {
         self.posix_acl_on.store(false, Ordering::Relaxed);
         self.security_ctx_on.store(false, Ordering::Relaxed);

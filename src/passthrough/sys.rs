@@ -361,6 +361,13 @@ pub fn dup(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 }
 
 /// The access mode (`O_RDONLY`, `O_WRONLY` or `O_RDWR`) an open file was opened with.
+/// The file status flags of `fd` (`F_GETFL`): access mode, `O_APPEND`, `O_DIRECT`, ...
+pub fn fd_status_flags(fd: BorrowedFd<'_>) -> io::Result<i32> {
+    // SAFETY: F_GETFL on a borrowed descriptor takes no pointer; the result is checked.
+    let ret = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    check(ret)
+}
+
 pub fn fd_access_mode(fd: BorrowedFd<'_>) -> io::Result<i32> {
     // SAFETY: plain fcntl call on a borrowed descriptor; the result is checked.
     let fl = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;

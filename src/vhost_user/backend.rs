@@ -10,7 +10,8 @@
 //! pool down to half that kicks it again (through its kick eventfd, as the guest would), so it
 //! resumes where it stopped.
 
-use std::io;
+use std::fs::File;
+use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
@@ -18,7 +19,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use log::{error, warn};
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+    VhostUserVirtioFeatures,
+};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -30,8 +34,10 @@ use vmm_sys_util::event::{
 };
 
 use super::descriptor::{split_chain, DirtyLog, GuestMem, GuestMemory};
+use crate::error::Chain;
 use crate::filesystem::FileSystem;
 use crate::fuse::server::Server;
+use crate::migration;
 
 /// A virtqueue over guest memory with a dirty-page log.
 pub type Vring = VringRwLock<GuestMemoryAtomic<GuestMemory>>;
@@ -216,6 +222,9 @@ pub struct FsBackend<F: FileSystem + 'static> {
     num_queues: usize,
     pool: Option<Pool>,
     in_flight: Arc<InFlight>,
+    /// The state transfer under way (`SET_DEVICE_STATE_FD`), whose result
+    /// `CHECK_DEVICE_STATE` reports.
+    transfer: Mutex<Option<thread::JoinHandle<Result<(), String>>>>,
 }
 
 impl<F: FileSystem + 'static> FsBackend<F> {
@@ -260,6 +269,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             num_queues,
             pool,
             in_flight,
+            transfer: Mutex::new(None),
         })
     }
 
@@ -368,6 +378,35 @@ fn serve_chain<F: FileSystem>(
             0
         }
     }
+}
+
+/// Writes the server's state to `file` (the frontend reads it to its end).
+fn save_state<F: FileSystem>(server: &Server<F>, mut file: File) -> Result<(), String> {
+    let state = server
+        .save_state()
+        .map_err(|e| format!("saving the state failed: {}", Chain(&e)))?;
+    file.write_all(&state)
+        .map_err(|e| format!("sending the state ({} bytes) failed: {e}", state.len()))?;
+    log::info!("migration: state sent ({} bytes)", state.len());
+    Ok(())
+}
+
+/// Reads a state from `file` to its end and has the server take it over.
+fn load_state<F: FileSystem>(server: &Server<F>, file: File) -> Result<(), String> {
+    let mut state = Vec::new();
+    let limit = migration::MAX_STATE as u64 + 1;
+    file.take(limit)
+        .read_to_end(&mut state)
+        .map_err(|e| format!("receiving the state failed: {e}"))?;
+    server.load_state(&state).map_err(|e| {
+        format!(
+            "the state received ({} bytes) is refused: {}",
+            state.len(),
+            Chain(&e)
+        )
+    })?;
+    log::info!("migration: state of {} bytes taken over", state.len());
+    Ok(())
 }
 
 /// Returns a chain to the guest and notifies it when it asked to be.
@@ -479,6 +518,54 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemory>) -> io::Result<()> {
         *self.mem.write().unwrap_or_else(|p| p.into_inner()) = mem;
         Ok(())
+    }
+
+    fn set_device_state_fd(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: File,
+    ) -> io::Result<Option<File>> {
+        if !matches!(phase, VhostTransferStatePhase::STOPPED) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "state transfer is only done with the device stopped",
+            ));
+        }
+        let mut slot = self.transfer.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(old) = slot.take() {
+            // A transfer the frontend never checked: its result goes nowhere.
+            let _ = old.join();
+        }
+        let server = self.server.clone();
+        let job = match direction {
+            VhostTransferStateDirection::SAVE => thread::Builder::new()
+                .name("virtiofsd-save".into())
+                .spawn(move || save_state(&server, file))?,
+            VhostTransferStateDirection::LOAD => thread::Builder::new()
+                .name("virtiofsd-load".into())
+                .spawn(move || load_state(&server, file))?,
+        };
+        *slot = Some(job);
+        Ok(None)
+    }
+
+    fn check_device_state(&self) -> io::Result<()> {
+        let job = self
+            .transfer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let result = match job {
+            None => Err("no state transfer was started".to_string()),
+            Some(job) => job
+                .join()
+                .unwrap_or_else(|_| Err("the state transfer thread panicked".into())),
+        };
+        result.map_err(|e| {
+            error!("migration: {e}");
+            io::Error::other(e)
+        })
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {

@@ -73,6 +73,11 @@ pub struct Options {
     /// the next one given (needs root).
     pub ext4_share: bool,
     pub inode_file_handles: InodeFileHandles,
+    /// Serve this existing directory instead of a fresh `base/share` (a migration destination
+    /// serving its source's directory).
+    pub share_at: Option<PathBuf>,
+    /// `--migration-*`.
+    pub migration: virtiofsd::migration::Options,
 }
 
 impl Default for Options {
@@ -101,6 +106,8 @@ impl Default for Options {
             listing_memory: virtiofsd::passthrough::config::DEFAULT_LISTING_MEMORY,
             ext4_share: false,
             inode_file_handles: InodeFileHandles::default(),
+            share_at: None,
+            migration: virtiofsd::migration::Options::default(),
         }
     }
 }
@@ -221,6 +228,18 @@ impl Options {
         self
     }
 
+    /// Serves `dir` (which exists) instead of a fresh directory.
+    pub fn share_at(mut self, dir: &Path) -> Self {
+        self.share_at = Some(dir.to_owned());
+        self
+    }
+
+    /// `--migration-*`.
+    pub fn migration(mut self, m: virtiofsd::migration::Options) -> Self {
+        self.migration = m;
+        self
+    }
+
     /// How long the frontend waits for each reply.
     pub fn timeout(mut self, t: Duration) -> Self {
         self.frontend.timeout = t;
@@ -256,10 +275,17 @@ impl Daemon {
     pub fn with(opts: Options) -> Daemon {
         clear_umask();
         let base = tempfile::tempdir().expect("tempdir");
-        let share = base.path().join("share");
         let outside = base.path().join("outside");
-        fs::create_dir(&share).unwrap();
-        fs::set_permissions(&share, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let share = match &opts.share_at {
+            Some(dir) => dir.clone(),
+            None => {
+                let share = base.path().join("share");
+                fs::create_dir(&share).unwrap();
+                fs::set_permissions(&share, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                    .unwrap();
+                share
+            }
+        };
         fs::create_dir(&outside).unwrap();
         fs::write(outside.join("secret"), SECRET).unwrap();
         if opts.ext4_share {
@@ -282,6 +308,7 @@ impl Daemon {
         fs_cfg.killpriv_v2 = opts.killpriv_v2;
         fs_cfg.listing_memory = opts.listing_memory;
         fs_cfg.inode_file_handles = opts.inode_file_handles;
+        fs_cfg.migration = opts.migration;
         let cfg = DaemonConfig {
             fs: fs_cfg,
             socket: SocketSpec::Path(socket.clone()),

@@ -1,0 +1,663 @@
+//! The passthrough file system's part of a live migration: its nodes and handles (see
+//! `crate::migration` for the container and the protocol).
+//!
+//! # What is sent
+//! For each node the guest holds: its node id, its reference count, its file type, and where
+//! the destination finds it again:
+//! - `find-paths`: its path in the shared directory, as names from the root. Most nodes know
+//!   where they were found (parent and name), so the path is put together from memory; a node
+//!   that keeps a descriptor instead is located through `/proc/self/fd`. With
+//!   `--migration-confirm-paths` each path is opened and checked to lead to the node right
+//!   before it is sent (else the descriptor's own path is tried).
+//! - `file-handles`: its file handle.
+//!
+//! With `--migration-verify-handles` a node's identifying handle is sent too, and the
+//! destination checks that the path it opened is that very file.
+//! A node found nowhere (deleted while the guest held it, moved away on the host) is sent as
+//! lost: with `--migration-on-error=abort` the save fails, and the source goes on serving;
+//! with `guest-error` the destination gives `ESTALE` for that node only.
+//!
+//! For each handle: its number, its node, its open flags and, for a directory, the listing
+//! its READDIRs are served from (a snapshot is sent whole, so the offsets the guest holds stay
+//! valid; a listing read from the directory is reopened, and its offsets are the host file
+//! system's own cookies).
+//!
+//! What is not sent: the descriptors of handle-less I/O (`--cache=always`), the directory
+//! cache and negative entries, which the destination rebuilds on demand; the id mapping, which
+//! is the command line's.
+//!
+//! # What the destination trusts
+//! A path is opened one name at a time below the shared directory's root, never following a
+//! symlink and never through `..`, so no state, however made, reaches a file outside it. A
+//! file handle can name any file of the file system: one opened from a state must be inside
+//! the shared directory (its path below the root), or the node is lost.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, PoisonError};
+
+use super::dir::{DirSnapshot, Listing};
+use super::file_handle::{self, FileHandle};
+use super::handle::HandleData;
+use super::identity::At;
+use super::inode::{InodeData, Origin, Source};
+use super::key::InodeKey;
+use super::sys::{self, error, ProcName};
+use super::{open_path_flags, PassthroughFs};
+use crate::fuse::abi::ROOT_ID;
+use crate::migration::{Decoder, Encoder, Mode, OnError, StateError};
+
+/// Deepest path sent (a longer parent chain means a loop).
+const MAX_DEPTH: usize = 4096;
+
+/// Where the destination finds a node.
+enum Location {
+    /// Names from the shared directory's root.
+    Path(Vec<CString>),
+    /// A file handle on the shared directory's file system.
+    Handle(FileHandle),
+    /// Nowhere: the errno the save met.
+    Lost(i32),
+}
+
+const LOC_LOST: u8 = 0;
+const LOC_PATH: u8 = 1;
+const LOC_HANDLE: u8 = 2;
+
+const LISTING_NONE: u8 = 0;
+const LISTING_STREAM: u8 = 1;
+const LISTING_SNAPSHOT: u8 = 2;
+
+/// Open flags a handle is reopened with on the destination.
+const KEPT_FLAGS: i32 = libc::O_ACCMODE
+    | libc::O_APPEND
+    | libc::O_DIRECT
+    | libc::O_NOATIME
+    | libc::O_NONBLOCK
+    | libc::O_SYNC
+    | libc::O_DSYNC;
+
+/// A node as read from a state.
+struct SavedNode {
+    id: u64,
+    refcount: u64,
+    kind: u32,
+    location: Location,
+    fid: Option<FileHandle>,
+}
+
+fn io_error(what: impl Into<String>, source: io::Error) -> StateError {
+    StateError::Io {
+        what: what.into(),
+        source,
+    }
+}
+
+fn show(names: &[CString]) -> String {
+    let mut s = String::new();
+    for n in names {
+        s.push('/');
+        s.push_str(&n.to_string_lossy());
+    }
+    if s.is_empty() {
+        s.push('/');
+    }
+    s
+}
+
+impl PassthroughFs {
+    /// Writes the nodes and handles (see the module documentation).
+    pub(super) fn save_migration_state(&self, out: &mut Encoder) -> Result<(), StateError> {
+        let opts = self.cfg.migration;
+        let nodes = self.inodes.all();
+        let handles = self.handles.all();
+        out.u64(self.inodes.next_id());
+        out.u64(self.handles.next_id());
+        out.u32(nodes.len() as u32);
+        let mut lost = 0usize;
+        for node in &nodes {
+            let location = self.locate(node);
+            if let Location::Lost(e) = location {
+                let err = io::Error::from_raw_os_error(e);
+                if opts.on_error == OnError::Abort {
+                    return Err(io_error(
+                        format!(
+                            "node {} cannot be found again on the destination (the migration \
+                             is refused: --migration-on-error=abort)",
+                            node.id
+                        ),
+                        err,
+                    ));
+                }
+                log::warn!(
+                    "migration: node {} is sent as lost ({err}); the guest will get ESTALE on it",
+                    node.id
+                );
+                lost += 1;
+            }
+            out.u64(node.id);
+            out.u64(node.refcount());
+            out.u32(node.key.kind);
+            match &location {
+                Location::Lost(e) => {
+                    out.u8(LOC_LOST);
+                    out.i32(*e);
+                }
+                Location::Path(names) => {
+                    out.u8(LOC_PATH);
+                    out.u32(names.len() as u32);
+                    for n in names {
+                        out.bytes(n.as_bytes());
+                    }
+                }
+                Location::Handle(h) => {
+                    out.u8(LOC_HANDLE);
+                    let (t, b) = h.parts();
+                    out.i32(t);
+                    out.bytes(b);
+                }
+            }
+            let fid = match (&location, opts.verify_handles) {
+                (Location::Path(_), true) => self
+                    .path_fd(node)
+                    .and_then(|fd| FileHandle::fid_of_fd(fd.as_fd()))
+                    .ok(),
+                _ => None,
+            };
+            match fid {
+                Some(h) => {
+                    out.bool(true);
+                    let (t, b) = h.parts();
+                    out.i32(t);
+                    out.bytes(b);
+                }
+                None => out.bool(false),
+            }
+        }
+        out.u32(handles.len() as u32);
+        for (h, data) in &handles {
+            out.u64(*h);
+            out.u64(data.inode);
+            out.i32(sys::fd_status_flags(data.fd()).unwrap_or(libc::O_RDONLY) & KEPT_FLAGS);
+            let listing = data
+                .dir
+                .as_ref()
+                .map(|d| d.lock().unwrap_or_else(PoisonError::into_inner).clone());
+            match listing {
+                None => out.u8(LISTING_NONE),
+                Some(None) => out.u8(LISTING_NONE),
+                Some(Some(Listing::Stream)) => out.u8(LISTING_STREAM),
+                Some(Some(Listing::Snapshot(snap))) => {
+                    out.u8(LISTING_SNAPSHOT);
+                    out.u32(snap.len() as u32);
+                    for i in 0..snap.len() {
+                        if let Some(e) = snap.get(i) {
+                            out.u64(e.ino);
+                            out.u8(e.dtype);
+                            out.bytes(e.name);
+                        }
+                    }
+                }
+            }
+            out.bool(data.dir.is_some());
+        }
+        log::info!(
+            "migration: saved {} nodes ({lost} lost) and {} handles ({})",
+            nodes.len(),
+            handles.len(),
+            match opts.mode {
+                Mode::FindPaths => "paths",
+                Mode::FileHandles => "file handles",
+            }
+        );
+        Ok(())
+    }
+
+    /// Where the destination will find `node`.
+    fn locate(&self, node: &Arc<InodeData>) -> Location {
+        let opts = self.cfg.migration;
+        if node.id == ROOT_ID {
+            return Location::Path(Vec::new());
+        }
+        if node.is_stale() {
+            return Location::Lost(libc::ESTALE);
+        }
+        match opts.mode {
+            Mode::FileHandles => {
+                match self
+                    .path_fd(node)
+                    .and_then(|fd| FileHandle::of_fd(fd.as_fd()))
+                {
+                    Ok(h) => Location::Handle(h),
+                    Err(e) => Location::Lost(e.raw_os_error().unwrap_or(libc::EIO)),
+                }
+            }
+            Mode::FindPaths => {
+                if self.unlinked_while_open(node) {
+                    return Location::Lost(libc::ENOENT);
+                }
+                let found = self.path_of(node).and_then(|names| {
+                    if opts.confirm_paths && !self.leads_to(&names, node)? {
+                        // The names the guest found it by changed: where its descriptor is.
+                        let names = self.fd_path(self.path_fd(node)?.as_fd())?;
+                        if !self.leads_to(&names, node)? {
+                            return Err(error(libc::ENOENT));
+                        }
+                        return Ok(names);
+                    }
+                    Ok(names)
+                });
+                match found {
+                    Ok(names) => Location::Path(names),
+                    Err(e) => Location::Lost(e.raw_os_error().unwrap_or(libc::EIO)),
+                }
+            }
+        }
+    }
+
+    /// Whether the file the guest last opened `node` with has no name left (deleted while
+    /// open: no path reaches it).
+    fn unlinked_while_open(&self, node: &InodeData) -> bool {
+        let open = node
+            .last_open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .upgrade();
+        open.is_some_and(|h| sys::stat_fd(h.fd()).is_ok_and(|st| st.st_nlink == 0))
+    }
+
+    /// Whether `names` leads to `node` now.
+    fn leads_to(&self, names: &[CString], node: &InodeData) -> io::Result<bool> {
+        match self.open_beneath(names) {
+            Ok(fd) => self.is_inode(fd.as_fd(), node),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The path of `node` from the root: the names it was found by, up its parents; from the
+    /// first one that keeps a descriptor instead, where that descriptor is.
+    fn path_of(&self, node: &Arc<InodeData>) -> io::Result<Vec<CString>> {
+        let mut names = Vec::new();
+        let mut cur = node.clone();
+        for _ in 0..MAX_DEPTH {
+            if cur.id == ROOT_ID {
+                names.reverse();
+                return Ok(names);
+            }
+            if cur.is_stale() {
+                return Err(error(libc::ESTALE));
+            }
+            if let Some((parent, name)) = cur.origin() {
+                names.push(name);
+                cur = parent;
+                continue;
+            }
+            let mut path = self.fd_path(self.path_fd(&cur)?.as_fd())?;
+            names.reverse();
+            path.extend(names);
+            return Ok(path);
+        }
+        Err(error(libc::ELOOP))
+    }
+
+    /// The path of the file `fd` refers to, as names below the shared directory's root
+    /// (`ENOENT` when it was deleted, `EXDEV` when it is not below the root).
+    fn fd_path(&self, fd: BorrowedFd<'_>) -> io::Result<Vec<CString>> {
+        let root = self.root_path()?;
+        let path = self.proc_link(fd)?;
+        let rest = if root == b"/" {
+            &path[..]
+        } else if path == root {
+            &b""[..]
+        } else if path.starts_with(&root) && path.get(root.len()) == Some(&b'/') {
+            &path[root.len()..]
+        } else {
+            return Err(error(libc::EXDEV));
+        };
+        if rest.ends_with(b" (deleted)") && sys::stat_fd(fd)?.st_nlink == 0 {
+            return Err(error(libc::ENOENT));
+        }
+        rest.split(|b| *b == b'/')
+            .filter(|n| !n.is_empty())
+            .map(|n| CString::new(n).map_err(|_| error(libc::EINVAL)))
+            .collect()
+    }
+
+    /// Where `/proc/self/fd/N` of `fd` points.
+    fn proc_link(&self, fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+        let name = ProcName::new(fd.as_raw_fd());
+        let link = sys::openat(
+            self.proc_self_fd.as_fd(),
+            name.name(),
+            libc::O_PATH | libc::O_NOFOLLOW,
+            0,
+        )?;
+        sys::readlink_fd(link.as_fd())
+    }
+
+    /// Where the shared directory's root is, as `/proc/self/fd` shows paths.
+    fn root_path(&self) -> io::Result<Vec<u8>> {
+        let root = self.inode(ROOT_ID)?;
+        let fd = root.opened_fd().ok_or_else(|| error(libc::EBADF))?;
+        self.proc_link(fd)
+    }
+
+    /// Opens `names` below the root one name at a time: `O_PATH`, no symlink followed, every
+    /// name but the last a directory. `names` come from a state: each is a plain name (the
+    /// decoder refuses `/`, `.` and `..`).
+    fn open_beneath(&self, names: &[CString]) -> io::Result<OwnedFd> {
+        let root = self.inode(ROOT_ID)?;
+        let root_fd = root.opened_fd().ok_or_else(|| error(libc::EBADF))?;
+        let mut cur = sys::openat(root_fd, c".", open_path_flags(), 0)?;
+        for (i, name) in names.iter().enumerate() {
+            let next = sys::openat(cur.as_fd(), name, open_path_flags(), 0)?;
+            if i + 1 < names.len()
+                && sys::stat_fd(next.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFDIR
+            {
+                return Err(error(libc::ENOTDIR));
+            }
+            cur = next;
+        }
+        Ok(cur)
+    }
+
+    /// Takes over the nodes and handles of a state (see the module documentation).
+    pub(super) fn load_migration_state(&self, input: &mut Decoder<'_>) -> Result<(), StateError> {
+        let opts = self.cfg.migration;
+        if self.inodes.all().len() != 1 || !self.handles.all().is_empty() {
+            return Err(StateError::Refused(
+                "this daemon holds nodes or handles already: a migration destination must be \
+                 fresh"
+                    .into(),
+            ));
+        }
+        let next_node = input.u64("next node id")?;
+        let next_handle = input.u64("next handle")?;
+        let n = input.count("nodes", 8 + 8 + 4 + 1 + 1)?;
+        let mut nodes = Vec::with_capacity(n);
+        for _ in 0..n {
+            nodes.push(read_node(input)?);
+        }
+        // Parents before their children.
+        nodes.sort_by_key(|n| match &n.location {
+            Location::Path(p) => p.len(),
+            _ => 0,
+        });
+        let mut by_path: HashMap<Vec<CString>, Arc<InodeData>> = HashMap::new();
+        let mut lost = 0usize;
+        // `open_by_handle_at` takes a real (not `O_PATH`) descriptor of the mount.
+        let mount_fd = match opts.mode {
+            Mode::FileHandles => {
+                let root = self.inode(ROOT_ID).map_err(|e| io_error("root", e))?;
+                let fd = root
+                    .opened_fd()
+                    .ok_or_else(|| io_error("root", error(libc::EBADF)))?;
+                Some(file_handle::open_dir(fd).map_err(|e| io_error("open the root", e))?)
+            }
+            Mode::FindPaths => None,
+        };
+        for node in nodes {
+            if node.id == ROOT_ID {
+                continue;
+            }
+            if node.id == 0 {
+                return Err(StateError::invalid("node id", "0 is not a node id"));
+            }
+            let what = match &node.location {
+                Location::Path(p) => show(p),
+                Location::Handle(_) => "(file handle)".into(),
+                Location::Lost(_) => "(lost on the source)".into(),
+            };
+            match self.restore_node(&node, &by_path, mount_fd.as_ref()) {
+                Ok(data) => {
+                    if let Location::Path(p) = node.location {
+                        by_path.insert(p, data);
+                    }
+                }
+                Err(e) => {
+                    if opts.on_error == OnError::Abort {
+                        return Err(io_error(
+                            format!(
+                                "node {} at {what} cannot be found again (the migration is \
+                                 refused: --migration-on-error=abort)",
+                                node.id
+                            ),
+                            e,
+                        ));
+                    }
+                    log::warn!(
+                        "migration: node {} at {what} is lost ({e}); the guest gets ESTALE on it",
+                        node.id
+                    );
+                    if !self.inodes.restore_lost(node.id, node.kind, node.refcount) {
+                        return Err(StateError::invalid("node id", format!("{} twice", node.id)));
+                    }
+                    lost += 1;
+                }
+            }
+        }
+        self.inodes.reserve_ids(next_node);
+        let n = input.count("handles", 8 + 8 + 4 + 1 + 1)?;
+        let mut dropped = 0usize;
+        for _ in 0..n {
+            let h = input.u64("handle")?;
+            let inode = input.u64("handle's node")?;
+            let flags = input.i32("handle's flags")?;
+            let listing = match input.u8("handle's listing")? {
+                LISTING_NONE => None,
+                LISTING_STREAM => Some(Listing::Stream),
+                LISTING_SNAPSHOT => Some(Listing::Snapshot(Arc::new(read_snapshot(input)?))),
+                v => return Err(StateError::invalid("handle's listing", v)),
+            };
+            let is_dir = input.bool("handle is a directory")?;
+            match self.restore_handle(h, inode, flags, is_dir, listing) {
+                Ok(()) => {}
+                Err(e) if opts.on_error == OnError::Abort => {
+                    return Err(io_error(
+                        format!("handle {h} of node {inode} cannot be opened again"),
+                        e,
+                    ));
+                }
+                Err(e) => {
+                    log::warn!(
+                        "migration: handle {h} of node {inode} is lost ({e}); the guest gets \
+                         EBADF on it"
+                    );
+                    dropped += 1;
+                }
+            }
+        }
+        self.handles.reserve_ids(next_handle);
+        log::info!(
+            "migration: loaded {} nodes ({lost} lost) and {} handles ({dropped} lost)",
+            self.inodes.all().len(),
+            n - dropped
+        );
+        Ok(())
+    }
+
+    /// Finds a saved node again and adds it under its node id.
+    fn restore_node(
+        &self,
+        node: &SavedNode,
+        by_path: &HashMap<Vec<CString>, Arc<InodeData>>,
+        mount_fd: Option<&OwnedFd>,
+    ) -> io::Result<Arc<InodeData>> {
+        let root = self.inode(ROOT_ID)?;
+        let (fd, parent) = match &node.location {
+            Location::Lost(e) => return Err(io::Error::from_raw_os_error(*e)),
+            Location::Path(names) => {
+                let fd = self.open_beneath(names)?;
+                let parent = match names.split_last() {
+                    Some((name, [])) => Some((root.clone(), name.clone())),
+                    Some((name, dir)) => by_path.get(dir).map(|p| (p.clone(), name.clone())),
+                    None => None,
+                };
+                (fd, parent)
+            }
+            Location::Handle(h) => {
+                let root_fd = root.opened_fd().ok_or_else(|| error(libc::EBADF))?;
+                let mount_fd = mount_fd.ok_or_else(|| error(libc::EBADF))?;
+                let fd = h.open(mount_fd.as_fd(), open_path_flags())?;
+                // A handle names any file of the file system: only one below the root is taken.
+                match self.fd_path(fd.as_fd()) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                        // Deleted but open (on the source): on the root's file system only.
+                        let root_st = sys::stat_fd(root_fd)?;
+                        if sys::stat_fd(fd.as_fd())?.st_dev != root_st.st_dev {
+                            return Err(error(libc::EXDEV));
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+                (fd, None)
+            }
+        };
+        let (st, x) = sys::stat_fd_mnt(fd.as_fd())?;
+        if st.st_mode & libc::S_IFMT != node.kind {
+            log::warn!(
+                "migration: node {} was of type {:o} and is of type {:o} here",
+                node.id,
+                node.kind,
+                st.st_mode & libc::S_IFMT
+            );
+            return Err(error(libc::ESTALE));
+        }
+        if let Some(want) = &node.fid {
+            let here = FileHandle::fid_of_fd(fd.as_fd())?;
+            if here.parts() != want.parts() {
+                log::warn!(
+                    "migration: node {} opens another file here than on the source \
+                     (--migration-verify-handles)",
+                    node.id
+                );
+                return Err(error(libc::ESTALE));
+            }
+        }
+        let identity = self.identity_of(&root, &st, &x, At::Fd(fd.as_fd()))?;
+        let key = InodeKey::new(&st, &x, identity);
+        let source = match parent {
+            Some((parent, name)) => Source::Found(Origin { parent, name }),
+            None => Source::Fd(sys::dup(fd.as_fd())?),
+        };
+        let n = self.new_inode(key, identity, At::Fd(fd.as_fd()), source)?;
+        self.inodes.restore(node.id, n, node.refcount).map_err(|_| {
+            log::warn!(
+                "migration: node {} is a file another node of the state is already",
+                node.id
+            );
+            error(libc::ESTALE)
+        })
+    }
+
+    /// Opens a saved handle again and adds it under its number.
+    fn restore_handle(
+        &self,
+        h: u64,
+        inode: u64,
+        flags: i32,
+        is_dir: bool,
+        listing: Option<Listing>,
+    ) -> io::Result<()> {
+        let node = self.inode(inode).map_err(|_| error(libc::EBADF))?;
+        if node.is_stale() {
+            return Err(error(libc::ESTALE));
+        }
+        let data = if is_dir {
+            if !node.is_dir() {
+                return Err(error(libc::ENOTDIR));
+            }
+            let file =
+                self.open_node(&node, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC)?;
+            let data = HandleData::dir(inode, file);
+            if let (Some(l), Some(slot)) = (listing, data.dir.as_ref()) {
+                *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(l);
+            }
+            data
+        } else {
+            if node.key.kind != libc::S_IFREG {
+                return Err(error(libc::EBADF));
+            }
+            let file = self.open_node(&node, (flags & KEPT_FLAGS) | libc::O_CLOEXEC)?;
+            HandleData::file(inode, file)
+        };
+        let data = self.handles.restore(h, data).ok_or_else(|| {
+            log::warn!("migration: handle {h} twice in the state");
+            error(libc::EBADF)
+        })?;
+        *node
+            .last_open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&data);
+        Ok(())
+    }
+}
+
+fn read_handle(input: &mut Decoder<'_>, what: &'static str) -> Result<FileHandle, StateError> {
+    let t = input.i32(what)?;
+    let b = input.bytes(what)?;
+    FileHandle::from_parts(0, t, b)
+        .ok_or_else(|| StateError::invalid(what, "longer than any handle"))
+}
+
+fn read_node(input: &mut Decoder<'_>) -> Result<SavedNode, StateError> {
+    let id = input.u64("node id")?;
+    let refcount = input.u64("node's references")?;
+    let kind = input.u32("node's type")?;
+    if kind & !libc::S_IFMT != 0 || kind == 0 {
+        return Err(StateError::invalid("node's type", format!("{kind:o}")));
+    }
+    let location = match input.u8("node's location")? {
+        LOC_LOST => Location::Lost(input.i32("node's error")?),
+        LOC_PATH => {
+            let n = input.count("path", 5)?;
+            if n > MAX_DEPTH {
+                return Err(StateError::invalid("path", "too deep"));
+            }
+            let mut names = Vec::with_capacity(n);
+            for _ in 0..n {
+                names.push(input.name("path name")?);
+            }
+            if names.is_empty() && id != ROOT_ID {
+                return Err(StateError::invalid(
+                    "path",
+                    format!("node {id} at the root"),
+                ));
+            }
+            Location::Path(names)
+        }
+        LOC_HANDLE => Location::Handle(read_handle(input, "node's file handle")?),
+        v => return Err(StateError::invalid("node's location", v)),
+    };
+    let fid = match input.bool("node has an identifying handle")? {
+        true => Some(read_handle(input, "node's identifying handle")?),
+        false => None,
+    };
+    Ok(SavedNode {
+        id,
+        refcount,
+        kind,
+        location,
+        fid,
+    })
+}
+
+fn read_snapshot(input: &mut Decoder<'_>) -> Result<DirSnapshot, StateError> {
+    let n = input.count("listing", 8 + 1 + 4 + 1)?;
+    let mut snap = DirSnapshot::new();
+    for _ in 0..n {
+        let ino = input.u64("listing: inode")?;
+        let dtype = input.u8("listing: type")?;
+        let name = input.bytes("listing: name")?;
+        if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+            return Err(StateError::invalid("listing: name", "not a file name"));
+        }
+        snap.push(ino, dtype, name)
+            .map_err(|e| io_error("listing too large", e))?;
+    }
+    Ok(snap)
+}

@@ -1,0 +1,553 @@
+//! Live migration, in process: the test frontend plays both QEMUs. It stops the source's queues,
+//! takes the source daemon's state (`SET_DEVICE_STATE_FD` save + `CHECK_DEVICE_STATE`), starts
+//! a second daemon on the same shared directory, gives it the state (load + check) without a new
+//! INIT, and the "guest" goes on with the node ids and handles it held: reading, writing,
+//! listing from the offset it had reached, creating. Each mode (`find-paths`, with and without
+//! its checks, and `file-handles`), files renamed, deleted and replaced between save and load,
+//! both `--migration-on-error` actions, both cache modes the guest test uses, and states that
+//! are truncated, corrupted or foreign.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+
+use common::*;
+use virtiofsd::frontend::fuse_client::DirEntry;
+use virtiofsd::fuse::abi::ROOT_ID;
+use virtiofsd::migration::{Mode, OnError, Options as Migration};
+use virtiofsd::passthrough::CacheMode;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn paths() -> Migration {
+    Migration::default()
+}
+
+fn guest_error(mut m: Migration) -> Migration {
+    m.on_error = OnError::GuestError;
+    m
+}
+
+fn handles() -> Migration {
+    Migration {
+        mode: Mode::FileHandles,
+        ..Default::default()
+    }
+}
+
+fn checked() -> Migration {
+    Migration {
+        verify_handles: true,
+        confirm_paths: true,
+        ..Default::default()
+    }
+}
+
+/// Stops the source, takes its state, and starts a destination daemon with `opts` on the same
+/// directory, the state loaded. `Err` is the destination's refusal (CHECK_DEVICE_STATE).
+fn migrate(src: &mut Daemon, opts: Options) -> (Daemon, Result<(), String>) {
+    src.fe.stop_queues().expect("GET_VRING_BASE on every queue");
+    let state = src.fe.save_state().expect("source state");
+    migrate_state(src, &state, opts)
+}
+
+fn migrate_state(src: &Daemon, state: &[u8], opts: Options) -> (Daemon, Result<(), String>) {
+    let mut dst = Daemon::with(opts.share_at(&src.share).no_init());
+    let loaded = dst.fe.load_state(state).map_err(|e| e.to_string());
+    if let Some(i) = src.init {
+        dst.c.set_init_out(i);
+        dst.init = Some(i);
+    }
+    (dst, loaded)
+}
+
+fn source(opts: Options) -> Daemon {
+    let _ = env_logger::builder().is_test(true).try_init();
+    Daemon::with(opts)
+}
+
+fn names(entries: &[DirEntry]) -> Vec<Vec<u8>> {
+    entries.iter().map(|e| e.name.clone()).collect()
+}
+
+/// What the guest holds before the migration, in every scenario.
+struct Held {
+    /// `a`, open read-write as `a_fh`.
+    a: u64,
+    a_fh: u64,
+    /// `dir`, open as `dir_fh`, listed up to `offset` (a snapshot of 200 names).
+    dir: u64,
+    dir_fh: u64,
+    offset: u64,
+    seen: Vec<Vec<u8>>,
+    /// `dir/f`, looked up only.
+    f: u64,
+}
+
+fn hold(d: &mut Daemon) -> Held {
+    fs::create_dir(d.host("dir")).unwrap();
+    for i in 0..200 {
+        fs::write(d.host(format!("dir/n{i:03}")), b"x").unwrap();
+    }
+    fs::write(d.host("dir/f"), b"f contents").unwrap();
+    let a = d.file("a", b"0123456789");
+    // As the Linux client opens: with `--cache=always` there is no OPEN (handle 0).
+    let a_fh = d.c.kernel_open(a, libc::O_RDWR as u32).unwrap().unwrap().fh;
+    let dir = d.node("dir");
+    let f = d.c.lookup(dir, "f").unwrap().nodeid;
+    let dir_fh =
+        d.c.kernel_opendir(dir, libc::O_RDONLY as u32)
+            .unwrap()
+            .unwrap()
+            .fh;
+    let first = d.c.readdir(dir, dir_fh, 0, 1024).unwrap();
+    assert!(!first.is_empty() && first.len() < 150, "{}", first.len());
+    let offset = first.last().unwrap().off;
+    Held {
+        a,
+        a_fh,
+        dir,
+        dir_fh,
+        offset,
+        seen: names(&first),
+        f,
+    }
+}
+
+/// Everything the guest held works on the destination, and new work too.
+fn check_held(d: &mut Daemon, h: &Held) {
+    // The open file: read, write through the handle; the host sees the bytes.
+    assert_eq!(d.c.read(h.a, h.a_fh, 0, 100).unwrap(), b"0123456789");
+    d.c.write(h.a, h.a_fh, 10, b"+after").unwrap();
+    assert_eq!(fs::read(d.host("a")).unwrap(), b"0123456789+after");
+    // The listing goes on from the offset the guest had: every name exactly once.
+    let mut all = h.seen.clone();
+    let mut off = h.offset;
+    loop {
+        let more = d.c.readdir(h.dir, h.dir_fh, off, 1024).unwrap();
+        if more.is_empty() {
+            break;
+        }
+        off = more.last().unwrap().off;
+        all.extend(names(&more));
+    }
+    all.sort();
+    let mut want: Vec<Vec<u8>> = vec![b".".to_vec(), b"..".to_vec(), b"f".to_vec()];
+    want.extend((0..200).map(|i| format!("n{i:03}").into_bytes()));
+    want.sort();
+    assert_eq!(all, want, "listing across the migration");
+    d.c.kernel_releasedir(h.dir, h.dir_fh, 0).unwrap().unwrap();
+    // A node only looked up: attributes, open, read.
+    let attr = d.c.getattr(h.f, None).unwrap();
+    assert_eq!(attr.attr.size, 10);
+    let fh =
+        d.c.kernel_open(h.f, libc::O_RDONLY as u32)
+            .unwrap()
+            .unwrap()
+            .fh;
+    assert_eq!(d.c.read(h.f, fh, 0, 100).unwrap(), b"f contents");
+    d.c.kernel_release(h.f, fh, 0).unwrap().unwrap();
+    // New work: create in a held directory; lookups give new node ids, never a held one.
+    let (e, o) =
+        d.c.create(h.dir, "new", libc::O_RDWR as u32, 0o644, 0)
+            .unwrap();
+    assert!(![ROOT_ID, h.a, h.dir, h.f].contains(&e.nodeid));
+    d.c.write(e.nodeid, o.fh, 0, b"made on the destination")
+        .unwrap();
+    assert_eq!(
+        fs::read(d.host("dir/new")).unwrap(),
+        b"made on the destination"
+    );
+    if h.a_fh != 0 {
+        assert_ne!(o.fh, h.a_fh);
+        assert_ne!(o.fh, h.dir_fh);
+    }
+    // Releasing the migrated handle works once.
+    d.c.kernel_release(h.a, h.a_fh, 0).unwrap().unwrap();
+}
+
+fn each_mode(cache: CacheMode) {
+    let mut modes = vec![("find-paths", paths()), ("find-paths checked", checked())];
+    if is_root() {
+        modes.push(("file-handles", handles()));
+    }
+    for (name, m) in modes {
+        eprintln!("mode {name}, cache {cache:?}");
+        let opts = Options::default().cache(cache).migration(m);
+        let mut src = source(opts.clone());
+        let held = hold(&mut src);
+        let (mut dst, loaded) = migrate(&mut src, opts);
+        loaded.unwrap_or_else(|e| panic!("{name}: load refused: {e}"));
+        check_held(&mut dst, &held);
+    }
+}
+
+#[test]
+fn the_guest_keeps_its_nodes_handles_and_listing_in_every_mode() {
+    each_mode(CacheMode::Auto);
+}
+
+#[test]
+fn the_guest_keeps_its_nodes_handles_and_listing_with_cache_always() {
+    each_mode(CacheMode::Always);
+}
+
+#[test]
+fn handle_less_io_of_cache_always_goes_on() {
+    // `--cache=always` with a guest offering no-open: files are used with handle 0.
+    let opts = Options::default().cache(CacheMode::Always);
+    let mut src = source(opts.clone());
+    let a = src.file("a", b"abc");
+    let o = src.c.kernel_open(a, libc::O_RDWR as u32).unwrap().unwrap();
+    assert_eq!(o.fh, 0, "no-open mode expected");
+    src.c.write(a, 0, 3, b"def").unwrap();
+    let (mut dst, loaded) = migrate(&mut src, opts);
+    loaded.unwrap();
+    assert_eq!(dst.c.read(a, 0, 0, 100).unwrap(), b"abcdef");
+    dst.c.write(a, 0, 6, b"ghi").unwrap();
+    assert_eq!(fs::read(dst.host("a")).unwrap(), b"abcdefghi");
+}
+
+/// A file renamed, one deleted and one replaced on the host between save and load.
+struct Changed {
+    moved: u64,
+    gone: u64,
+    replaced: u64,
+    kept: u64,
+}
+
+fn change_between(src: &mut Daemon) -> (Vec<u8>, Changed) {
+    let moved = src.file("moved", b"moved");
+    let gone = src.file("gone", b"gone");
+    let replaced = src.file("replaced", b"old");
+    let kept = src.file("kept", b"kept");
+    src.fe.stop_queues().unwrap();
+    let state = src.fe.save_state().unwrap();
+    fs::rename(src.host("moved"), src.host("moved-away")).unwrap();
+    fs::remove_file(src.host("gone")).unwrap();
+    fs::remove_file(src.host("replaced")).unwrap();
+    fs::write(src.host("replaced"), b"new file, same name").unwrap();
+    (
+        state,
+        Changed {
+            moved,
+            gone,
+            replaced,
+            kept,
+        },
+    )
+}
+
+fn read_node(d: &mut Daemon, node: u64) -> Result<Vec<u8>, i32> {
+    let fh = d.c.open(node, libc::O_RDONLY as u32)?.fh;
+    let data = d.c.read(node, fh, 0, 100);
+    d.c.release(node, fh, 0)?;
+    data
+}
+
+#[test]
+fn with_guest_error_a_file_gone_fails_alone() {
+    let opts = Options::default().migration(guest_error(paths()));
+    let mut src = source(opts.clone());
+    let (state, c) = change_between(&mut src);
+    let (mut dst, loaded) = migrate_state(&src, &state, opts);
+    loaded.expect("guest-error loads whatever it finds");
+    assert_eq!(dst.c.getattr(c.gone, None).unwrap_err(), libc::ESTALE);
+    assert_eq!(read_node(&mut dst, c.gone).unwrap_err(), libc::ESTALE);
+    // Found by its path: renamed away is gone for find-paths; the replaced name is a new file
+    // of the same type, which find-paths without checks takes (the reference does the same).
+    assert_eq!(dst.c.getattr(c.moved, None).unwrap_err(), libc::ESTALE);
+    assert_eq!(
+        read_node(&mut dst, c.replaced).unwrap(),
+        b"new file, same name"
+    );
+    assert_eq!(read_node(&mut dst, c.kept).unwrap(), b"kept");
+    // The lost node goes away when forgotten; the name can be looked up afresh.
+    dst.c.forget(c.gone, 1);
+    fs::write(dst.host("gone"), b"again").unwrap();
+    let again = dst.node("gone");
+    assert_ne!(again, c.gone);
+    assert_eq!(read_node(&mut dst, again).unwrap(), b"again");
+}
+
+#[test]
+fn verify_handles_refuses_a_replaced_file() {
+    let m = guest_error(Migration {
+        verify_handles: true,
+        ..Default::default()
+    });
+    let opts = Options::default().migration(m);
+    let mut src = source(opts.clone());
+    let (state, c) = change_between(&mut src);
+    let (mut dst, loaded) = migrate_state(&src, &state, opts);
+    loaded.unwrap();
+    assert_eq!(read_node(&mut dst, c.replaced).unwrap_err(), libc::ESTALE);
+    assert_eq!(read_node(&mut dst, c.kept).unwrap(), b"kept");
+}
+
+#[test]
+fn file_handles_follow_a_rename_and_refuse_a_replacement() {
+    if !is_root() {
+        eprintln!("skipped: open_by_handle_at needs CAP_DAC_READ_SEARCH");
+        return;
+    }
+    let opts = Options::default().migration(guest_error(handles()));
+    let mut src = source(opts.clone());
+    let (state, c) = change_between(&mut src);
+    let (mut dst, loaded) = migrate_state(&src, &state, opts);
+    loaded.unwrap();
+    assert_eq!(read_node(&mut dst, c.moved).unwrap(), b"moved");
+    // A handle names the file, not the name: the node deleted or replaced on the host is its
+    // old file while that still exists (here the source daemon, alive until the switch-over,
+    // keeps it), else ESTALE; never the new file at its name.
+    match read_node(&mut dst, c.replaced) {
+        Ok(data) => assert_eq!(data, b"old"),
+        Err(e) => assert_eq!(e, libc::ESTALE),
+    }
+    match read_node(&mut dst, c.gone) {
+        Ok(data) => assert_eq!(data, b"gone"),
+        Err(e) => assert_eq!(e, libc::ESTALE),
+    }
+    assert_eq!(read_node(&mut dst, c.kept).unwrap(), b"kept");
+}
+
+#[test]
+fn with_abort_a_file_gone_fails_the_migration_and_the_destination_serves_nothing() {
+    let opts = Options::default().migration(paths());
+    let mut src = source(opts.clone());
+    let (state, c) = change_between(&mut src);
+    let (mut dst, loaded) = migrate_state(&src, &state, opts);
+    assert!(loaded.is_err(), "abort loaded a state with a file gone");
+    // Nothing of the state is served: the session was never taken over.
+    assert!(dst.c.getattr(c.kept, None).is_err());
+    assert!(dst.c.getattr(ROOT_ID, None).is_err());
+}
+
+#[test]
+fn a_file_deleted_while_open_is_lost_with_find_paths_and_kept_with_file_handles() {
+    let mut modes = vec![guest_error(paths())];
+    if is_root() {
+        modes.push(guest_error(handles()));
+    }
+    for m in modes {
+        let opts = Options::default().migration(m);
+        let mut src = source(opts.clone());
+        let a = src.file("tmp", b"scratch");
+        let fh = src.open(a, libc::O_RDWR);
+        src.c.unlink(ROOT_ID, "tmp").unwrap();
+        let other = src.file("other", b"other");
+        let (mut dst, loaded) = migrate(&mut src, opts);
+        loaded.unwrap();
+        match m.mode {
+            Mode::FindPaths => {
+                assert_eq!(dst.c.read(a, fh, 0, 10).unwrap_err(), libc::EBADF);
+            }
+            Mode::FileHandles => {
+                assert_eq!(dst.c.read(a, fh, 0, 10).unwrap(), b"scratch");
+            }
+        }
+        assert_eq!(read_node(&mut dst, other).unwrap(), b"other");
+    }
+}
+
+#[test]
+fn with_abort_a_file_deleted_while_open_fails_the_save() {
+    let opts = Options::default();
+    let mut src = source(opts);
+    let a = src.file("tmp", b"scratch");
+    let _fh = src.open(a, libc::O_RDWR);
+    src.c.unlink(ROOT_ID, "tmp").unwrap();
+    src.fe.stop_queues().unwrap();
+    assert!(
+        src.fe.save_state().is_err(),
+        "the source sent a state naming a file it cannot find"
+    );
+}
+
+#[test]
+fn confirm_paths_finds_a_file_renamed_on_the_host_while_open() {
+    let opts = Options::default().migration(checked());
+    let mut src = source(opts.clone());
+    let a = src.file("before", b"contents");
+    let fh = src.open(a, libc::O_RDWR);
+    fs::rename(src.host("before"), src.host("after")).unwrap();
+    let (mut dst, loaded) = migrate(&mut src, opts);
+    loaded.unwrap();
+    assert_eq!(dst.c.read(a, fh, 0, 100).unwrap(), b"contents");
+    dst.c.write(a, fh, 8, b"!").unwrap();
+    assert_eq!(fs::read(dst.host("after")).unwrap(), b"contents!");
+}
+
+#[test]
+fn the_destination_refuses_bad_states_and_serves_nothing_wrong() {
+    let opts = Options::default();
+    let mut src = source(opts.clone());
+    let a = src.file("a", b"a");
+    src.fe.stop_queues().unwrap();
+    let state = src.fe.save_state().unwrap();
+    let mut bad: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", Vec::new()),
+        ("truncated", state[..state.len() / 2].to_vec()),
+        ("one byte short", state[..state.len() - 1].to_vec()),
+        (
+            "foreign",
+            b"QEVM\0\0\0\x03 a QEMU stream, not ours".to_vec(),
+        ),
+    ];
+    for at in [0, 9, 15, state.len() / 2, state.len() - 3] {
+        let mut s = state.clone();
+        s[at] ^= 0x5a;
+        bad.push(("corrupted", s));
+    }
+    let mut longer = state.clone();
+    longer.extend_from_slice(b"trailing");
+    bad.push(("longer", longer));
+    for (what, blob) in bad {
+        let (mut dst, loaded) = migrate_state(&src, &blob, opts.clone());
+        assert!(loaded.is_err(), "{what} state loaded");
+        assert!(dst.c.getattr(a, None).is_err(), "{what}: node served");
+    }
+    // The good one still loads.
+    let (mut dst, loaded) = migrate_state(&src, &state, opts);
+    loaded.unwrap();
+    assert_eq!(read_node(&mut dst, a).unwrap(), b"a");
+}
+
+#[test]
+fn a_destination_with_other_options_or_a_session_refuses_the_state() {
+    let opts = Options::default().cache(CacheMode::Auto);
+    let mut src = source(opts.clone());
+    src.file("a", b"a");
+    src.fe.stop_queues().unwrap();
+    let state = src.fe.save_state().unwrap();
+    // Another cache mode would agree on other INIT flags than the guest has.
+    let (_d, loaded) = migrate_state(&src, &state, Options::default().cache(CacheMode::Always));
+    let e = loaded.unwrap_err();
+    assert!(!e.is_empty());
+    // A daemon that already serves a guest is not a destination.
+    let mut busy = Daemon::with(Options::default().share_at(&src.share));
+    assert!(busy.fe.load_state(&state).is_err());
+    busy.c.getattr(ROOT_ID, None).unwrap();
+}
+
+#[test]
+fn a_state_cannot_reach_outside_the_shared_directory() {
+    // Made by hand, as a forger would: a path of names the decoder must refuse, and one that
+    // goes through a symlink pointing outside.
+    use virtiofsd::migration::{open, seal, Decoder, Encoder};
+    let opts = Options::default().migration(guest_error(paths()));
+    let mut src = source(opts.clone());
+    std::os::unix::fs::symlink(&src.outside, src.host("out")).unwrap();
+    src.fe.stop_queues().unwrap();
+    let real = src.fe.save_state().unwrap();
+    // The source's session, as it is.
+    let mut d = Decoder::new(open(&real).unwrap());
+    let mut session = d.section("session").unwrap();
+    let (mounted, offered, agreed) = (
+        session.bool("").unwrap(),
+        session.u64("").unwrap(),
+        session.u64("").unwrap(),
+    );
+    let state = |path: &[&[u8]]| {
+        let mut e = Encoder::new();
+        let s = e.begin();
+        e.bool(mounted);
+        e.u64(offered);
+        e.u64(agreed);
+        e.end(s);
+        let s = e.begin();
+        e.u64(100);
+        e.u64(1);
+        e.u32(1);
+        e.u64(42);
+        e.u64(1);
+        e.u32(libc::S_IFREG);
+        e.u8(1);
+        e.u32(path.len() as u32);
+        for n in path {
+            e.bytes(n);
+        }
+        e.bool(false);
+        e.u32(0);
+        e.end(s);
+        seal(&e.into_bytes())
+    };
+    for path in [
+        &[&b".."[..], b"outside", b"secret"][..],
+        &[b"out", b"secret"],
+    ] {
+        let (mut dst, loaded) = migrate_state(&src, &state(path), opts.clone());
+        if path[0] == b".." {
+            // Not a name: the decoder refuses the whole state.
+            assert!(loaded.is_err());
+        } else {
+            // Through a symlink: the node is lost, the session goes on.
+            loaded.unwrap();
+            assert_eq!(read_node(&mut dst, 42).unwrap_err(), libc::ESTALE);
+            dst.c.getattr(ROOT_ID, None).unwrap();
+        }
+        if let Ok(o) = dst.c.open(42, libc::O_RDONLY as u32) {
+            let data = dst.c.read(42, o.fh, 0, 100).unwrap_or_default();
+            assert_ne!(data, SECRET, "{path:?} reached the secret");
+        }
+    }
+    assert_eq!(fs::read(src.outside.join("secret")).unwrap(), SECRET);
+}
+
+#[test]
+fn dirty_log_marks_every_page_a_read_reply_filled() {
+    let mut d = Daemon::start();
+    // Distinct bytes everywhere, so the reply is found in guest memory by its contents.
+    let data: Vec<u8> = (0..96 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let a = d.file("big", &data);
+    let fh = d.open(a, libc::O_RDONLY);
+    let log = d.fe.start_dirty_log().unwrap();
+    log.clear().unwrap();
+    let got = d.c.read(a, fh, 0, data.len() as u32).unwrap();
+    assert_eq!(got, data);
+    let dirty = log.dirty_pages().unwrap();
+    assert!(!dirty.is_empty(), "nothing was marked");
+    // Find where the reply landed: scan guest memory for the data's first 64 bytes.
+    let mem = d.fe.memory().clone();
+    let (base, end) = (mem.gpa_base(), mem.gpa_end());
+    let mut at = None;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut gpa = base;
+    while gpa < end && at.is_none() {
+        let n = ((end - gpa) as usize).min(buf.len());
+        mem.read(gpa, &mut buf[..n]).unwrap();
+        at = buf[..n]
+            .windows(64)
+            .position(|w| w == &data[..64])
+            .map(|p| gpa + p as u64);
+        if gpa + n as u64 >= end {
+            break;
+        }
+        gpa += n as u64 - 64;
+    }
+    let at = at.expect("the reply is in guest memory");
+    let mut copy = vec![0u8; data.len()];
+    mem.read(at, &mut copy).unwrap();
+    assert_eq!(copy, data, "the reply is contiguous in guest memory");
+    for page in at / 4096..=(at + data.len() as u64 - 1) / 4096 {
+        assert!(
+            dirty.contains(&page),
+            "guest page {page:#x} holds READ data but is not marked dirty"
+        );
+    }
+    // The used ring was written too: some page outside the data is dirty.
+    assert!(dirty
+        .iter()
+        .any(|p| *p < at / 4096 || *p > (at + data.len() as u64) / 4096));
+    // Nothing is marked while the device writes nothing.
+    log.clear().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(log.dirty_pages().unwrap().is_empty());
+    let _ = fs::metadata(d.host("big")).unwrap().ino();
+}
