@@ -378,10 +378,13 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         std::mem::forget(std::mem::replace(&mut socket_file, SocketFile(None)));
     }
     // Capabilities belong to threads, and threads copy them: drop them before any starts.
-    // DAC_READ_SEARCH is kept only to open file handles (`--inode-file-handles`).
-    let file_handle_caps = match cfg.fs.inode_file_handles {
-        passthrough::InodeFileHandles::Never => &[][..],
-        _ => caps::FILE_HANDLE_CAPS,
+    // DAC_READ_SEARCH is kept only to open file handles (`--inode-file-handles`, and a
+    // migration destination of `--migration-mode=file-handles`).
+    let by_handle = cfg.fs.inode_file_handles != passthrough::InodeFileHandles::Never
+        || cfg.fs.migration.mode == crate::migration::Mode::FileHandles;
+    let file_handle_caps = match by_handle {
+        false => &[][..],
+        true => caps::FILE_HANDLE_CAPS,
     };
     let keep = caps::kept(
         nix::unistd::geteuid().is_root(),

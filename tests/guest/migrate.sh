@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# Live migration with real QEMUs: two QEMU processes on this machine (TCG), a daemon each over
+# the same host directory, the destination started with -incoming, `migrate` through QMP.
+# The guest (suite-migrate.sh) holds files open for reading and writing, a directory handle in
+# the middle of a listing, its working directory in the share and a cached tree; it reads an
+# 8 MiB file in a loop during the migration (page cache dropped, so each read is served by a
+# daemon into guest memory: the dirty log must carry those pages to the destination). After
+# the switch-over, on the destination, it goes on with all of them and makes new files; the
+# host checks every byte. Runs, each a fresh pair of daemons and VMs:
+#   find-paths   --cache=auto    --migration-on-error=guest-error  (a held file deleted on the
+#                                 host before the switch-over: an error on that file only)
+#   find-paths   --cache=always  --migration-on-error=guest-error  (the same)
+#   file-handles --cache=auto    --migration-on-error=abort
+#   file-handles --cache=always  --migration-on-error=abort
+#
+# Usage: tests/guest/migrate.sh [--kernel 6.12|6.1] [--no-build] [--keep] [--only N]
+# Prints "ok N name" / "not ok N name" lines and "N passed, N failed"; exits non-zero when a
+# check failed. Logs (consoles, daemons, QEMUs) in target/guest-tests/migrate-*. Needs root and
+# tests/guest/install.sh's packages (run.sh or guest-run.sh installs them).
+set -uo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=tests/guest/initramfs.sh
+. "$HERE/initramfs.sh"
+CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
+OUT="$ROOT/target/guest-tests"
+KERNEL=6.12
+BUILD=1
+KEEP=0
+ONLY=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --kernel) KERNEL="$2"; shift 2 ;;
+        --kernel=*) KERNEL="${1#*=}"; shift ;;
+        --no-build) BUILD=0; shift ;;
+        --keep) KEEP=1; shift ;;
+        --only) ONLY="$2"; shift 2 ;;
+        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "migrate.sh: unknown option $1 (expected --kernel, --no-build, --keep, --only)" >&2; exit 2 ;;
+    esac
+done
+[ "$(id -u)" = 0 ] || { echo "migrate.sh: needs root" >&2; exit 2; }
+[ -f "$CACHE/kernel-$KERNEL/.complete" ] || { echo "migrate.sh: no $KERNEL kernel in $CACHE; run tests/guest/install.sh" >&2; exit 2; }
+
+mkdir -p "$OUT"
+WORK="$(mktemp -d /tmp/virtiofsd-migrate.XXXXXX)"
+PIDS=()
+MOUNTS=()
+cleanup() {
+    local p m
+    for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+    for m in "${MOUNTS[@]}"; do umount -l "$m" 2>/dev/null; done
+    if [ "$KEEP" = 1 ]; then echo "# work dir kept: $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+N=0; PASSED=0; FAILED=0
+result() {
+    N=$((N + 1))
+    if [ "$1" = ok ]; then PASSED=$((PASSED + 1)); echo "ok $N $2"
+    else FAILED=$((FAILED + 1)); echo "not ok $N $2"; [ -n "${3:-}" ] && printf '%s\n' "$3" | sed 's/^/# /'
+    fi
+}
+check() { if [ "$2" = "$3" ]; then result ok "$1"; else result fail "$1" "got '$2', expected '$3'"; fi; }
+
+if [ "$BUILD" = 1 ]; then
+    (cd "$ROOT" && cargo build --release --bin virtiofsd) >"$OUT/migrate-build.log" 2>&1 \
+        || { result fail "cargo build --release" "$(tail -n 20 "$OUT/migrate-build.log")"; exit 1; }
+fi
+DAEMON="$ROOT/target/release/virtiofsd"
+
+# The initramfs: busybox, /init, the suites, the dirhold helper.
+st="$WORK/initramfs"
+initramfs_skeleton "$st"
+mkdir -p "$st"/{tests,helpers}
+cp "$HERE/guest/init" "$st/init"; chmod 755 "$st/init"
+cp "$HERE"/guest/*.sh "$st/tests/"
+gcc -static -O2 -Wall -o "$st/helpers/dirhold" "$HERE/helpers/dirhold.c" \
+    || { result fail "compile dirhold"; exit 1; }
+initramfs_modules "$st" "$CACHE/kernel-$KERNEL"
+initramfs_pack "$st" "$WORK/initramfs.cpio"
+
+# qmp SOCKET COMMAND [ARGS-JSON]: one QMP command; prints its "return" as JSON.
+qmp() {
+    python3 - "$@" <<'PY'
+import json, socket, sys
+path, cmd = sys.argv[1], sys.argv[2]
+args = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(30)
+s.connect(path)
+f = s.makefile("rw")
+def recv():
+    while True:
+        m = json.loads(f.readline())
+        if "event" not in m:
+            return m
+recv()  # greeting
+f.write(json.dumps({"execute": "qmp_capabilities"}) + "\n"); f.flush(); recv()
+msg = {"execute": cmd}
+if args is not None:
+    msg["arguments"] = args
+f.write(json.dumps(msg) + "\n"); f.flush()
+r = recv()
+if "error" in r:
+    print(json.dumps(r["error"])); sys.exit(1)
+print(json.dumps(r.get("return")))
+PY
+}
+
+wait_for() { # FILE PATTERN SECONDS
+    local t=0
+    while ! grep -q "$2" "$1" 2>/dev/null; do
+        sleep 0.5; t=$((t + 1)); [ $t -ge $(($3 * 2)) ] && return 1
+    done
+    return 0
+}
+
+start_daemon() { # NAME SHARE FLAGS...
+    local name="$1" share="$2"; shift 2
+    "$DAEMON" --socket-path "$DIR/$name.sock" --shared-dir "$share" "$@" \
+        >"$LOGS/daemon-$name.log" 2>&1 &
+    LAST_PID=$!
+    PIDS+=("$LAST_PID")
+    for _ in $(seq 1 100); do [ -S "$DIR/$name.sock" ] && break; sleep 0.1; done
+}
+
+start_qemu() { # NAME EXTRA...
+    local name="$1"; shift
+    qemu-system-x86_64 -accel tcg -cpu max -m 512M -smp 2 -machine q35 -nodefaults -display none \
+        -no-reboot -monitor none -serial "file:$LOGS/console-$name.log" \
+        -kernel "$CACHE/kernel-$KERNEL/vmlinuz" -initrd "$WORK/initramfs.cpio" \
+        -append "console=ttyS0 quiet panic=-1 init_on_alloc=0 init_on_free=0 guest_suite=migrate guest_migrate_error=$GUEST_ERROR" \
+        -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
+        -chardev "socket,id=vfs,path=$DIR/$name.sock" \
+        -device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues=2 \
+        -qmp "unix:$DIR/qmp-$name.sock,server=on,wait=off" \
+        "$@" >"$LOGS/qemu-$name.log" 2>&1 </dev/null &
+    LAST_PID=$!
+    PIDS+=("$LAST_PID")
+}
+
+exited() { # PID SECONDS → EXITED: the exit status, or "running"
+    local t=0
+    while kill -0 "$1" 2>/dev/null; do
+        sleep 0.5; t=$((t + 1)); [ $t -ge $(($2 * 2)) ] && { EXITED=running; return; }
+    done
+    wait "$1" 2>/dev/null; EXITED=$?
+}
+
+# one RUN_INDEX MODE CACHE ON_ERROR
+one() {
+    local idx="$1" mode="$2" cache="$3" onerr="$4"
+    local name="$mode/$cache/$onerr" p="[$mode $cache $onerr] "
+    DIR="$WORK/run$idx"; LOGS="$OUT/migrate-$idx-$mode-$cache"
+    rm -rf "$LOGS"; mkdir -p "$DIR/share" "$LOGS"
+    GUEST_ERROR=0
+    [ "$onerr" = guest-error ] && GUEST_ERROR=1
+    # A tmpfs of its own: the free-inode count the guest watches changes only by this run.
+    mount -t tmpfs -o size=256m,nr_inodes=20000,mode=0755 tmpfs "$DIR/share"; MOUNTS+=("$DIR/share")
+    local share="$DIR/share"
+    local flags=(--cache "$cache" --migration-mode "$mode" --migration-on-error "$onerr" --log-level info)
+    echo "# run $idx: $name"
+    local dsrc ddst qsrc qdst
+    start_daemon src "$share" "${flags[@]}"; dsrc=$LAST_PID
+    start_daemon dst "$share" "${flags[@]}"; ddst=$LAST_PID
+    start_qemu src; qsrc=$LAST_PID
+    start_qemu dst -incoming "unix:$DIR/migration.sock"; qdst=$LAST_PID
+    if ! wait_for "$LOGS/console-src.log" '^#MARK ready' 240; then
+        result fail "${p}guest reached the migration point" "$(tr -d '\r' < "$LOGS/console-src.log" | tail -n 20)"
+        return
+    fi
+    result ok "${p}guest holds files, a directory handle, its cwd and a cached tree"
+    [ "$GUEST_ERROR" = 1 ] && rm -f "$share/work/victim"
+    local t0=$SECONDS status=""
+    # Slow enough that guest memory is copied while the guest's reads keep the daemon writing
+    # into it: a page the daemon fills after its copy must be marked in the dirty log.
+    qmp "$DIR/qmp-src.sock" migrate-set-parameters '{"max-bandwidth": 16777216}' >"$LOGS/qmp.log" 2>&1
+    qmp "$DIR/qmp-src.sock" migrate "{\"uri\": \"unix:$DIR/migration.sock\"}" >>"$LOGS/qmp.log" 2>&1
+    local polls=0
+    for _ in $(seq 1 240); do
+        polls=$((polls + 1))
+        # After 6 s of slow copying, let it converge: the guest's reads dirty memory faster
+        # than 16 MiB/s.
+        [ "$polls" = 12 ] && qmp "$DIR/qmp-src.sock" migrate-set-parameters \
+            '{"max-bandwidth": 1073741824, "downtime-limit": 2000}' >>"$LOGS/qmp.log" 2>&1
+        status="$(qmp "$DIR/qmp-src.sock" query-migrate 2>>"$LOGS/qmp.log" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("status",""))' 2>/dev/null)"
+        case "$status" in completed|failed|cancelled) break ;; esac
+        sleep 0.5
+    done
+    echo "# migration $status after $((SECONDS - t0)) s"
+    check "${p}QEMU migrated the guest" "$status" completed
+    # The end of the migration, for the guest: 100 files fewer free inodes.
+    mkdir -p "$share/.signal"
+    local f
+    for f in $(seq 1 100); do : > "$share/.signal/$f"; done
+    qmp "$DIR/qmp-src.sock" quit >>"$LOGS/qmp.log" 2>&1
+    exited "$qsrc" 30; check "${p}source QEMU quits" "$EXITED" 0
+    exited "$dsrc" 15; check "${p}source daemon exits 0 once its QEMU is gone" "$EXITED" 0
+    exited "$qdst" 300
+    [ "$EXITED" = running ] && kill -KILL "$qdst" 2>/dev/null
+    check "${p}destination guest ran to the end and powered off" "$EXITED" 0
+    exited "$ddst" 15; check "${p}destination daemon exits 0" "$EXITED" 0
+    local c="$LOGS/console-dst.log"
+    # The guest's own results, after the switch-over, from the destination's console.
+    local line n_ok=0
+    while IFS= read -r line; do
+        case "$line" in
+            "ok "*) n_ok=$((n_ok + 1)); result ok "${p}guest: ${line#ok [0-9]* }" ;;
+            "not ok "*) result fail "${p}guest: ${line#not ok [0-9]* }" \
+                "$(tr -d '\r' < "$c" | sed -n "/^${line//\//\\/}\$/,/^\(ok\|not ok\|#RUN\)/p" | grep '^#' | head -n 20)" ;;
+        esac
+    done < <(tr -d '\r' < "$c" | grep -E '^(ok|not ok) ')
+    grep -q '^#DONE' <(tr -d '\r' < "$c") || result fail "${p}guest finished on the destination" "$(tr -d '\r' < "$c" | tail -n 20)"
+    grep -q 'state sent' "$LOGS/daemon-src.log" \
+        && result ok "${p}source daemon sent its state" \
+        || result fail "${p}source daemon sent its state" "$(tail -n 5 "$LOGS/daemon-src.log")"
+    grep -q 'taken over' "$LOGS/daemon-dst.log" \
+        && result ok "${p}destination daemon took the state over" \
+        || result fail "${p}destination daemon took the state over" "$(tail -n 5 "$LOGS/daemon-dst.log")"
+    # The host sees every byte.
+    check "${p}host: the held write fd's line" "$(tr '\n' '|' < "$share/work/held-w")" "line 1|line 2 after migration|"
+    check "${p}host: file made in the cwd after" "$(cat "$share/work/created-after" 2>&1)" "made in cwd"
+    check "${p}host: file made in a new directory after" "$(cat "$share/work/newdir/new.txt" 2>&1)" "new"
+    check "${p}host: file removed after" "$([ -e "$share/work/dir/e0" ] && echo present || echo gone)" gone
+    check "${p}host: the 8 MiB file" "$(sha256sum "$share/work/big" | cut -d' ' -f1)" \
+        "$(sed -n 's/^#DATA big_sha256 //p' "$LOGS/console-src.log" | tr -d '\r' | tail -n 1)"
+    echo "# reads during the migration: $(sed -n 's/^#DATA reads_during //p' "$c" | tr -d '\r')"
+    umount -l "$share" 2>/dev/null
+}
+
+START=$SECONDS
+runs=(
+    "find-paths auto guest-error"
+    "find-paths always guest-error"
+    "file-handles auto abort"
+    "file-handles always abort"
+)
+i=0
+for r in "${runs[@]}"; do
+    i=$((i + 1))
+    [ -n "$ONLY" ] && [ "$ONLY" != "$i" ] && continue
+    # shellcheck disable=SC2086
+    one "$i" $r
+done
+echo "# migration tests took $((SECONDS - START)) s; logs in $OUT/migrate-*"
+echo "$PASSED passed, $FAILED failed"
+[ "$FAILED" -eq 0 ]
