@@ -17,6 +17,9 @@ use super::{Error, FsFrontend, Result};
 pub const LOG_PAGE: u64 = 4096;
 /// `VHOST_F_LOG_ALL`, set in `SET_FEATURES` while a migration runs.
 const VHOST_F_LOG_ALL: u64 = 1 << 26;
+/// `VHOST_VRING_F_LOG`: the flag bit of `SET_VRING_ADDR` that asks for the used ring's writes
+/// to be logged.
+const VHOST_VRING_F_LOG: u32 = 0;
 
 /// The dirty-page log handed to the daemon with `SET_LOG_BASE`: a memfd the daemon maps and
 /// sets one bit in per guest page it writes.
@@ -64,8 +67,9 @@ impl FsFrontend {
             .ok_or_else(|| Error::Config("not connected".into()))
     }
 
-    /// Starts dirty-page logging as QEMU does when a migration starts: `SET_FEATURES` with
-    /// `VHOST_F_LOG_ALL`, then `SET_LOG_BASE` with a log covering all guest memory.
+    /// Starts dirty-page logging as QEMU 10 does when a migration starts, on the running
+    /// device: `SET_LOG_BASE` with a log covering all guest memory, `SET_FEATURES` with
+    /// `VHOST_F_LOG_ALL`, then `SET_VRING_ADDR` again on every queue (with the log flag).
     pub fn start_dirty_log(&mut self) -> Result<DirtyLog> {
         let pages = self.mem.gpa_end().div_ceil(LOG_PAGE);
         // One bit per page, in whole 64-bit words.
@@ -79,8 +83,8 @@ impl FsFrontend {
         file.set_len(len)
             .map_err(|e| Error::io("size the dirty log", e))?;
         let acked = self.acked_features;
+        let addrs = self.vring_addrs.clone();
         let fe = self.connection()?;
-        fe.set_features(acked | VHOST_F_LOG_ALL)?;
         fe.set_log_base(
             0,
             Some(VhostUserDirtyLogRegion {
@@ -89,6 +93,12 @@ impl FsFrontend {
                 mmap_handle: file.as_raw_fd(),
             }),
         )?;
+        fe.set_features(acked | VHOST_F_LOG_ALL)?;
+        for (i, a) in addrs.iter().enumerate() {
+            let mut a = a.clone();
+            a.flags |= 1 << VHOST_VRING_F_LOG;
+            fe.set_vring_addr(i, &a)?;
+        }
         Ok(DirtyLog { file, len })
     }
 

@@ -254,6 +254,8 @@ pub struct FsFrontend {
     protocol_features: VhostUserProtocolFeatures,
     config: FrontendConfig,
     unique: Arc<AtomicU64>,
+    /// Each vring's addresses as sent with `SET_VRING_ADDR` (sent again when logging starts).
+    vring_addrs: Vec<vhost::VringConfigData>,
 }
 
 impl std::fmt::Debug for FsFrontend {
@@ -350,11 +352,14 @@ impl FsFrontend {
             timeout: config.timeout,
         };
         let mut queues = Vec::with_capacity(num_queues);
+        let mut vring_addrs = Vec::with_capacity(num_queues);
         for i in 0..num_queues {
             let q = Virtqueue::new(i, mem.clone(), &opts)?;
             fe.set_vring_num(i, q.size())?;
             fe.set_vring_base(i, config.initial_ring_index)?;
-            fe.set_vring_addr(i, &q.vring_config()?)?;
+            let addrs = q.vring_config()?;
+            fe.set_vring_addr(i, &addrs)?;
+            vring_addrs.push(addrs);
             fe.set_vring_kick(i, q.kick_fd())?;
             fe.set_vring_call(i, q.call_fd())?;
             queues.push(Some(q));
@@ -373,6 +378,7 @@ impl FsFrontend {
             protocol_features,
             config: config.clone(),
             unique: Arc::new(AtomicU64::new(0)),
+            vring_addrs,
         })
     }
 

@@ -23,7 +23,7 @@ use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
     VhostUserVirtioFeatures,
 };
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{DescriptorChain, QueueT};
@@ -34,13 +34,11 @@ use vmm_sys_util::event::{
 };
 
 use super::descriptor::{split_chain, DirtyLog, GuestMem, GuestMemory};
+pub use super::vring::Vring;
 use crate::error::Chain;
 use crate::filesystem::FileSystem;
 use crate::fuse::server::Server;
 use crate::migration;
-
-/// A virtqueue over guest memory with a dirty-page log.
-pub type Vring = VringRwLock<GuestMemoryAtomic<GuestMemory>>;
 
 /// Largest virtqueue the device accepts.
 pub const MAX_QUEUE_SIZE: usize = 32768;

@@ -5,5 +5,6 @@ pub mod backend;
 pub mod descriptor;
 #[cfg(test)]
 mod pool_tests;
+pub mod vring;
 
 pub use backend::FsBackend;
