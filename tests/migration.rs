@@ -329,29 +329,183 @@ fn with_abort_a_file_gone_fails_the_migration_and_the_destination_serves_nothing
 
 #[test]
 fn a_file_deleted_while_open_is_lost_with_find_paths_and_kept_with_file_handles() {
-    let mut modes = vec![guest_error(paths())];
+    // (mode, share on a file system of its own, kept)
+    let mut cases = vec![(guest_error(paths()), false, false)];
     if is_root() {
-        modes.push(guest_error(handles()));
+        cases.push((guest_error(handles()), true, true));
+        // A handle of a file with no name cannot be proven inside a share that is a directory
+        // of a larger file system.
+        cases.push((guest_error(handles()), false, false));
     }
-    for m in modes {
-        let opts = Options::default().migration(m);
+    for (m, whole, kept) in cases {
+        let mut opts = Options::default().migration(m);
+        if whole {
+            opts = opts.ext4_share();
+        }
         let mut src = source(opts.clone());
         let a = src.file("tmp", b"scratch");
         let fh = src.open(a, libc::O_RDWR);
         src.c.unlink(ROOT_ID, "tmp").unwrap();
         let other = src.file("other", b"other");
-        let (mut dst, loaded) = migrate(&mut src, opts);
+        let (mut dst, loaded) = migrate(&mut src, opts.ext4_share_off());
         loaded.unwrap();
-        match m.mode {
-            Mode::FindPaths => {
-                assert_eq!(dst.c.read(a, fh, 0, 10).unwrap_err(), libc::EBADF);
-            }
-            Mode::FileHandles => {
-                assert_eq!(dst.c.read(a, fh, 0, 10).unwrap(), b"scratch");
-            }
+        if kept {
+            assert_eq!(dst.c.read(a, fh, 0, 10).unwrap(), b"scratch");
+        } else {
+            assert_eq!(dst.c.read(a, fh, 0, 10).unwrap_err(), libc::EBADF, "{m:?}");
         }
         assert_eq!(read_node(&mut dst, other).unwrap(), b"other");
     }
+}
+
+#[test]
+fn a_file_handle_in_a_state_cannot_reach_outside_the_shared_directory() {
+    if !is_root() {
+        eprintln!("skipped: open_by_handle_at needs CAP_DAC_READ_SEARCH");
+        return;
+    }
+    use virtiofsd::migration::{open, seal, Decoder, Encoder};
+    let opts = Options::default().migration(guest_error(handles()));
+    let mut src = source(opts.clone());
+    src.file("inside", b"inside");
+    src.fe.stop_queues().unwrap();
+    let real = src.fe.save_state().unwrap();
+    let mut d = Decoder::new(open(&real).unwrap());
+    let mut session = d.section("session").unwrap();
+    let (mounted, offered, agreed) = (
+        session.bool("").unwrap(),
+        session.u64("").unwrap(),
+        session.u64("").unwrap(),
+    );
+    // The real handle of outside/secret, on the same file system as the share.
+    let (ty, bytes) = handle_of(&src.outside.join("secret"));
+    let mut e = Encoder::new();
+    let s = e.begin();
+    e.bool(mounted);
+    e.u64(offered);
+    e.u64(agreed);
+    e.end(s);
+    let s = e.begin();
+    e.u64(100);
+    e.u64(1);
+    e.u32(1);
+    e.u64(42);
+    e.u64(1);
+    e.u32(libc::S_IFREG);
+    e.u8(2);
+    e.i32(ty);
+    e.bytes(&bytes);
+    e.bool(false);
+    e.u32(0);
+    e.end(s);
+    let blob = seal(&e.into_bytes());
+    let (mut dst, loaded) = migrate_state(&src, &blob, opts);
+    loaded.unwrap();
+    assert_eq!(read_node(&mut dst, 42).unwrap_err(), libc::ESTALE);
+}
+
+/// `name_to_handle_at` of `path`: (handle type, bytes).
+fn handle_of(path: &std::path::Path) -> (i32, Vec<u8>) {
+    use std::os::unix::ffi::OsStrExt;
+    #[repr(C)]
+    struct Raw {
+        bytes: u32,
+        ty: i32,
+        f: [u8; 128],
+    }
+    let mut raw = Raw {
+        bytes: 128,
+        ty: 0,
+        f: [0; 128],
+    };
+    let mut mnt = 0;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `raw` is a `struct file_handle` with 128 bytes of room, as `bytes` says; the
+    // path is NUL-terminated and `mnt` a valid out-pointer.
+    let r = unsafe {
+        libc::name_to_handle_at(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            (&mut raw as *mut Raw).cast(),
+            &mut mnt,
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "name_to_handle_at: {}",
+        std::io::Error::last_os_error()
+    );
+    (raw.ty, raw.f[..raw.bytes as usize].to_vec())
+}
+
+#[test]
+fn ids_a_daemon_never_gives_are_refused() {
+    use virtiofsd::migration::{open, seal, Decoder, Encoder};
+    let opts = Options::default().migration(guest_error(paths()));
+    let mut src = source(opts.clone());
+    src.file("a", b"a");
+    src.fe.stop_queues().unwrap();
+    let real = src.fe.save_state().unwrap();
+    let mut d = Decoder::new(open(&real).unwrap());
+    let mut session = d.section("session").unwrap();
+    let (mounted, offered, agreed) = (
+        session.bool("").unwrap(),
+        session.u64("").unwrap(),
+        session.u64("").unwrap(),
+    );
+    let state = |next: u64, node: u64, handle: Option<u64>| {
+        let mut e = Encoder::new();
+        let s = e.begin();
+        e.bool(mounted);
+        e.u64(offered);
+        e.u64(agreed);
+        e.end(s);
+        let s = e.begin();
+        e.u64(next);
+        e.u64(next);
+        e.u32(1);
+        e.u64(node);
+        e.u64(1);
+        e.u32(libc::S_IFREG);
+        e.u8(1);
+        e.u32(1);
+        e.bytes(b"a");
+        e.bool(false);
+        match handle {
+            Some(h) => {
+                e.u32(1);
+                e.u64(h);
+                e.u64(node);
+                e.i32(libc::O_RDONLY);
+                e.u8(0);
+                e.bool(false);
+            }
+            None => e.u32(0),
+        }
+        e.end(s);
+        seal(&e.into_bytes())
+    };
+    for (what, blob) in [
+        ("next ids at the end of u64", state(u64::MAX, 5, None)),
+        ("node id 0", state(10, 0, None)),
+        ("node id past next", state(10, 12, None)),
+        ("handle u64::MAX", state(10, 5, Some(u64::MAX))),
+        ("handle 0", state(10, 5, Some(0))),
+    ] {
+        let (mut dst, loaded) = migrate_state(&src, &blob, opts.clone());
+        assert!(loaded.is_err(), "{what}: loaded");
+        assert!(dst.c.getattr(ROOT_ID, None).is_err(), "{what}: served");
+    }
+    // Sane ids load; the ids given later skip those restored.
+    let (mut dst, loaded) = migrate_state(&src, &state(10, 5, Some(7)), opts);
+    loaded.unwrap();
+    assert_eq!(dst.c.read(5, 7, 0, 10).unwrap(), b"a");
+    let b = dst.file("b", b"b");
+    assert!(b >= 10, "new node id {b}");
+    let fh = dst.open(b, libc::O_RDONLY);
+    assert!(fh >= 10, "new handle {fh}");
 }
 
 #[test]

@@ -95,7 +95,7 @@ impl FsFrontend {
         )?;
         fe.set_features(acked | VHOST_F_LOG_ALL)?;
         for (i, a) in addrs.iter().enumerate() {
-            let mut a = a.clone();
+            let mut a = *a;
             a.flags |= 1 << VHOST_VRING_F_LOG;
             fe.set_vring_addr(i, &a)?;
         }

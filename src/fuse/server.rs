@@ -303,8 +303,11 @@ impl<F: FileSystem> Server<F> {
                 )));
             }
         }
-        self.fs.load_state(&mut f)?;
-        f.finish()?;
+        if let Err(e) = self.fs.load_state(&mut f).and_then(|()| f.finish()) {
+            // Nothing of a refused state stays: not its nodes, not what INIT set up.
+            self.fs.destroy();
+            return Err(e);
+        }
         self.capable.store(capable, Ordering::Relaxed);
         self.options.store(options, Ordering::Relaxed);
         self.initialized.store(initialized, Ordering::Release);

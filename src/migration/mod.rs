@@ -60,7 +60,7 @@ pub const VERSION: u32 = 1;
 const HEADER_LEN: usize = 8 + 4 + 8;
 /// Most bytes a destination accepts as a state (memory stays bounded whatever the stream
 /// holds): room for millions of nodes.
-pub const MAX_STATE: usize = 1 << 30;
+pub const MAX_STATE: usize = 256 << 20;
 
 /// Why a state could not be made or used.
 #[derive(Debug, thiserror::Error)]

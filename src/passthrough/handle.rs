@@ -66,12 +66,14 @@ impl Default for HandleStore {
 
 impl HandleStore {
     pub fn insert(&self, data: HandleData) -> (u64, Arc<HandleData>) {
-        let h = self.next.fetch_add(1, Ordering::Relaxed);
         let data = Arc::new(data);
-        self.map
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(h, data.clone());
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        // Numbers restored by a migration may lie ahead of the counter: never give one twice.
+        let mut h = self.next.fetch_add(1, Ordering::Relaxed);
+        while map.contains_key(&h) || h == 0 {
+            h = self.next.fetch_add(1, Ordering::Relaxed);
+        }
+        map.insert(h, data.clone());
         (h, data)
     }
 

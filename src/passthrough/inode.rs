@@ -300,7 +300,11 @@ impl InodeStore {
         if maps.by_key.contains_key(&n.key) {
             return Err(n);
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // Ids restored by a migration may lie ahead of the counter: never give one twice.
+        let mut id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        while maps.by_id.contains_key(&id) || id == 0 {
+            id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        }
         let key = n.key;
         let data = Arc::new(InodeData::new(id, n));
         maps.by_key.insert(key, id);
@@ -424,7 +428,7 @@ impl InodeStore {
         maps.by_key.insert(key, id);
         maps.by_id.insert(id, data.clone());
         drop(maps);
-        self.reserve_ids(id + 1);
+        self.reserve_ids(id.saturating_add(1));
         Ok(data)
     }
 
@@ -468,7 +472,7 @@ impl InodeStore {
         data.refcount.store(refcount.max(1), Ordering::Relaxed);
         maps.by_id.insert(id, Arc::new(data));
         drop(maps);
-        self.reserve_ids(id + 1);
+        self.reserve_ids(id.saturating_add(1));
         true
     }
 

@@ -51,6 +51,9 @@ use crate::migration::{Decoder, Encoder, Mode, OnError, StateError};
 
 /// Deepest path sent (a longer parent chain means a loop).
 const MAX_DEPTH: usize = 4096;
+/// Node ids, handle numbers and the counters of both are below this in a state: a counter
+/// near `u64::MAX` would wrap to ids already given (0, the root).
+const MAX_ID: u64 = 1 << 62;
 
 /// Where the destination finds a node.
 enum Location {
@@ -364,9 +367,9 @@ impl PassthroughFs {
         Ok(cur)
     }
 
-    /// Takes over the nodes and handles of a state (see the module documentation).
+    /// Takes over the nodes and handles of a state (see the module documentation). A state
+    /// refused halfway leaves nothing of it behind.
     pub(super) fn load_migration_state(&self, input: &mut Decoder<'_>) -> Result<(), StateError> {
-        let opts = self.cfg.migration;
         if self.inodes.all().len() != 1 || !self.handles.all().is_empty() {
             return Err(StateError::Refused(
                 "this daemon holds nodes or handles already: a migration destination must be \
@@ -374,10 +377,26 @@ impl PassthroughFs {
                     .into(),
             ));
         }
+        let loaded = self.load_nodes_and_handles(input);
+        if loaded.is_err() {
+            self.handles.clear();
+            self.inodes.clear();
+        }
+        loaded
+    }
+
+    fn load_nodes_and_handles(&self, input: &mut Decoder<'_>) -> Result<(), StateError> {
+        let opts = self.cfg.migration;
         let next_node = input.u64("next node id")?;
         let next_handle = input.u64("next handle")?;
+        if next_node >= MAX_ID || next_handle >= MAX_ID {
+            return Err(StateError::invalid(
+                "next ids",
+                "beyond any id a daemon gives",
+            ));
+        }
         let n = input.count("nodes", 8 + 8 + 4 + 1 + 1)?;
-        let mut nodes = Vec::with_capacity(n);
+        let mut nodes = Vec::new();
         for _ in 0..n {
             nodes.push(read_node(input)?);
         }
@@ -403,8 +422,11 @@ impl PassthroughFs {
             if node.id == ROOT_ID {
                 continue;
             }
-            if node.id == 0 {
-                return Err(StateError::invalid("node id", "0 is not a node id"));
+            if node.id == 0 || node.id >= next_node {
+                return Err(StateError::invalid(
+                    "node id",
+                    format!("{} (ids are 1 to {})", node.id, next_node.saturating_sub(1)),
+                ));
             }
             let what = match &node.location {
                 Location::Path(p) => show(p),
@@ -444,6 +466,9 @@ impl PassthroughFs {
         let mut dropped = 0usize;
         for _ in 0..n {
             let h = input.u64("handle")?;
+            if h == 0 || h >= next_handle {
+                return Err(StateError::invalid("handle", format!("{h}")));
+            }
             let inode = input.u64("handle's node")?;
             let flags = input.i32("handle's flags")?;
             let listing = match input.u8("handle's listing")? {
@@ -502,14 +527,33 @@ impl PassthroughFs {
                 let root_fd = root.opened_fd().ok_or_else(|| error(libc::EBADF))?;
                 let mount_fd = mount_fd.ok_or_else(|| error(libc::EBADF))?;
                 let fd = h.open(mount_fd.as_fd(), open_path_flags())?;
-                // A handle names any file of the file system: only one below the root is taken.
+                // A handle names any file of the file system, inside the shared directory or not.
+                // One with a name is taken when that name, opened from the root one component
+                // at a time, is the same file; one without (deleted while open) only when the
+                // shared directory is its whole file system.
                 match self.fd_path(fd.as_fd()) {
-                    Ok(_) => {}
-                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                        // Deleted but open (on the source): on the root's file system only.
-                        let root_st = sys::stat_fd(root_fd)?;
-                        if sys::stat_fd(fd.as_fd())?.st_dev != root_st.st_dev {
+                    Ok(names) => {
+                        let st = sys::stat_fd(fd.as_fd())?;
+                        let there = self
+                            .open_beneath(&names)
+                            .and_then(|f| sys::stat_fd(f.as_fd()));
+                        if !there.is_ok_and(|t| t.st_dev == st.st_dev && t.st_ino == st.st_ino) {
+                            log::warn!(
+                                "migration: node {}'s file handle names a file outside the shared \
+                                 directory; refused",
+                                node.id
+                            );
                             return Err(error(libc::EXDEV));
+                        }
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                        if !self.share_is_whole_mount(root_fd, &root)? {
+                            log::warn!(
+                                "migration: node {} was deleted while open; it is kept only when \
+                                 the shared directory is the root of its file system",
+                                node.id
+                            );
+                            return Err(error(libc::ENOENT));
                         }
                     }
                     Err(e) => return Err(e),
@@ -554,6 +598,21 @@ impl PassthroughFs {
         })
     }
 
+    /// Whether the shared directory is the root of its file system and its mount's root (then
+    /// every file a handle on that mount reaches is inside it).
+    fn share_is_whole_mount(&self, root_fd: BorrowedFd<'_>, root: &InodeData) -> io::Result<bool> {
+        let info = std::fs::read("/proc/self/mountinfo")?;
+        let here = self.proc_link(root_fd)?;
+        for line in info.split(|b| *b == b'\n') {
+            let f: Vec<&[u8]> = line.split(|b| *b == b' ').collect();
+            if f.len() < 5 || f[0] != root.key.mnt_id.to_string().as_bytes() {
+                continue;
+            }
+            return Ok(f[3] == b"/" && unescape(f[4]) == here);
+        }
+        Ok(false)
+    }
+
     /// Opens a saved handle again and adds it under its number.
     fn restore_handle(
         &self,
@@ -582,6 +641,12 @@ impl PassthroughFs {
             if node.key.kind != libc::S_IFREG {
                 return Err(error(libc::EBADF));
             }
+            match flags & libc::O_ACCMODE {
+                libc::O_RDONLY => {}
+                libc::O_WRONLY | libc::O_RDWR if !self.cfg.readonly => {}
+                libc::O_WRONLY | libc::O_RDWR => return Err(error(libc::EROFS)),
+                _ => return Err(error(libc::EINVAL)),
+            }
             let file = self.open_node(&node, (flags & KEPT_FLAGS) | libc::O_CLOEXEC)?;
             HandleData::file(inode, file)
         };
@@ -597,6 +662,28 @@ impl PassthroughFs {
     }
 }
 
+/// A path from `/proc/self/mountinfo`, its `\ooo` escapes undone.
+fn unescape(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        if field[i] == b'\\' && field.len() >= i + 4 {
+            let oct = &field[i + 1..i + 4];
+            if let Some(v) = std::str::from_utf8(oct)
+                .ok()
+                .and_then(|o| u8::from_str_radix(o, 8).ok())
+            {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(field[i]);
+        i += 1;
+    }
+    out
+}
+
 fn read_handle(input: &mut Decoder<'_>, what: &'static str) -> Result<FileHandle, StateError> {
     let t = input.i32(what)?;
     let b = input.bytes(what)?;
@@ -606,7 +693,8 @@ fn read_handle(input: &mut Decoder<'_>, what: &'static str) -> Result<FileHandle
 
 fn read_node(input: &mut Decoder<'_>) -> Result<SavedNode, StateError> {
     let id = input.u64("node id")?;
-    let refcount = input.u64("node's references")?;
+    // A guest holds fewer references than it can make requests.
+    let refcount = input.u64("node's references")?.min(MAX_ID);
     let kind = input.u32("node's type")?;
     if kind & !libc::S_IFMT != 0 || kind == 0 {
         return Err(StateError::invalid("node's type", format!("{kind:o}")));

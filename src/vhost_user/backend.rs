@@ -530,10 +530,23 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
                 "state transfer is only done with the device stopped",
             ));
         }
+        if matches!(direction, VhostTransferStateDirection::SAVE)
+            && self
+                .in_flight
+                .per_queue
+                .iter()
+                .any(|c| c.load(Ordering::Acquire) != 0)
+        {
+            // The state of a device still answering requests would be out of date at once.
+            return Err(io::Error::other(
+                "state saved with requests in flight: stop the queues first (GET_VRING_BASE)",
+            ));
+        }
         let mut slot = self.transfer.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(old) = slot.take() {
-            // A transfer the frontend never checked: its result goes nowhere.
-            let _ = old.join();
+        if slot.take().is_some() {
+            // A transfer the frontend never checked: it is left to finish on its own (a load
+            // may still wait for bytes that never come), and its result goes nowhere.
+            warn!("migration: a new state transfer replaces one that was never checked");
         }
         let server = self.server.clone();
         let job = match direction {

@@ -217,6 +217,13 @@ impl Options {
         self
     }
 
+    /// The same options without `ext4_share` (a migration destination serves its source's
+    /// file system, mounted already).
+    pub fn ext4_share_off(mut self) -> Self {
+        self.ext4_share = false;
+        self
+    }
+
     pub fn killpriv_v2(mut self) -> Self {
         self.killpriv_v2 = true;
         self
