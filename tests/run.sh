@@ -27,6 +27,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 tests/guest-run.sh --kernel all
 
+echo "== live migration: two QEMUs, two daemons, QMP migrate (6.12 guest)"
+tests/guest/migrate.sh --no-build
+
 echo "== packaging: install layout, systemd units, man page, socket activation, examples"
 tests/packaging.sh
 
