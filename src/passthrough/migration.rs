@@ -124,7 +124,8 @@ impl PassthroughFs {
             let location = self.locate(node);
             if let Location::Lost(e) = location {
                 let err = io::Error::from_raw_os_error(e);
-                if opts.on_error == OnError::Abort {
+                // Out of descriptors or memory says nothing about the file: never a lost node.
+                if opts.on_error == OnError::Abort || super::is_resource_shortage(&err) {
                     return Err(io_error(
                         format!(
                             "node {} cannot be found again on the destination (the migration \
@@ -440,7 +441,7 @@ impl PassthroughFs {
                     }
                 }
                 Err(e) => {
-                    if opts.on_error == OnError::Abort {
+                    if opts.on_error == OnError::Abort || super::is_resource_shortage(&e) {
                         return Err(io_error(
                             format!(
                                 "node {} at {what} cannot be found again (the migration is \
@@ -480,7 +481,7 @@ impl PassthroughFs {
             let is_dir = input.bool("handle is a directory")?;
             match self.restore_handle(h, inode, flags, is_dir, listing) {
                 Ok(()) => {}
-                Err(e) if opts.on_error == OnError::Abort => {
+                Err(e) if opts.on_error == OnError::Abort || super::is_resource_shortage(&e) => {
                     return Err(io_error(
                         format!("handle {h} of node {inode} cannot be opened again"),
                         e,
