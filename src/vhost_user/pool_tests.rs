@@ -176,3 +176,47 @@ fn a_flooded_pool_resumes_every_queue_without_event_index() {
 fn a_flooded_pool_resumes_several_queues_with_event_index() {
     flood(3, 2, 60, true);
 }
+
+/// A migration stops the queues (`GET_VRING_BASE`) and then copies guest memory one last time:
+/// a reply written after that would never reach the destination. Stopping a queue waits for
+/// the request in flight on it, with a thread pool and without.
+#[test]
+fn stopping_a_queue_waits_for_the_requests_in_flight() {
+    for pool in [0, 2] {
+        let mut d = start(pool);
+        let cfg = FrontendConfig {
+            mem_size: 32 << 20,
+            client_arena_size: 2 << 20,
+            timeout: Duration::from_secs(10),
+            ..Default::default()
+        };
+        let mut fe = FsFrontend::connect_with(&d.path, 1, &cfg).unwrap();
+        let mut c = fe.client(0).unwrap();
+        c.init().unwrap();
+        let t = c.enqueue(opcode::GETATTR, 7, &[&[0u8; 16]], 120).unwrap();
+        c.publish().unwrap();
+        wait_for("the request to block", || {
+            d.gate.entered.load(Ordering::SeqCst) == 1
+        });
+        let stopper = std::thread::spawn(move || {
+            let bases = fe.stop_queues().unwrap();
+            (fe, bases)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !stopper.is_finished(),
+            "pool {pool}: GET_VRING_BASE answered with a request in flight"
+        );
+        d.gate.release();
+        let (mut fe, bases) = stopper.join().unwrap();
+        assert_eq!(bases[1], 2, "pool {pool}: INIT and the GETATTR were taken");
+        // The reply is in the used ring already.
+        let r = c.wait(t).unwrap();
+        assert_eq!(r.error, 0);
+        drop(c);
+        fe.disconnect();
+        let th = d.thread.take().unwrap();
+        wait_for("the device to stop", || th.is_finished());
+        th.join().unwrap();
+    }
+}
