@@ -30,6 +30,7 @@ pub mod fuse;
 pub mod idmap;
 pub mod logging;
 pub mod migration;
+pub mod mountinfo;
 pub mod passthrough;
 pub mod sandbox;
 pub mod socket_lock;

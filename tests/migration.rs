@@ -65,6 +65,44 @@ fn migrate_state(src: &Daemon, state: &[u8], opts: Options) -> (Daemon, Result<(
     (dst, loaded)
 }
 
+/// The session part of a real state of `src` (its queues stopped here), to forge states with.
+fn real_session(src: &mut Daemon) -> (bool, u64, u64) {
+    use virtiofsd::migration::{open, Decoder};
+    src.fe.stop_queues().unwrap();
+    let real = src.fe.save_state().unwrap();
+    let mut d = Decoder::new(open(&real).unwrap());
+    let mut s = d.section("session").unwrap();
+    (s.bool("").unwrap(), s.u64("").unwrap(), s.u64("").unwrap())
+}
+
+/// A sealed state: `session`, then the file system's section as `fs` writes it.
+fn forged(
+    session: (bool, u64, u64),
+    fs: impl FnOnce(&mut virtiofsd::migration::Encoder),
+) -> Vec<u8> {
+    let mut e = virtiofsd::migration::Encoder::new();
+    let s = e.begin();
+    e.bool(session.0);
+    e.u64(session.1);
+    e.u64(session.2);
+    e.end(s);
+    let s = e.begin();
+    fs(&mut e);
+    e.end(s);
+    virtiofsd::migration::seal(&e.into_bytes())
+}
+
+/// The start of a forged file-system section: ids below `next`, one regular file `id` with one
+/// reference, whose location follows.
+fn one_node(e: &mut virtiofsd::migration::Encoder, next: u64, id: u64) {
+    e.u64(next);
+    e.u64(next);
+    e.u32(1);
+    e.u64(id);
+    e.u64(1);
+    e.u32(libc::S_IFREG);
+}
+
 fn source(opts: Options) -> Daemon {
     let _ = env_logger::builder().is_test(true).try_init();
     Daemon::with(opts)
@@ -364,41 +402,20 @@ fn a_file_handle_in_a_state_cannot_reach_outside_the_shared_directory() {
         eprintln!("skipped: open_by_handle_at needs CAP_DAC_READ_SEARCH");
         return;
     }
-    use virtiofsd::migration::{open, seal, Decoder, Encoder};
     let opts = Options::default().migration(guest_error(handles()));
     let mut src = source(opts.clone());
     src.file("inside", b"inside");
-    src.fe.stop_queues().unwrap();
-    let real = src.fe.save_state().unwrap();
-    let mut d = Decoder::new(open(&real).unwrap());
-    let mut session = d.section("session").unwrap();
-    let (mounted, offered, agreed) = (
-        session.bool("").unwrap(),
-        session.u64("").unwrap(),
-        session.u64("").unwrap(),
-    );
+    let session = real_session(&mut src);
     // The real handle of outside/secret, on the same file system as the share.
     let (ty, bytes) = handle_of(&src.outside.join("secret"));
-    let mut e = Encoder::new();
-    let s = e.begin();
-    e.bool(mounted);
-    e.u64(offered);
-    e.u64(agreed);
-    e.end(s);
-    let s = e.begin();
-    e.u64(100);
-    e.u64(1);
-    e.u32(1);
-    e.u64(42);
-    e.u64(1);
-    e.u32(libc::S_IFREG);
-    e.u8(2);
-    e.i32(ty);
-    e.bytes(&bytes);
-    e.bool(false);
-    e.u32(0);
-    e.end(s);
-    let blob = seal(&e.into_bytes());
+    let blob = forged(session, |e| {
+        one_node(e, 100, 42);
+        e.u8(2);
+        e.i32(ty);
+        e.bytes(&bytes);
+        e.bool(false);
+        e.u32(0);
+    });
     let (mut dst, loaded) = migrate_state(&src, &blob, opts);
     loaded.unwrap();
     assert_eq!(read_node(&mut dst, 42).unwrap_err(), libc::ESTALE);
@@ -442,50 +459,29 @@ fn handle_of(path: &std::path::Path) -> (i32, Vec<u8>) {
 
 #[test]
 fn ids_a_daemon_never_gives_are_refused() {
-    use virtiofsd::migration::{open, seal, Decoder, Encoder};
     let opts = Options::default().migration(guest_error(paths()));
     let mut src = source(opts.clone());
     src.file("a", b"a");
-    src.fe.stop_queues().unwrap();
-    let real = src.fe.save_state().unwrap();
-    let mut d = Decoder::new(open(&real).unwrap());
-    let mut session = d.section("session").unwrap();
-    let (mounted, offered, agreed) = (
-        session.bool("").unwrap(),
-        session.u64("").unwrap(),
-        session.u64("").unwrap(),
-    );
+    let session = real_session(&mut src);
     let state = |next: u64, node: u64, handle: Option<u64>| {
-        let mut e = Encoder::new();
-        let s = e.begin();
-        e.bool(mounted);
-        e.u64(offered);
-        e.u64(agreed);
-        e.end(s);
-        let s = e.begin();
-        e.u64(next);
-        e.u64(next);
-        e.u32(1);
-        e.u64(node);
-        e.u64(1);
-        e.u32(libc::S_IFREG);
-        e.u8(1);
-        e.u32(1);
-        e.bytes(b"a");
-        e.bool(false);
-        match handle {
-            Some(h) => {
-                e.u32(1);
-                e.u64(h);
-                e.u64(node);
-                e.i32(libc::O_RDONLY);
-                e.u8(0);
-                e.bool(false);
+        forged(session, |e| {
+            one_node(e, next, node);
+            e.u8(1);
+            e.u32(1);
+            e.bytes(b"a");
+            e.bool(false);
+            match handle {
+                Some(h) => {
+                    e.u32(1);
+                    e.u64(h);
+                    e.u64(node);
+                    e.i32(libc::O_RDONLY);
+                    e.u8(0);
+                    e.bool(false);
+                }
+                None => e.u32(0),
             }
-            None => e.u32(0),
-        }
-        e.end(s);
-        seal(&e.into_bytes())
+        })
     };
     for (what, blob) in [
         ("next ids at the end of u64", state(u64::MAX, 5, None)),
@@ -592,43 +588,21 @@ fn a_destination_with_other_options_or_a_session_refuses_the_state() {
 fn a_state_cannot_reach_outside_the_shared_directory() {
     // Made by hand, as a forger would: a path of names the decoder must refuse, and one that
     // goes through a symlink pointing outside.
-    use virtiofsd::migration::{open, seal, Decoder, Encoder};
     let opts = Options::default().migration(guest_error(paths()));
     let mut src = source(opts.clone());
     std::os::unix::fs::symlink(&src.outside, src.host("out")).unwrap();
-    src.fe.stop_queues().unwrap();
-    let real = src.fe.save_state().unwrap();
-    // The source's session, as it is.
-    let mut d = Decoder::new(open(&real).unwrap());
-    let mut session = d.section("session").unwrap();
-    let (mounted, offered, agreed) = (
-        session.bool("").unwrap(),
-        session.u64("").unwrap(),
-        session.u64("").unwrap(),
-    );
+    let session = real_session(&mut src);
     let state = |path: &[&[u8]]| {
-        let mut e = Encoder::new();
-        let s = e.begin();
-        e.bool(mounted);
-        e.u64(offered);
-        e.u64(agreed);
-        e.end(s);
-        let s = e.begin();
-        e.u64(100);
-        e.u64(1);
-        e.u32(1);
-        e.u64(42);
-        e.u64(1);
-        e.u32(libc::S_IFREG);
-        e.u8(1);
-        e.u32(path.len() as u32);
-        for n in path {
-            e.bytes(n);
-        }
-        e.bool(false);
-        e.u32(0);
-        e.end(s);
-        seal(&e.into_bytes())
+        forged(session, |e| {
+            one_node(e, 100, 42);
+            e.u8(1);
+            e.u32(path.len() as u32);
+            for n in path {
+                e.bytes(n);
+            }
+            e.bool(false);
+            e.u32(0);
+        })
     };
     for path in [
         &[&b".."[..], b"outside", b"secret"][..],

@@ -609,7 +609,7 @@ impl PassthroughFs {
             if f.len() < 5 || f[0] != root.key.mnt_id.to_string().as_bytes() {
                 continue;
             }
-            return Ok(f[3] == b"/" && unescape(f[4]) == here);
+            return Ok(f[3] == b"/" && crate::mountinfo::unescape(f[4]) == here);
         }
         Ok(false)
     }
@@ -661,28 +661,6 @@ impl PassthroughFs {
             .unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&data);
         Ok(())
     }
-}
-
-/// A path from `/proc/self/mountinfo`, its `\ooo` escapes undone.
-fn unescape(field: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(field.len());
-    let mut i = 0;
-    while i < field.len() {
-        if field[i] == b'\\' && field.len() >= i + 4 {
-            let oct = &field[i + 1..i + 4];
-            if let Some(v) = std::str::from_utf8(oct)
-                .ok()
-                .and_then(|o| u8::from_str_radix(o, 8).ok())
-            {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(field[i]);
-        i += 1;
-    }
-    out
 }
 
 fn read_handle(input: &mut Decoder<'_>, what: &'static str) -> Result<FileHandle, StateError> {

@@ -198,31 +198,6 @@ fn remount_nodev(path: &Path) -> Result<(), Error> {
     })
 }
 
-/// Undoes the octal escapes of a path in `/proc/self/mountinfo` (`\040` for a space, `\011`,
-/// `\012`, `\134`).
-fn unescape_mountinfo(field: &str) -> Vec<u8> {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = |j: usize| b.get(j).filter(|c| (b'0'..=b'7').contains(c)).copied();
-        if b[i] == b'\\' {
-            if let (Some(x), Some(y), Some(z)) = (octal(i + 1), octal(i + 2), octal(i + 3)) {
-                let v =
-                    (u32::from(x - b'0') << 6) | (u32::from(y - b'0') << 3) | u32::from(z - b'0');
-                if let Ok(v) = u8::try_from(v) {
-                    out.push(v);
-                    i += 4;
-                    continue;
-                }
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    out
-}
-
 /// The mount points of `mountinfo` (the text of `/proc/self/mountinfo`) at `dir` or below it,
 /// each once, in the order listed.
 fn mount_points_under(mountinfo: &str, dir: &Path) -> Vec<std::path::PathBuf> {
@@ -232,7 +207,9 @@ fn mount_points_under(mountinfo: &str, dir: &Path) -> Vec<std::path::PathBuf> {
         let Some(field) = line.split(' ').nth(4) else {
             continue;
         };
-        let p = std::path::PathBuf::from(std::ffi::OsString::from_vec(unescape_mountinfo(field)));
+        let p = std::path::PathBuf::from(std::ffi::OsString::from_vec(crate::mountinfo::unescape(
+            field,
+        )));
         if p.starts_with(dir) && !out.contains(&p) {
             out.push(p);
         }
@@ -323,11 +300,11 @@ mod tests {
     #[test]
     fn mountinfo_paths_are_unescaped() {
         assert_eq!(
-            unescape_mountinfo(r"/a\040b\011c\012d\134e"),
+            crate::mountinfo::unescape(r"/a\040b\011c\012d\134e"),
             b"/a b\tc\nd\\e"
         );
         // Not an escape: kept as it is.
-        assert_eq!(unescape_mountinfo(r"/x\09y\"), b"/x\\09y\\");
+        assert_eq!(crate::mountinfo::unescape(r"/x\09y\"), b"/x\\09y\\");
     }
 
     #[test]
