@@ -679,3 +679,31 @@ fn dirty_log_marks_every_page_a_read_reply_filled() {
     assert!(log.dirty_pages().unwrap().is_empty());
     let _ = fs::metadata(d.host("big")).unwrap().ino();
 }
+
+#[test]
+fn id_translation_goes_on_after_the_migration() {
+    if !is_root() {
+        eprintln!("skipped: the translation to host ids needs to chown");
+        return;
+    }
+    // Both daemons are started with the same mapping, as a launcher would.
+    let opts = Options::default().translate_uid(&["map:0:100000:65536"]);
+    let mut src = source(opts.clone());
+    // The shared directory belongs to the guest's root, as the host sees it.
+    std::os::unix::fs::chown(&src.share, Some(100_000), Some(0)).unwrap();
+    let before = src.file("before", b"x");
+    std::os::unix::fs::chown(src.host("before"), Some(100_000), Some(0)).unwrap();
+    let (mut dst, loaded) = migrate(&mut src, opts);
+    loaded.unwrap();
+    assert_eq!(dst.c.getattr(before, None).unwrap().attr.uid, 0);
+    let (e, _) = dst
+        .c
+        .create(ROOT_ID, "after", libc::O_RDWR as u32, 0o644, 0)
+        .unwrap();
+    assert_eq!(e.attr.uid, 0, "guest view");
+    assert_eq!(
+        fs::metadata(dst.host("after")).unwrap().uid(),
+        100_000,
+        "host view"
+    );
+}
