@@ -61,6 +61,9 @@ const STOP_WAIT: Duration = Duration::from_secs(10);
 /// destination.
 struct InFlight {
     per_queue: Vec<AtomicUsize>,
+    /// Threads in [`InFlight::wait_idle`]: a chain answered wakes them only when there are some
+    /// (a condition variable's wake-up is a system call, too dear for every request).
+    waiters: AtomicUsize,
     idle: Condvar,
     lock: Mutex<()>,
 }
@@ -69,6 +72,7 @@ impl InFlight {
     fn new(queues: usize) -> Self {
         InFlight {
             per_queue: (0..queues).map(|_| AtomicUsize::new(0)).collect(),
+            waiters: AtomicUsize::new(0),
             idle: Condvar::new(),
             lock: Mutex::new(()),
         }
@@ -78,14 +82,15 @@ impl InFlight {
     /// that finds the ring not ready and the count at zero knows no chain is being taken.
     fn enter(&self, queue: usize) {
         if let Some(c) = self.per_queue.get(queue) {
-            c.fetch_add(1, Ordering::AcqRel);
+            c.fetch_add(1, Ordering::SeqCst);
         }
     }
 
     /// One chain of `queue` fewer in flight (returned, or none was popped).
     fn leave(&self, queue: usize) {
         if let Some(c) = self.per_queue.get(queue) {
-            if c.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // SeqCst with the waiter's: either it sees the count at zero, or this sees it.
+            if c.fetch_sub(1, Ordering::SeqCst) == 1 && self.waiters.load(Ordering::SeqCst) > 0 {
                 let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
                 self.idle.notify_all();
             }
@@ -98,19 +103,25 @@ impl InFlight {
             return true;
         };
         let deadline = Instant::now() + limit;
+        self.waiters.fetch_add(1, Ordering::SeqCst);
         let mut guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
-        while c.load(Ordering::Acquire) != 0 {
+        let mut idle = true;
+        while c.load(Ordering::SeqCst) != 0 {
             let now = Instant::now();
             if now >= deadline {
-                return false;
+                idle = false;
+                break;
             }
+            // A short timeout as well: the count is read outside the lock by `leave`.
             guard = self
                 .idle
                 .wait_timeout(guard, (deadline - now).min(Duration::from_millis(10)))
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        true
+        drop(guard);
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        idle
     }
 }
 

@@ -13,7 +13,6 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use vhost_user_backend::bitmap::BitmapMmapRegion;
 use virtio_queue::DescriptorChain;
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryLoadGuard, GuestMemoryMmap};
@@ -23,7 +22,7 @@ use crate::fuse::io::{Reader, Writer, ZeroCopyReader, ZeroCopyWriter};
 /// The dirty-page log of a guest memory region: empty until the frontend starts a migration
 /// (`SET_LOG_BASE`), then every page the device writes is marked in it, so that the frontend
 /// sends that page to the destination again.
-pub type DirtyLog = BitmapMmapRegion;
+pub use super::dirty_log::DirtyLog;
 /// Guest memory, with a dirty-page log per region.
 pub type GuestMemory = GuestMemoryMmap<DirtyLog>;
 /// Guest memory as the queues see it.

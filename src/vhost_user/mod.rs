@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod descriptor;
+mod dirty_log;
 #[cfg(test)]
 mod pool_tests;
 pub mod vring;
