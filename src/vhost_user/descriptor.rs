@@ -122,7 +122,7 @@ impl Default for SliceVec<'_> {
 impl<'a> SliceVec<'a> {
     pub fn new() -> Self {
         SliceVec {
-            inline: std::array::from_fn(|_| MaybeUninit::uninit()),
+            inline: [MaybeUninit::uninit(); INLINE_SLICES],
             len: 0,
             heap: Vec::new(),
             spilled: false,
@@ -137,12 +137,7 @@ impl<'a> SliceVec<'a> {
             self.len += 1;
         } else {
             let mut heap = Vec::with_capacity(INLINE_SLICES * 2);
-            for slot in &self.inline[..self.len] {
-                // SAFETY: the first `len` inline entries were written by `push`; each is read
-                // out once, and `len` is set to 0 below so that none is read or dropped again.
-                heap.push(unsafe { slot.assume_init_read() });
-            }
-            self.len = 0;
+            heap.extend_from_slice(&self[..]);
             heap.push(s);
             self.heap = heap;
             self.spilled = true;
@@ -153,20 +148,8 @@ impl<'a> SliceVec<'a> {
         if self.spilled {
             self.heap.truncate(n);
         } else {
-            while self.len > n {
-                self.len -= 1;
-                // SAFETY: entry `len` (before the decrement, `len - 1` after) was written by
-                // `push` and is now past `len`, so it is dropped once and never read again.
-                unsafe { self.inline[self.len].assume_init_drop() };
-            }
+            self.len = self.len.min(n);
         }
-    }
-}
-
-impl Drop for SliceVec<'_> {
-    fn drop(&mut self) {
-        // Inline entries hold a reference on their region's dirty log: release them.
-        self.truncate(0);
     }
 }
 
@@ -177,8 +160,8 @@ impl<'a> std::ops::Deref for SliceVec<'a> {
         if self.spilled {
             &self.heap
         } else {
-            // SAFETY: the first `len` inline entries were written by `push` and are dropped
-            // only past `len` (`truncate`); `MaybeUninit<T>` has `T`'s layout.
+            // SAFETY: the first `len` inline entries were written by `push` (and never
+            // de-initialised: `VolatileSlice` is `Copy`); `MaybeUninit<T>` has `T`'s layout.
             unsafe { std::slice::from_raw_parts(self.inline.as_ptr().cast(), self.len) }
         }
     }
@@ -434,11 +417,11 @@ impl Writer for ChainWriter<'_> {
         }
         let mut tail = SliceVec::new();
         if at < self.segs.slices.len() {
-            let s = self.segs.slices[at].clone();
+            let s = self.segs.slices[at];
             let bad = |_| io::Error::from(io::ErrorKind::InvalidInput);
             tail.push(s.offset(rem).map_err(bad)?);
-            for rest in &self.segs.slices[at + 1..] {
-                tail.push(rest.clone());
+            for &rest in &self.segs.slices[at + 1..] {
+                tail.push(rest);
             }
             if rem == 0 {
                 self.segs.slices.truncate(at);
