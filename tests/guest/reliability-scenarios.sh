@@ -88,3 +88,48 @@ $(ls -l "$s/fio" 2>&1)"
         fi
     done
 }
+
+# --- full --------------------------------------------------------------------------------------
+# loop_ext4 DIR SIZE MKFS_ARGS...: DIR becomes a mounted ext4 of SIZE (no reserved blocks, no
+# lazy initialisation, so nothing changes it in the background)
+loop_ext4() {
+    local dir="$1" size="$2"; shift 2
+    mkdir -p "$dir"
+    truncate -s "$size" "$dir.img" &&
+        mkfs.ext4 -q -F -b 4096 -m 0 -E lazy_itable_init=0,lazy_journal_init=0 "$@" "$dir.img" &&
+        mount -o loop,noatime "$dir.img" "$dir" && MOUNTS+=("$dir")
+}
+
+scenario_full() {
+    scen_dir full
+    local d="$WORK/full" l="$OUT/full" name
+    if ! loop_ext4 "$d/blocks" 16M || ! loop_ext4 "$d/inodes" 16M -N 64; then
+        result fail "full: loop-mounted ext4 file systems" "mkfs or mount failed"
+        return
+    fi
+    echo "# blocks: $(df -B4k --output=size,avail "$d/blocks" | tail -1); inodes: $(df -i "$d/inodes" | tail -1)"
+    local -A dpid
+    for name in blocks inodes; do
+        start_daemon "$d/$name.sock" "$d/$name" "$l/daemon-$name.log" --xattr --cache auto
+        dpid[$name]=$DPID
+        wait_socket "$d/$name.sock" || { result fail "full: daemon $name listens" "$(tail -n 5 "$l/daemon-$name.log")"; return; }
+    done
+    start_qemu "$l" full "" "$d/blocks.sock=share" "$d/inodes.sock=inodes"
+    run_guest "$l" no_handler
+    guest_end "full: " "$l"
+    for name in blocks inodes; do
+        daemon_end "full: $name: " "${dpid[$name]}" "$l/daemon-$name.log"
+        local out
+        if out="$(cd "$d/$name/seed" 2>&1 && sha256sum -c SHA256SUMS 2>&1)" && [ "$(grep -c ': OK$' <<<"$out")" = 3 ]; then
+            result ok "full: $name: host: files written before the fs filled are intact" "$out"
+        else
+            result fail "full: $name: host: files written before the fs filled are intact" "$out"
+        fi
+    done
+    check "full: blocks: host: the file written after freeing space" \
+        "$(sha256sum "$d/blocks/after" 2>&1 | cut -d' ' -f1)" "$(data_of "$l/console.log" after_sha256)" sha256
+    echo "# inode share: the guest made $(data_of "$l/console.log" inodes_created) files before ENOSPC"
+    local errs
+    errs="$(cat "$l"/daemon-*.log | grep -cE '\b(ERROR|panic)' || true)"
+    check "full: host: no ERROR or panic in the daemons' logs" "$errs" 0 "lines"
+}
