@@ -286,7 +286,7 @@ run_guest() {
             "$handler" "$m"
         done
     done
-    wait "$QPID"; QRC=$?
+    { wait "$QPID"; } 2>/dev/null; QRC=$?
     forget_pid "$QPID"
     echo "# guest ran $((SECONDS - t0))s"
 }
