@@ -193,7 +193,8 @@ kill_daemon_run() {
     local t0=$SECONDS
     while [ "$(fsynced_count "$l/console.log")" -lt 5 ]; do
         if [ $((SECONDS - t0)) -gt "$TIMEOUT" ] || ! kill -0 "$QPID" 2>/dev/null; then
-            result fail "$name: the guest fsync'ed 5 files" "$(tr -d '\r' < "$l/console.log" | tail -n 20)"
+            [ "${KD_QUIET:-0}" = 1 ] || result fail "$name: the guest fsync'ed 5 files" "$(tr -d '\r' < "$l/console.log" | tail -n 20)"
+            { wait "$QPID"; } 2>/dev/null; forget_pid "$QPID"
             return 1
         fi
         sleep 0.1
@@ -258,14 +259,28 @@ scenario_kill_daemon() {
 # --- reconnect (a measurement) -----------------------------------------------------------------
 scenario_reconnect() {
     scen_dir reconnect
-    CHARDEV_OPTS=",reconnect-ms=500"
+    local l="$OUT/reconnect"
+    CHARDEV_OPTS=",${RECONNECT_OPT:-reconnect-ms=500}"
     KD_WATCH=20
-    kill_daemon_run reconnect || { CHARDEV_OPTS=""; return; }
-    CHARDEV_OPTS=""; KD_WATCH=5
+    KD_QUIET=1
+    if ! kill_daemon_run reconnect; then
+        CHARDEV_OPTS=""; KD_WATCH=5; KD_QUIET=0
+        # QEMU 10: the chardev connects asynchronously with reconnect-ms and vhost-user-fs does
+        # not wait for it, so the device fails to realize (recorded in doc/reliability.md)
+        sed 's/^/# qemu: /' "$l/qemu.log"
+        if grep -q 'vhost_backend_init failed' "$l/qemu.log"; then
+            result ok "reconnect: QEMU refuses vhost-user-fs on a chardev with reconnect-ms (as documented)"
+        else
+            result fail "reconnect: the guest fsync'ed 5 files" "$(tr -d '\r' < "$l/console.log" | tail -n 20)"
+        fi
+        kill -TERM "$KD_D1" 2>/dev/null; wait "$KD_D1" 2>/dev/null; forget_pid "$KD_D1"
+        return
+    fi
+    CHARDEV_OPTS=""; KD_WATCH=5; KD_QUIET=0
     echo "# reconnect-ms=500: fsync'ed files at the kill $KD_AT_KILL, 1 s later $KD_AFTER1, 21 s later (new daemon listening after ${KD_START_MS:-?} ms) $KD_AFTER2; QEMU alive: $KD_QEMU_ALIVE"
-    echo "# new daemon's log after the kill: $(grep -cE 'request' "$OUT/reconnect/daemon-2.log") request lines; first lines:"
-    head -n 5 "$OUT/reconnect/daemon-2.log" | sed 's/^/#   /'
-    tail -n 5 "$OUT/reconnect/qemu.log" | sed 's/^/# qemu: /'
+    echo "# new daemon's log after the kill: $(grep -cE 'request' "$l/daemon-2.log") request lines; first lines:"
+    head -n 5 "$l/daemon-2.log" | sed 's/^/#   /'
+    tail -n 5 "$l/qemu.log" | sed 's/^/# qemu: /'
     check "reconnect: host: every file the guest fsync'ed is intact ($KD_N files)" "$KD_BAD" 0 "files differing"
     kill -TERM "$KD_D2" 2>/dev/null; wait "$KD_D2" 2>/dev/null; forget_pid "$KD_D2"
 }
