@@ -284,3 +284,64 @@ scenario_reconnect() {
     check "reconnect: host: every file the guest fsync'ed is intact ($KD_N files)" "$KD_BAD" 0 "files differing"
     kill -TERM "$KD_D2" 2>/dev/null; wait "$KD_D2" 2>/dev/null; forget_pid "$KD_D2"
 }
+
+# --- host-change -------------------------------------------------------------------------------
+# hc_change SHARE N: round N's changes (see guest/suite-hostchange.sh); N=0 makes the files
+hc_change() {
+    python3 - "$1" "$2" <<'PY'
+import os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+def body(name, gen):
+    return (b"%-5s g%08d\n" % (name.encode(), gen)) * 4096
+def whole(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+if n == 0:
+    whole(os.path.join(d, "rn"), body("rn", 0))
+    whole(os.path.join(d, "ip"), body("ip", 0))
+    whole(os.path.join(d, "c-0"), body("c", 0))
+    whole(os.path.join(d, "m-0"), body("m", 0))
+    sys.exit(0)
+# a complete new file renamed over the old one
+whole(os.path.join(d, ".rn.tmp"), body("rn", n))
+os.rename(os.path.join(d, ".rn.tmp"), os.path.join(d, "rn"))
+# the same file rewritten in place with one write (no truncation)
+fd = os.open(os.path.join(d, "ip"), os.O_WRONLY)
+assert os.pwrite(fd, body("ip", n), 0) == 65536
+os.close(fd)
+whole(os.path.join(d, "c-%d" % n), body("c", n))
+os.unlink(os.path.join(d, "c-%d" % (n - 1)))
+os.rename(os.path.join(d, "m-%d" % (n - 1)), os.path.join(d, "m-%d" % n))
+PY
+}
+hc_mark() {
+    case "$1" in change-*) ;; *) return ;; esac
+    local n="${1#change-}" m
+    for m in auto metadata never always; do hc_change "$WORK/host-change/$m" "$n"; done
+    printf '%s\n' "$n" > "$WORK/host-change/never/.ack"
+    mv "$WORK/host-change/never/.ack" "$WORK/host-change/never/ack"
+}
+
+scenario_host_change() {
+    scen_dir host-change
+    local d="$WORK/host-change" l="$OUT/host-change" m
+    local -A dpid
+    for m in auto metadata never always; do
+        mkdir -p "$d/$m"
+        hc_change "$d/$m" 0
+        start_daemon "$d/$m.sock" "$d/$m" "$l/daemon-$m.log" --cache "$m"
+        dpid[$m]=$DPID
+    done
+    for m in auto metadata never always; do
+        wait_socket "$d/$m.sock" || { result fail "host-change: daemon $m listens" "$(tail -n 5 "$l/daemon-$m.log")"; return; }
+    done
+    start_qemu "$l" hostchange "rel_rounds=$ROUNDS" "$d/auto.sock=share" "$d/metadata.sock=metadata" \
+        "$d/never.sock=never" "$d/always.sock=always"
+    run_guest "$l" hc_mark
+    guest_end "host-change: " "$l"
+    for m in auto metadata never always; do
+        daemon_end "host-change: $m: " "${dpid[$m]}" "$l/daemon-$m.log"
+    done
+    echo "# auto: latencies (ms) of the rounds: $(tr -d '\r' < "$l/console.log" | sed -n 's/^#DATA auto_latency_ms_[0-9]* //p' | tr '\n' ' ')"
+    tr -d '\r' < "$l/console.log" | grep -E '^#DATA (metadata_state|always_errors)' | sed 's/^#DATA /# /' | head -n 12
+}
