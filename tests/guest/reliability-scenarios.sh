@@ -345,3 +345,62 @@ scenario_host_change() {
     echo "# auto: latencies (ms) of the rounds: $(tr -d '\r' < "$l/console.log" | sed -n 's/^#DATA auto_latency_ms_[0-9]* //p' | tr '\n' ' ')"
     tr -d '\r' < "$l/console.log" | grep -E '^#DATA (metadata_state|always_errors)' | sed 's/^#DATA /# /' | head -n 12
 }
+
+# --- fsync -------------------------------------------------------------------------------------
+FS_MODES="mnt always wb"
+fs_mark() {
+    local m f
+    case "$1" in fsynced|synced) ;; *) return ;; esac
+    for m in $FS_MODES; do
+        cp "$WORK/fsync/$m.strace" "$OUT/fsync/$m-at-$1.strace" 2>/dev/null
+        for f in fsync fdatasync syncfs none; do
+            FS_SHA[$1-$m-$f]="$(sha256sum "$WORK/fsync/$m/f-$f" 2>/dev/null | cut -d' ' -f1)"
+        done
+    done
+}
+
+scenario_fsync() {
+    scen_dir fsync
+    local d="$WORK/fsync" l="$OUT/fsync" m f
+    declare -gA FS_SHA=()
+    local -A dpid flags=([mnt]="--cache auto" [always]="--cache always" [wb]="--cache always --writeback")
+    for m in $FS_MODES; do
+        mkdir -p "$d/$m"
+        # shellcheck disable=SC2086
+        start_daemon "$d/$m.sock" "$d/$m" "$l/daemon-$m.log" --strace "$d/$m.strace" ${flags[$m]}
+        dpid[$m]=$DPID
+    done
+    for m in $FS_MODES; do
+        wait_socket "$d/$m.sock" || { result fail "fsync: daemon $m listens" "$(tail -n 5 "$l/daemon-$m.log")"; return; }
+    done
+    start_qemu "$l" fsync "" "$d/mnt.sock=share" "$d/always.sock=always" "$d/wb.sock=wb"
+    run_guest "$l" fs_mark
+    guest_end "fsync: " "$l"
+    for m in $FS_MODES; do
+        daemon_end "fsync: $m: " "${dpid[$m]}" "$l/daemon-$m.log"
+        local s="$l/$m-at-synced.strace" p="fsync: ${flags[$m]}: host: "
+        if [ ! -s "$s" ]; then
+            result fail "${p}strace of the daemon at the synced mark" "no strace output"
+            continue
+        fi
+        # strace -y names each descriptor's file: "fsync(12</f-fsync>) = 0"
+        check "${p}guest fsync became an fsync(2) of the file" \
+            "$(grep -cE '^[0-9]+ +fsync\([0-9]+<[^>]*/f-fsync>\) += 0' "$s")" 1 "calls"
+        check "${p}guest fdatasync became an fdatasync(2) of the file" \
+            "$(grep -cE '^[0-9]+ +fdatasync\([0-9]+<[^>]*/f-fdatasync>\) += 0' "$s")" 1 "calls"
+        local nsyncfs
+        nsyncfs="$(grep -cE '^[0-9]+ +syncfs\([0-9]+<[^>]*>\) += 0' "$s")"
+        check_le "${p}guest syncfs became a syncfs(2) on the share" "$((1 - nsyncfs))" 0 "1 - syncfs calls ($nsyncfs)"
+        check "${p}no sync call for the file the guest never synced" \
+            "$(grep -cE 'f-none>' "$s")" 0 "calls naming f-none"
+        for f in fsync fdatasync; do
+            check "${p}f-$f on the host holds what the guest wrote, once the call returned" \
+                "${FS_SHA[fsynced-$m-$f]:-missing}" "$(data_of "$l/console.log" "sha_${m}_$f")" sha256
+        done
+        check "${p}f-syncfs on the host holds what the guest wrote, once syncfs returned" \
+            "${FS_SHA[synced-$m-syncfs]:-missing}" "$(data_of "$l/console.log" "sha_${m}_syncfs")" sha256
+        local w
+        w="$(data_of "$l/console.log" "sha_${m}_none")"
+        echo "# ${flags[$m]}: sync calls: $(grep -c 'sync' "$s"); the never-synced f-none on the host before syncfs: $([ "${FS_SHA[fsynced-$m-none]:-}" = "$w" ] && echo complete || echo incomplete), after: $([ "${FS_SHA[synced-$m-none]:-}" = "$w" ] && echo complete || echo incomplete)"
+    done
+}
