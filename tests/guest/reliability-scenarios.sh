@@ -73,18 +73,18 @@ scenario_load() {
 $(grep -E 'err=|verify' "$l/fio-verify-$name.txt" | head)
 $(ls -l "$s/fio" 2>&1)"
         fi
-        local fi fl fa ri rl ra
-        fi="${LOAD_FDS[$name-idle]:-}"; fl="${LOAD_FDS[$name-loaded]:-}"; fa="${LOAD_FDS[$name-after]:-}"
+        local fdi fl fa ri rl ra
+        fdi="${LOAD_FDS[$name-idle]:-}"; fl="${LOAD_FDS[$name-loaded]:-}"; fa="${LOAD_FDS[$name-after]:-}"
         ri="${LOAD_ANON[$name-idle]:-}"; rl="${LOAD_ANON[$name-loaded]:-}"; ra="${LOAD_ANON[$name-after]:-}"
-        echo "# $name: descriptors idle/loaded/after: $fi/$fl/$fa; RssAnon KiB idle/loaded/after: $ri/$rl/$ra; VmRSS (with guest pages) KiB: ${LOAD_RSS[$name-idle]:-}/${LOAD_RSS[$name-loaded]:-}/${LOAD_RSS[$name-after]:-}"
-        if [ -n "$fi" ] && [ -n "$fa" ]; then
+        echo "# $name: descriptors idle/loaded/after: $fdi/$fl/$fa; RssAnon KiB idle/loaded/after: $ri/$rl/$ra; VmRSS (with guest pages) KiB: ${LOAD_RSS[$name-idle]:-}/${LOAD_RSS[$name-loaded]:-}/${LOAD_RSS[$name-after]:-}"
+        if [ -n "$fdi" ] && [ -n "$fa" ]; then
             # after: the guest still knows the share root and the files it keeps open: none
-            check_le "${p}descriptors back near idle after the load (idle $fi + 8)" "$fa" $((fi + 8)) descriptors
+            check_le "${p}descriptors back near idle after the load (idle $fdi + 8)" "$fa" $((fdi + 8)) descriptors
             # the daemon's own memory (not the guest pages it touched): the allocator may keep
             # some of what the load used; 16 MiB over idle is the limit (doc/reliability.md)
             check_le "${p}own memory (RssAnon) back near idle after the load (idle $ri KiB + 16 MiB)" "$ra" $((ri + 16384)) "RssAnon KiB"
         else
-            result fail "${p}descriptors and RSS measured at the marks" "idle '$fi' after '$fa'"
+            result fail "${p}descriptors and RSS measured at the marks" "idle '$fdi' after '$fa'"
         fi
     done
 }
@@ -167,8 +167,8 @@ scenario_kill_qemu() {
     local t0=$SECONDS
     daemon_end "kill-qemu: " "$dp" "$l/daemon.log"
     echo "# the daemon exited $((SECONDS - t0))s after the kill was reaped"
-    check "kill-qemu: host: socket removed" "$(ls -A "$d" | grep -c '^vfs.sock$')" 0 "socket files left"
-    check "kill-qemu: host: lock file removed" "$(ls -A "$d" | grep -c '^vfs.sock.pid$')" 0 "lock files left"
+    check "kill-qemu: host: socket removed" "$([ -e "$d/vfs.sock" ] && echo left)" "" "socket"
+    check "kill-qemu: host: lock file removed" "$([ -e "$d/vfs.sock.pid" ] && echo left)" "" "vfs.sock.pid"
     check "kill-qemu: host: the guest's fsync'ed file is intact" \
         "$(sha256sum "$d/share/synced" 2>&1 | cut -d' ' -f1)" "$(data_of "$l/console.log" synced_sha256)" sha256
     check "kill-qemu: host: daemon logged the disconnect without an error" \
@@ -203,7 +203,9 @@ kill_daemon_run() {
     wait "$KD_D1" 2>/dev/null; KD_RC1=$?
     forget_pid "$KD_D1"
     KD_AT_KILL="$(fsynced_count "$l/console.log")"
-    KD_LEFT="$(cd "$d" && ls -A | grep -E '^vfs\.sock' | tr '\n' ' ')"
+    KD_LEFT=""
+    local e
+    for e in vfs.sock vfs.sock.pid; do [ -e "$d/$e" ] && KD_LEFT+="$e "; done
     sleep 1
     KD_AFTER1="$(fsynced_count "$l/console.log")"
     # a new daemon on the same path, at once
@@ -256,6 +258,7 @@ scenario_kill_daemon() {
     daemon_end "kill-daemon: new daemon: " "$KD_D2" "$l/daemon-2.log"
 }
 
+# shellcheck disable=SC2034  # CHARDEV_OPTS is read by start_qemu in reliability.sh
 # --- reconnect (a measurement) -----------------------------------------------------------------
 scenario_reconnect() {
     scen_dir reconnect
@@ -403,4 +406,65 @@ scenario_fsync() {
         w="$(data_of "$l/console.log" "sha_${m}_none")"
         echo "# ${flags[$m]}: sync calls: $(grep -c 'sync' "$s"); the never-synced f-none on the host before syncfs: $([ "${FS_SHA[fsynced-$m-none]:-}" = "$w" ] && echo complete || echo incomplete), after: $([ "${FS_SHA[synced-$m-none]:-}" = "$w" ] && echo complete || echo incomplete)"
     done
+}
+
+# --- kill-qemu under socket activation -----------------------------------------------------------
+# A stand-in for systemd with a virtiofsd@.socket unit (Accept=no): it holds the listening socket,
+# starts the daemon with it as descriptor 3 (LISTEN_FDS=1, LISTEN_PID) when a client connects,
+# and after the daemon exits waits for the next client; RUNS daemons in all.
+ACTIVATOR='
+import os, select, socket, subprocess, sys
+path, runs, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+cmd = sys.argv[4:]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+s.listen(8)
+os.set_inheritable(s.fileno(), True)
+out = open(log, "a", buffering=1)
+for n in range(1, runs + 1):
+    select.select([s], [], [])
+    def fd3():
+        os.dup2(s.fileno(), 3)
+    p = subprocess.Popen(["sh", "-c", "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\""] + cmd,
+                         preexec_fn=fd3, close_fds=False)
+    out.write("started %d pid %d\n" % (n, p.pid))
+    rc = p.wait()
+    out.write("exited %d status %d socket %s\n" % (n, rc, "present" if os.path.exists(path) else "gone"))
+'
+
+scenario_kill_qemu_activated() {
+    scen_dir kill-qemu-activated
+    local d="$WORK/kill-qemu-activated" l="$OUT/kill-qemu-activated"
+    mkdir -p "$d/share"
+    : > "$l/activator.log"
+    python3 -c "$ACTIVATOR" "$d/vfs.sock" 2 "$l/activator.log" "$DAEMON" --shared-dir "$d/share" \
+        --xattr --log-level debug >"$l/daemon.log" 2>&1 &
+    local ap=$!
+    PIDS+=("$ap")
+    wait_socket "$d/vfs.sock" || { result fail "kill-qemu-activated: the activator listens" "$(cat "$l/daemon.log")"; return; }
+    KQ_FDS=""; KQ_KILLED=""
+    # the serving process is found once a daemon runs
+    start_qemu "$l" killq "" "$d/vfs.sock=share"
+    local _
+    for _ in $(seq 1 100); do grep -q '^started 1' "$l/activator.log" && break; sleep 0.1; done
+    KQ_SERVING="$(serving_pid "$(awk '/^started 1/ { print $4 }' "$l/activator.log")")"
+    run_guest "$l" killq_mark_activated
+    guest_results "$l/console.log" "kill-qemu-activated: first VM: "
+    for _ in $(seq 1 100); do grep -q '^exited 1' "$l/activator.log" && break; sleep 0.1; done
+    check "kill-qemu-activated: the daemon exits 0 after QEMU is killed and leaves the activated socket" \
+        "$(sed -n 's/^exited 1 //p' "$l/activator.log")" "status 0 socket present" "activator"
+    printf '%s  synced\n' "$(data_of "$l/console.log" synced_sha256)" > "$d/share/VERIFY.sha256"
+    mv "$l/console.log" "$l/console-1.log"
+    start_qemu "$l" verify "" "$d/vfs.sock=share"
+    run_guest "$l" no_handler
+    guest_end "kill-qemu-activated: next VM: " "$l"
+    for _ in $(seq 1 100); do kill -0 "$ap" 2>/dev/null || break; sleep 0.1; done
+    check "kill-qemu-activated: the next VM was served by a second daemon, which exits 0" \
+        "$(sed -n 's/^exited 2 //p' "$l/activator.log")" "status 0 socket present" "activator"
+    kill -KILL "$ap" 2>/dev/null; wait "$ap" 2>/dev/null; forget_pid "$ap"
+}
+killq_mark_activated() {
+    [ "$1" = holding ] || return
+    kill -KILL "$QPID"
+    KQ_KILLED=$SECONDS
 }

@@ -15,6 +15,8 @@
 #                       full         a share on a full ext4 (blocks) and one on an ext4 whose
 #                                    inode table is full: ENOSPC, nothing damaged, space reusable
 #                       kill-qemu    SIGKILL of QEMU: the daemon exits 0, removes socket and lock
+#                       kill-qemu-activated  the same under socket activation (a stand-in for
+#                                    systemd holds the socket): the next QEMU gets a new daemon
 #                       kill-daemon  SIGKILL of the daemon while the guest writes: every fsync'ed
 #                                    file intact; a new daemon on the same socket serves a new VM
 #                       host-change  the host replaces, rewrites, creates, renames and deletes
@@ -41,7 +43,7 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests/reliability"
 
-SCENARIOS="load full kill-qemu kill-daemon host-change fsync"
+SCENARIOS="load full kill-qemu kill-qemu-activated kill-daemon host-change fsync"
 LONG=0
 SECS=""
 KERNEL=6.12
@@ -70,10 +72,11 @@ while [ $# -gt 0 ]; do
 done
 for s in $SCENARIOS; do
     case "$s" in
-        load|full|kill-qemu|kill-daemon|host-change|fsync|reconnect) ;;
+        load|full|kill-qemu|kill-qemu-activated|kill-daemon|host-change|fsync|reconnect) ;;
         *) echo "reliability.sh: unknown scenario $s" >&2; exit 2 ;;
     esac
 done
+# shellcheck disable=SC2034  # FIO_MB and ROUNDS are read by reliability-scenarios.sh
 if [ "$LONG" = 1 ]; then
     SECS="${SECS:-120}"; TIMEOUT="${TIMEOUT:-1800}"; FIO_MB=256; ROUNDS=10
 else
@@ -213,6 +216,7 @@ start_daemon() {
     local sock="$1" share="$2" log="$3"; shift 3
     local pre=()
     if [ "${1:-}" = --strace ]; then
+        # shellcheck disable=SC2054  # the commas belong to strace's -e
         pre=(strace -f -qq -y -e trace=fsync,fdatasync,syncfs -o "$2"); shift 2
     fi
     "${pre[@]}" "$DAEMON" --socket-path "$sock" --shared-dir "$share" --log-level debug "$@" \

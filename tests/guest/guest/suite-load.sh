@@ -30,6 +30,8 @@ stress_on() {
     grep -q 'successful run completed' /tmp/stress.out || fail "stress-ng did not complete"
     ! grep -qiE 'fail|verif.*error|error:' /tmp/stress.out || fail "stress-ng reported a failure"
     [ "$rc" = 0 ] || fail "exit status $rc"
+    # bogo operations per stressor, for doc/reliability.md
+    data "stress_ops_$(basename "$1")" "$(sed -n 's/.*metrc: \[[0-9]*\] \([a-z-]*\) *\([0-9][0-9]*\) .*/\1=\2/p' /tmp/stress.out | tr '\n' ' ')"
     rmdir "$1/stress" 2>/dev/null || true
 }
 
@@ -43,12 +45,13 @@ fio_on() {
     [ "$rc" = 0 ] || { tail -n 30 /tmp/fio.out; fail "fio exit status $rc"; }
     ! grep -E 'err= *[1-9]' /tmp/fio.out || fail "a fio job reported an error"
     ! grep -qi 'verify.*bad\|crc32c.*mismatch' /tmp/fio.out || fail "fio verify failed"
+    data "fio_$(basename "$1")" "$(grep -E '^ *(WRITE|READ):' /tmp/fio.out | sed 's/^ *//' | tr '\n' ';')"
 }
 
 # keep_files DIR: files of random data (4 KiB .. 3 MiB), fsync'ed, and their sha256 list.
 keep_files() {
     mkdir -p "$1/keep"
-    cd "$1/keep"
+    cd "$1/keep" || fail "no $1/keep"
     for i in 1 2 3 4 5 6 7 8; do
         dd if=/dev/urandom of="f$i" bs=4k count=$((i * i * 12)) 2>/dev/null
         sync "f$i"
