@@ -97,7 +97,7 @@ loop_ext4() {
     mkdir -p "$dir"
     truncate -s "$size" "$dir.img" &&
         mkfs.ext4 -q -F -b 4096 -m 0 -E lazy_itable_init=0,lazy_journal_init=0 "$@" "$dir.img" &&
-        mount -o loop,noatime "$dir.img" "$dir" && MOUNTS+=("$dir")
+        mount -o loop,noatime "$dir.img" "$dir" && echo "$dir" >> "$WORK/mounts"
 }
 
 scenario_full() {
@@ -194,7 +194,8 @@ kill_daemon_run() {
     while [ "$(fsynced_count "$l/console.log")" -lt 5 ]; do
         if [ $((SECONDS - t0)) -gt "$TIMEOUT" ] || ! kill -0 "$QPID" 2>/dev/null; then
             [ "${KD_QUIET:-0}" = 1 ] || result fail "$name: the guest fsync'ed 5 files" "$(tr -d '\r' < "$l/console.log" | tail -n 20)"
-            { wait "$QPID"; } 2>/dev/null; forget_pid "$QPID"
+            { wait "$QPID"; } 2>/dev/null; QRC=$?; forget_pid "$QPID"
+            qemu_aborted "$l"
             return 1
         fi
         sleep 0.1

@@ -91,16 +91,16 @@ START=$(date +%s)
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-rel.XXXXXX")"
 mkdir -p "$OUT"
 PIDS=()      # processes this script started and has not reaped yet
-MOUNTS=()    # loop mounts to undo
+# loop mounts to undo: listed in $WORK/mounts (scenarios run in subshells)
 
 cleanup() {
     local p m
     for p in "${PIDS[@]}"; do
         kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
     done
-    for m in "${MOUNTS[@]}"; do
+    [ -f "$WORK/mounts" ] && while read -r m; do
         umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
-    done
+    done < "$WORK/mounts"
     if [ "$KEEP" = 1 ]; then echo "# work dir kept: $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
@@ -292,9 +292,42 @@ run_guest() {
     done
     { wait "$QPID"; } 2>/dev/null; QRC=$?
     forget_pid "$QPID"
+    qemu_aborted "$logs"
     echo "# guest ran $((SECONDS - t0))s"
 }
 no_handler() { :; }
+
+# qemu_aborted LOGDIR: QEMU 10 under multi-threaded TCG now and then aborts early in the boot
+# with "iotlb_to_section: Assertion `section_index < d->map.sections_nb' failed" (a QEMU race,
+# not the daemon: about one boot in 60 here). Noted in $WORK/qemu-aborted so that the scenario
+# is run once more (see run_scenario).
+qemu_aborted() {
+    if [ "$QRC" = 134 ] && grep -q 'Assertion .* failed' "$1/qemu.log" 2>/dev/null; then
+        cp "$1/qemu.log" "$1.qemu-abort.log"
+        echo "$1" >> "$WORK/qemu-aborted"
+    fi
+}
+
+# run_scenario NAME: runs scenario_NAME in a subshell, its report kept back; when a QEMU of it
+# aborted on its own assertion (qemu_aborted), the report is dropped and the scenario run once
+# more, saying so.
+run_scenario() {
+    local s="$1" try out="$WORK/scenario-$1.out"
+    for try in 1 2; do
+        rm -f "$WORK/qemu-aborted"
+        ( "scenario_${s//-/_}" ) > "$out" 2>&1
+        if [ "$try" = 1 ] && [ -s "$WORK/qemu-aborted" ]; then
+            echo "# scenario $s: QEMU aborted on an assertion of its own ($(grep -h 'Assertion' "$(head -n 1 "$WORK/qemu-aborted").qemu-abort.log" | head -n 1)); log kept as $(head -n 1 "$WORK/qemu-aborted").qemu-abort.log; running the scenario again"
+            continue
+        fi
+        break
+    done
+    # (bash's notices of the QEMUs the scenarios kill are left out)
+    grep -vE '^[^ ]*reliability\.sh: line [0-9]+: +[0-9]+ (Killed|Aborted) ' "$out"
+    local ok bad
+    ok="$(grep -c '^ok ' "$out")"; bad="$(grep -c '^not ok ' "$out")"
+    N=$((N + ok + bad)); PASSED=$((PASSED + ok)); FAILED=$((FAILED + bad))
+}
 
 # guest_end PREFIX LOGDIR: the guest's own results, and that it ran to the end
 guest_end() {
@@ -324,8 +357,12 @@ $(tail -n 15 "$3")"; fi
 
 # A fresh directory per scenario.
 scen_dir() {
-    local d="$WORK/$1" l="$OUT/$1"
-    rm -rf "$l"; mkdir -p "$d" "$l"
+    local d="$WORK/$1" l="$OUT/$1" m
+    # a second run (run_scenario) starts afresh too
+    [ -f "$WORK/mounts" ] && while read -r m; do
+        case "$m" in "$d"/*) umount "$m" 2>/dev/null || umount -l "$m" ;; esac
+    done < "$WORK/mounts"
+    rm -rf "$l" "$d"; mkdir -p "$d" "$l"
     echo "# scenario $1"
 }
 
@@ -334,7 +371,7 @@ scen_dir() {
 
 for s in $SCENARIOS; do
     t0=$SECONDS
-    "scenario_${s//-/_}"
+    run_scenario "$s"
     echo "# scenario $s took $((SECONDS - t0))s"
 done
 finish
