@@ -462,7 +462,7 @@ scenario_kill_qemu_activated() {
     for _ in $(seq 1 100); do kill -0 "$ap" 2>/dev/null || break; sleep 0.1; done
     check "kill-qemu-activated: the next VM was served by a second daemon, which exits 0" \
         "$(sed -n 's/^exited 2 //p' "$l/activator.log")" "status 0 socket present" "activator"
-    kill -KILL "$ap" 2>/dev/null; wait "$ap" 2>/dev/null; forget_pid "$ap"
+    kill_tree "$ap"; wait "$ap" 2>/dev/null; forget_pid "$ap"
 }
 killq_mark_activated() {
     [ "$1" = holding ] || return

@@ -96,7 +96,7 @@ PIDS=()      # processes this script started and has not reaped yet
 cleanup() {
     local p m
     for p in "${PIDS[@]}"; do
-        kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
+        kill -0 "$p" 2>/dev/null && kill_tree "$p"
     done
     [ -f "$WORK/mounts" ] && while read -r m; do
         umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
@@ -243,6 +243,16 @@ serving_pid() {
     done
     echo "$p"
 }
+# kill_tree PID: SIGKILL to PID and every process below it (a daemon's serving child, the
+# daemon under strace), children first found, then all at once
+kill_tree() {
+    local all=("$1") i=0 c
+    while [ "$i" -lt "${#all[@]}" ]; do
+        for c in $(cat /proc/"${all[$i]}"/task/*/children 2>/dev/null); do all+=("$c"); done
+        i=$((i + 1))
+    done
+    kill -KILL "${all[@]}" 2>/dev/null
+}
 nfds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
 # anon_kib PID: the daemon's own memory (RssAnon; its VmRSS also counts the pages of guest
 # memory it has touched, which are the guest's)
@@ -315,7 +325,8 @@ run_scenario() {
     local s="$1" try out="$WORK/scenario-$1.out"
     for try in 1 2; do
         rm -f "$WORK/qemu-aborted"
-        ( "scenario_${s//-/_}" ) > "$out" 2>&1
+        # whatever a scenario left running (it gave up half-way) ends with its subshell
+        ( "scenario_${s//-/_}"; for p in "${PIDS[@]}"; do kill_tree "$p"; done ) > "$out" 2>&1
         if [ "$try" = 1 ] && [ -s "$WORK/qemu-aborted" ]; then
             echo "# scenario $s: QEMU aborted on an assertion of its own ($(grep -h 'Assertion' "$(head -n 1 "$WORK/qemu-aborted").qemu-abort.log" | head -n 1)); log kept as $(head -n 1 "$WORK/qemu-aborted").qemu-abort.log; running the scenario again"
             continue
@@ -345,7 +356,7 @@ daemon_end() {
     local _ rc
     for _ in $(seq 1 100); do kill -0 "$2" 2>/dev/null || break; sleep 0.1; done
     if kill -0 "$2" 2>/dev/null; then
-        kill -KILL "$2"; wait "$2" 2>/dev/null; rc="still running 10 s after QEMU exited (killed)"
+        kill_tree "$2"; wait "$2" 2>/dev/null; rc="still running 10 s after QEMU exited (killed)"
     else
         wait "$2"; rc=$?
     fi
