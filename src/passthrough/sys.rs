@@ -369,9 +369,7 @@ pub fn fd_status_flags(fd: BorrowedFd<'_>) -> io::Result<i32> {
 }
 
 pub fn fd_access_mode(fd: BorrowedFd<'_>) -> io::Result<i32> {
-    // SAFETY: plain fcntl call on a borrowed descriptor; the result is checked.
-    let fl = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
-    Ok(fl & libc::O_ACCMODE)
+    Ok(fd_status_flags(fd)? & libc::O_ACCMODE)
 }
 
 /// Adds `O_DIRECT` to an open file's status flags.

@@ -41,7 +41,13 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ "$(id -u)" = 0 ] || { echo "migrate.sh: needs root" >&2; exit 2; }
-[ -f "$CACHE/kernel-$KERNEL/.complete" ] || { echo "migrate.sh: no $KERNEL kernel in $CACHE; run tests/guest/install.sh" >&2; exit 2; }
+# QEMU, busybox and the guest kernel: installed on first use, as run.sh does.
+if ! command -v qemu-system-x86_64 >/dev/null || [ ! -f "$CACHE/kernel-$KERNEL/.complete" ]; then
+    mkdir -p "$ROOT/target/guest-tests"
+    GUEST_KERNELS="$KERNEL" VIRTIOFSD_GUEST_CACHE="$CACHE" "$HERE/install.sh" \
+        >"$ROOT/target/guest-tests/migrate-install.log" 2>&1 \
+        || { echo "migrate.sh: tests/guest/install.sh failed (target/guest-tests/migrate-install.log)" >&2; exit 1; }
+fi
 
 mkdir -p "$OUT"
 WORK="$(mktemp -d /tmp/virtiofsd-migrate.XXXXXX)"
