@@ -115,13 +115,17 @@ impl PassthroughFs {
     pub(super) fn save_migration_state(&self, out: &mut Encoder) -> Result<(), StateError> {
         let opts = self.cfg.migration;
         let nodes = self.inodes.all();
+        // Where the root is, as `/proc/self/fd` shows paths: read once for every node.
+        let root = self
+            .root_path()
+            .map_err(|e| io_error("the shared directory's path", e))?;
         let handles = self.handles.all();
         out.u64(self.inodes.next_id());
         out.u64(self.handles.next_id());
         out.u32(nodes.len() as u32);
         let mut lost = 0usize;
         for node in &nodes {
-            let location = self.locate(node);
+            let location = self.locate(node, &root);
             if let Location::Lost(e) = location {
                 let err = io::Error::from_raw_os_error(e);
                 // Out of descriptors or memory says nothing about the file: never a lost node.
@@ -220,7 +224,7 @@ impl PassthroughFs {
     }
 
     /// Where the destination will find `node`.
-    fn locate(&self, node: &Arc<InodeData>) -> Location {
+    fn locate(&self, node: &Arc<InodeData>, root: &[u8]) -> Location {
         let opts = self.cfg.migration;
         if node.id == ROOT_ID {
             return Location::Path(Vec::new());
@@ -242,10 +246,10 @@ impl PassthroughFs {
                 if self.unlinked_while_open(node) {
                     return Location::Lost(libc::ENOENT);
                 }
-                let found = self.path_of(node).and_then(|names| {
+                let found = self.path_of(node, root).and_then(|names| {
                     if opts.confirm_paths && !self.leads_to(&names, node)? {
                         // The names the guest found it by changed: where its descriptor is.
-                        let names = self.fd_path(self.path_fd(node)?.as_fd())?;
+                        let names = self.fd_path(self.path_fd(node)?.as_fd(), root)?;
                         if !self.leads_to(&names, node)? {
                             return Err(error(libc::ENOENT));
                         }
@@ -283,7 +287,7 @@ impl PassthroughFs {
 
     /// The path of `node` from the root: the names it was found by, up its parents; from the
     /// first one that keeps a descriptor instead, where that descriptor is.
-    fn path_of(&self, node: &Arc<InodeData>) -> io::Result<Vec<CString>> {
+    fn path_of(&self, node: &Arc<InodeData>, root: &[u8]) -> io::Result<Vec<CString>> {
         let mut names = Vec::new();
         let mut cur = node.clone();
         for _ in 0..MAX_DEPTH {
@@ -299,7 +303,7 @@ impl PassthroughFs {
                 cur = parent;
                 continue;
             }
-            let mut path = self.fd_path(self.path_fd(&cur)?.as_fd())?;
+            let mut path = self.fd_path(self.path_fd(&cur)?.as_fd(), root)?;
             names.reverse();
             path.extend(names);
             return Ok(path);
@@ -309,14 +313,13 @@ impl PassthroughFs {
 
     /// The path of the file `fd` refers to, as names below the shared directory's root
     /// (`ENOENT` when it was deleted, `EXDEV` when it is not below the root).
-    fn fd_path(&self, fd: BorrowedFd<'_>) -> io::Result<Vec<CString>> {
-        let root = self.root_path()?;
+    fn fd_path(&self, fd: BorrowedFd<'_>, root: &[u8]) -> io::Result<Vec<CString>> {
         let path = self.proc_link(fd)?;
         let rest = if root == b"/" {
             &path[..]
         } else if path == root {
             &b""[..]
-        } else if path.starts_with(&root) && path.get(root.len()) == Some(&b'/') {
+        } else if path.starts_with(root) && path.get(root.len()) == Some(&b'/') {
             &path[root.len()..]
         } else {
             return Err(error(libc::EXDEV));
@@ -333,13 +336,7 @@ impl PassthroughFs {
     /// Where `/proc/self/fd/N` of `fd` points.
     fn proc_link(&self, fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
         let name = ProcName::new(fd.as_raw_fd());
-        let link = sys::openat(
-            self.proc_self_fd.as_fd(),
-            name.name(),
-            libc::O_PATH | libc::O_NOFOLLOW,
-            0,
-        )?;
-        sys::readlink_fd(link.as_fd())
+        sys::readlink_at(self.proc_self_fd.as_fd(), name.name())
     }
 
     /// Where the shared directory's root is, as `/proc/self/fd` shows paths.
@@ -407,6 +404,9 @@ impl PassthroughFs {
             _ => 0,
         });
         let mut by_path: HashMap<Vec<CString>, Arc<InodeData>> = HashMap::new();
+        let root_path = self
+            .root_path()
+            .map_err(|e| io_error("the shared directory's path", e))?;
         let mut lost = 0usize;
         // `open_by_handle_at` takes a real (not `O_PATH`) descriptor of the mount.
         let mount_fd = match opts.mode {
@@ -434,7 +434,7 @@ impl PassthroughFs {
                 Location::Handle(_) => "(file handle)".into(),
                 Location::Lost(_) => "(lost on the source)".into(),
             };
-            match self.restore_node(&node, &by_path, mount_fd.as_ref()) {
+            match self.restore_node(&node, &by_path, mount_fd.as_ref(), &root_path) {
                 Ok(data) => {
                     if let Location::Path(p) = node.location {
                         by_path.insert(p, data);
@@ -511,6 +511,7 @@ impl PassthroughFs {
         node: &SavedNode,
         by_path: &HashMap<Vec<CString>, Arc<InodeData>>,
         mount_fd: Option<&OwnedFd>,
+        root_path: &[u8],
     ) -> io::Result<Arc<InodeData>> {
         let root = self.inode(ROOT_ID)?;
         let (fd, parent) = match &node.location {
@@ -525,14 +526,13 @@ impl PassthroughFs {
                 (fd, parent)
             }
             Location::Handle(h) => {
-                let root_fd = root.opened_fd().ok_or_else(|| error(libc::EBADF))?;
                 let mount_fd = mount_fd.ok_or_else(|| error(libc::EBADF))?;
                 let fd = h.open(mount_fd.as_fd(), open_path_flags())?;
                 // A handle names any file of the file system, inside the shared directory or not.
                 // One with a name is taken when that name, opened from the root one component
                 // at a time, is the same file; one without (deleted while open) only when the
                 // shared directory is its whole file system.
-                match self.fd_path(fd.as_fd()) {
+                match self.fd_path(fd.as_fd(), root_path) {
                     Ok(names) => {
                         let st = sys::stat_fd(fd.as_fd())?;
                         let there = self
@@ -548,7 +548,7 @@ impl PassthroughFs {
                         }
                     }
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                        if !self.share_is_whole_mount(root_fd, &root)? {
+                        if !self.share_is_whole_mount(&root, root_path)? {
                             log::warn!(
                                 "migration: node {} was deleted while open; it is kept only when \
                                  the shared directory is the root of its file system",
@@ -601,9 +601,8 @@ impl PassthroughFs {
 
     /// Whether the shared directory is the root of its file system and its mount's root (then
     /// every file a handle on that mount reaches is inside it).
-    fn share_is_whole_mount(&self, root_fd: BorrowedFd<'_>, root: &InodeData) -> io::Result<bool> {
+    fn share_is_whole_mount(&self, root: &InodeData, here: &[u8]) -> io::Result<bool> {
         let info = std::fs::read("/proc/self/mountinfo")?;
-        let here = self.proc_link(root_fd)?;
         for line in info.split(|b| *b == b'\n') {
             let f: Vec<&[u8]> = line.split(|b| *b == b' ').collect();
             if f.len() < 5 || f[0] != root.key.mnt_id.to_string().as_bytes() {

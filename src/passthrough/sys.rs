@@ -271,12 +271,17 @@ pub fn linkat(
 
 /// The target of the symlink `fd` (an `O_PATH | O_NOFOLLOW` descriptor of it).
 pub fn readlink_fd(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    readlink_at(fd, EMPTY)
+}
+
+/// The target of the symlink `name` in `dir` (`""`: `dir` itself).
+pub fn readlink_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize];
     // SAFETY: `buf` is writable for `buf.len()` bytes and the name is NUL-terminated; checked.
     let ret = unsafe {
         libc::readlinkat(
-            fd.as_raw_fd(),
-            EMPTY.as_ptr(),
+            dir.as_raw_fd(),
+            name.as_ptr(),
             buf.as_mut_ptr().cast(),
             buf.len(),
         )
