@@ -585,6 +585,59 @@ fn a_destination_with_other_options_or_a_session_refuses_the_state() {
 }
 
 #[test]
+fn a_second_state_is_refused_and_the_first_stays_served() {
+    // States of a source whose guest had not mounted yet (so the destination serves no session
+    // after the first): the second claims the first's node id for another file.
+    let opts = Options::default().migration(guest_error(paths()));
+    let mut src = source(opts.clone());
+    fs::write(src.host("a"), b"first").unwrap();
+    fs::write(src.host("b"), b"other").unwrap();
+    let (_, offered, agreed) = real_session(&mut src);
+    let state = |name: &[u8]| {
+        forged((false, offered, agreed), |e| {
+            one_node(e, 100, 42);
+            e.u8(1);
+            e.u32(1);
+            e.bytes(name);
+            e.bool(false);
+            e.u32(0);
+        })
+    };
+    let mut dst = Daemon::with(opts.share_at(&src.share).no_init());
+    dst.fe.load_state(&state(b"a")).unwrap();
+    assert!(dst.fe.load_state(&state(b"b")).is_err(), "a second state");
+    assert!(
+        dst.fe.load_state(&state(b"a")).is_err(),
+        "the same state twice"
+    );
+    // The first state's node is still served, and is still `a`.
+    dst.c.init().unwrap();
+    assert_eq!(read_node(&mut dst, 42).unwrap(), b"first");
+}
+
+#[test]
+fn one_state_transfer_at_a_time() {
+    let opts = Options::default();
+    let mut src = source(opts.clone());
+    let a = src.file("a", b"a");
+    src.fe.stop_queues().unwrap();
+    let state = src.fe.save_state().unwrap();
+    let mut dst = Daemon::with(opts.share_at(&src.share).no_init());
+    // A load whose pipe stays open is still reading: a second transfer is refused (not left to
+    // run beside it), and the first goes on once its bytes come.
+    let mut pipe = dst.fe.begin_load().unwrap();
+    assert!(
+        dst.fe.begin_load().is_err(),
+        "second transfer while one runs"
+    );
+    std::io::Write::write_all(&mut pipe, &state).unwrap();
+    drop(pipe);
+    dst.fe.check_state().unwrap();
+    dst.c.set_init_out(src.init.unwrap());
+    assert_eq!(read_node(&mut dst, a).unwrap(), b"a");
+}
+
+#[test]
 fn a_state_cannot_reach_outside_the_shared_directory() {
     // Made by hand, as a forger would: a path of names the decoder must refuse, and one that
     // goes through a symlink pointing outside.

@@ -136,22 +136,30 @@ impl FsFrontend {
     /// Gives the daemon a device state: `SET_DEVICE_STATE_FD` (load) with the read end of a
     /// pipe, `state` written to it and the pipe closed, then `CHECK_DEVICE_STATE`.
     pub fn load_state(&mut self, state: &[u8]) -> Result<()> {
-        let (rx, tx) = pipe()?;
-        let fe = self.connection()?;
-        let other = fe.set_device_state_fd(
-            VhostTransferStateDirection::LOAD,
-            VhostTransferStatePhase::STOPPED,
-            rx,
-        )?;
-        let mut to = match other {
-            Some(f) => f,
-            None => File::from(tx),
-        };
+        let mut to = self.begin_load()?;
         // A daemon that stops reading (it refused the state) closes its end: EPIPE here, and
         // CHECK_DEVICE_STATE tells why.
         let written = to.write_all(state);
         drop(to);
-        fe.check_device_state()?;
+        self.check_state()?;
         written.map_err(|e| Error::io("write the device state", e))
+    }
+
+    /// Starts a load (`SET_DEVICE_STATE_FD` with the read end of a pipe) and returns the end the
+    /// state is written to; the daemon reads until it is closed.
+    pub fn begin_load(&mut self) -> Result<File> {
+        let (rx, tx) = pipe()?;
+        let other = self.connection()?.set_device_state_fd(
+            VhostTransferStateDirection::LOAD,
+            VhostTransferStatePhase::STOPPED,
+            rx,
+        )?;
+        Ok(other.unwrap_or_else(|| File::from(tx)))
+    }
+
+    /// `CHECK_DEVICE_STATE`: whether the last transfer succeeded (waits for it to end).
+    pub fn check_state(&mut self) -> Result<()> {
+        self.connection()?.check_device_state()?;
+        Ok(())
     }
 }

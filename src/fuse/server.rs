@@ -232,6 +232,9 @@ pub struct Server<F: FileSystem> {
     /// destination agrees on them again with its own file system.
     capable: AtomicU64,
     initialized: AtomicBool,
+    /// A migration state is being taken over or was (see [`Server::load_state`]): a second one
+    /// is refused, so two loads never mix their nodes or undo each other's.
+    state_taken: AtomicBool,
 }
 
 impl<F: FileSystem> Server<F> {
@@ -241,6 +244,7 @@ impl<F: FileSystem> Server<F> {
             options: AtomicU64::new(0),
             capable: AtomicU64::new(0),
             initialized: AtomicBool::new(false),
+            state_taken: AtomicBool::new(false),
         }
     }
 
@@ -272,8 +276,9 @@ impl<F: FileSystem> Server<F> {
     }
 
     /// Takes over the session saved by a source daemon's [`Server::save_state`]: the guest
-    /// goes on without a new INIT. Refused on a server that has served a session already, and
-    /// when this daemon's options would agree on other flags than the source's did.
+    /// goes on without a new INIT. Refused on a server that has served a session or taken over
+    /// a state already, and when this daemon's options would agree on other flags than the
+    /// source's did. A refused state leaves nothing behind: not its nodes, not what INIT set up.
     pub fn load_state(&self, blob: &[u8]) -> std::result::Result<(), StateError> {
         if self.initialized.load(Ordering::Acquire) {
             return Err(StateError::Refused(
@@ -282,6 +287,20 @@ impl<F: FileSystem> Server<F> {
                     .into(),
             ));
         }
+        if self.state_taken.swap(true, Ordering::AcqRel) {
+            return Err(StateError::Refused(
+                "a migration state was taken over already: a destination takes one".into(),
+            ));
+        }
+        let taken = self.take_state(blob);
+        if taken.is_err() {
+            self.fs.destroy();
+            self.state_taken.store(false, Ordering::Release);
+        }
+        taken
+    }
+
+    fn take_state(&self, blob: &[u8]) -> std::result::Result<(), StateError> {
         let mut d = Decoder::new(migration::open(blob)?);
         let mut s = d.section("session")?;
         let initialized = s.bool("session: mounted")?;
@@ -303,11 +322,8 @@ impl<F: FileSystem> Server<F> {
                 )));
             }
         }
-        if let Err(e) = self.fs.load_state(&mut f).and_then(|()| f.finish()) {
-            // Nothing of a refused state stays: not its nodes, not what INIT set up.
-            self.fs.destroy();
-            return Err(e);
-        }
+        self.fs.load_state(&mut f)?;
+        f.finish()?;
         self.capable.store(capable, Ordering::Relaxed);
         self.options.store(options, Ordering::Relaxed);
         self.initialized.store(initialized, Ordering::Release);

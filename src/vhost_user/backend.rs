@@ -299,6 +299,58 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         Some((b.peak, pool.limit))
     }
 
+    /// Starts the thread that saves the state to `file` or loads it from there; its result
+    /// waits for `CHECK_DEVICE_STATE`. One transfer at a time, with no request in flight.
+    fn start_transfer(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: File,
+    ) -> io::Result<()> {
+        if !matches!(phase, VhostTransferStatePhase::STOPPED) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "state transfer is only done with the device stopped",
+            ));
+        }
+        if self
+            .in_flight
+            .per_queue
+            .iter()
+            .any(|c| c.load(Ordering::Acquire) != 0)
+        {
+            // A saved state would be out of date at once; a loaded one would race the requests.
+            return Err(io::Error::other(
+                "state transferred with requests in flight: stop the queues first \
+                 (GET_VRING_BASE)",
+            ));
+        }
+        let mut slot = self.transfer.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(job) = slot.take() {
+            if !job.is_finished() {
+                // One transfer at a time: a load still waiting for bytes would otherwise be
+                // left behind (a thread and a pipe each time), or mix its nodes with the next.
+                *slot = Some(job);
+                return Err(io::Error::other(
+                    "a state transfer is still under way: its pipe must be closed and it must \
+                     be checked (CHECK_DEVICE_STATE) before another starts",
+                ));
+            }
+            warn!("migration: a new state transfer replaces one that was never checked");
+        }
+        let server = self.server.clone();
+        let job = match direction {
+            VhostTransferStateDirection::SAVE => thread::Builder::new()
+                .name("virtiofsd-save".into())
+                .spawn(move || save_state(&server, file))?,
+            VhostTransferStateDirection::LOAD => thread::Builder::new()
+                .name("virtiofsd-load".into())
+                .spawn(move || load_state(&server, file))?,
+        };
+        *slot = Some(job);
+        Ok(())
+    }
+
     /// Serves every available chain of `vring` (served by the queue thread `queue`), or with a
     /// thread pool hands them to it until it is full.
     fn process_queue(&self, vring: &Vring, queue: usize) -> io::Result<Pass> {
@@ -535,41 +587,10 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         phase: VhostTransferStatePhase,
         file: File,
     ) -> io::Result<Option<File>> {
-        if !matches!(phase, VhostTransferStatePhase::STOPPED) {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "state transfer is only done with the device stopped",
-            ));
-        }
-        if matches!(direction, VhostTransferStateDirection::SAVE)
-            && self
-                .in_flight
-                .per_queue
-                .iter()
-                .any(|c| c.load(Ordering::Acquire) != 0)
-        {
-            // The state of a device still answering requests would be out of date at once.
-            return Err(io::Error::other(
-                "state saved with requests in flight: stop the queues first (GET_VRING_BASE)",
-            ));
-        }
-        let mut slot = self.transfer.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot.take().is_some() {
-            // A transfer the frontend never checked: it is left to finish on its own (a load
-            // may still wait for bytes that never come), and its result goes nowhere.
-            warn!("migration: a new state transfer replaces one that was never checked");
-        }
-        let server = self.server.clone();
-        let job = match direction {
-            VhostTransferStateDirection::SAVE => thread::Builder::new()
-                .name("virtiofsd-save".into())
-                .spawn(move || save_state(&server, file))?,
-            VhostTransferStateDirection::LOAD => thread::Builder::new()
-                .name("virtiofsd-load".into())
-                .spawn(move || load_state(&server, file))?,
-        };
-        *slot = Some(job);
-        Ok(None)
+        // The frontend hears only that it failed: the log says why.
+        self.start_transfer(direction, phase, file)
+            .map(|()| None)
+            .inspect_err(|e| error!("migration: state transfer refused: {e}"))
     }
 
     fn check_device_state(&self) -> io::Result<()> {
