@@ -13,7 +13,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -52,7 +52,8 @@ const TAG_LEN: usize = 36;
 /// With a thread pool, chains taken off the rings and not yet answered, per pool thread.
 pub const POOL_BACKLOG: usize = 4;
 
-/// Most time `GET_VRING_BASE` waits for the chains a queue has in flight to be answered.
+/// Most time `GET_VRING_BASE` waits for the chains a queue has in flight to be answered: once
+/// for all the queues a frontend stops in a row (see [`FsBackend::stop_vring`]).
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
 /// Chains each queue has taken off its ring and not yet returned, so that stopping a queue
@@ -61,6 +62,9 @@ const STOP_WAIT: Duration = Duration::from_secs(10);
 /// destination.
 struct InFlight {
     per_queue: Vec<AtomicUsize>,
+    /// Queues whose last stop gave up waiting: a reply may have reached guest memory after
+    /// the frontend's last copy of it, so no state is saved until they are stopped again.
+    stopped_late: Vec<AtomicBool>,
     /// Threads in [`InFlight::wait_idle`]: a chain answered wakes them only when there are some
     /// (a condition variable's wake-up is a system call, too dear for every request).
     waiters: AtomicUsize,
@@ -72,6 +76,7 @@ impl InFlight {
     fn new(queues: usize) -> Self {
         InFlight {
             per_queue: (0..queues).map(|_| AtomicUsize::new(0)).collect(),
+            stopped_late: (0..queues).map(|_| AtomicBool::new(false)).collect(),
             waiters: AtomicUsize::new(0),
             idle: Condvar::new(),
             lock: Mutex::new(()),
@@ -226,7 +231,7 @@ enum Pass {
 pub struct FsBackend<F: FileSystem + 'static> {
     server: Arc<Server<F>>,
     mem: RwLock<GuestMemoryAtomic<GuestMemory>>,
-    event_idx: std::sync::atomic::AtomicBool,
+    event_idx: AtomicBool,
     tag: Option<String>,
     num_queues: usize,
     pool: Option<Pool>,
@@ -234,6 +239,12 @@ pub struct FsBackend<F: FileSystem + 'static> {
     /// The state transfer under way (`SET_DEVICE_STATE_FD`), whose result
     /// `CHECK_DEVICE_STATE` reports.
     transfer: Mutex<Option<thread::JoinHandle<Result<(), String>>>>,
+    /// Most time stopping queues waits for their requests ([`STOP_WAIT`]; shorter in tests).
+    stop_wait: Duration,
+    /// When a stop last gave up waiting: the queues stopped after it within `stop_wait` do not
+    /// wait again, so a guest blocking a request on every queue delays a migration's switch-over
+    /// by `stop_wait` once, not once per queue.
+    stop_gave_up: Mutex<Option<Instant>>,
 }
 
 impl<F: FileSystem + 'static> FsBackend<F> {
@@ -273,12 +284,14 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         Ok(FsBackend {
             server,
             mem: RwLock::new(GuestMemoryAtomic::new(GuestMemory::new())),
-            event_idx: std::sync::atomic::AtomicBool::new(false),
+            event_idx: AtomicBool::new(false),
             tag,
             num_queues,
             pool,
             in_flight,
             transfer: Mutex::new(None),
+            stop_wait: STOP_WAIT,
+            stop_gave_up: Mutex::new(None),
         })
     }
 
@@ -299,6 +312,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         Some((b.peak, pool.limit))
     }
 
+    /// The same device, whose queue stops wait at most `wait` for their requests.
+    #[cfg(test)]
+    pub(super) fn with_stop_wait(mut self, wait: Duration) -> Self {
+        self.stop_wait = wait;
+        self
+    }
+
     /// Starts the thread that saves the state to `file` or loads it from there; its result
     /// waits for `CHECK_DEVICE_STATE`. One transfer at a time, with no request in flight.
     fn start_transfer(
@@ -313,8 +333,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 "state transfer is only done with the device stopped",
             ));
         }
-        if self
-            .in_flight
+        let in_flight = &self.in_flight;
+        if in_flight
             .per_queue
             .iter()
             .any(|c| c.load(Ordering::Acquire) != 0)
@@ -323,6 +343,19 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             return Err(io::Error::other(
                 "state transferred with requests in flight: stop the queues first \
                  (GET_VRING_BASE)",
+            ));
+        }
+        if matches!(direction, VhostTransferStateDirection::SAVE)
+            && in_flight
+                .stopped_late
+                .iter()
+                .any(|l| l.load(Ordering::Acquire))
+        {
+            // Its reply was written after the queue stopped, perhaps after the frontend's last
+            // copy of guest memory: the destination would not have it.
+            return Err(io::Error::other(
+                "a queue stopped with a request still in flight: the guest's state is not \
+                 saved (the migration fails; the guest goes on here)",
             ));
         }
         let mut slot = self.transfer.lock().unwrap_or_else(PoisonError::into_inner);
@@ -614,12 +647,26 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         // The ring is no longer ready: no chain is popped from now on. Wait for those taken.
         let queue = queue_index as usize;
-        if !self.in_flight.wait_idle(queue, STOP_WAIT) {
-            // A request that blocks (a lock wait) is not worth hanging the frontend for; its
-            // reply may then be lost by a migration.
+        let mut gave_up = self
+            .stop_gave_up
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let limit = match *gave_up {
+            Some(t) if t.elapsed() < self.stop_wait => Duration::ZERO,
+            _ => self.stop_wait,
+        };
+        let idle = self.in_flight.wait_idle(queue, limit);
+        if let Some(late) = self.in_flight.stopped_late.get(queue) {
+            late.store(!idle, Ordering::Release);
+        }
+        if !idle {
+            // A request that blocks (a lock wait, a slow fsync) is not worth hanging the
+            // frontend for; a state saved now is refused (`start_transfer`), so the migration
+            // fails and the guest goes on at the source.
+            *gave_up = Some(Instant::now());
             warn!(
-                "queue {queue} stopped with requests still in flight after {} s",
-                STOP_WAIT.as_secs()
+                "queue {queue} stopped with requests still in flight (waited {} ms)",
+                limit.as_millis()
             );
         }
         Ok(())

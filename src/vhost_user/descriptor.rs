@@ -276,6 +276,11 @@ impl<'a> Segments<'a> {
             let ret = io(&iov[..n], off);
             if ret < 0 {
                 let e = io::Error::last_os_error();
+                if writes_memory {
+                    // A failed call may still have filled part of the buffers (an O_DIRECT
+                    // read that hit an error): marking them all is never wrong.
+                    self.mark_written(asked);
+                }
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }

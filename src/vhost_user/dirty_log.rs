@@ -56,7 +56,9 @@ impl RegionLog {
             let bit = self.first_page + page;
             // In bounds: `new` had the library check that the log covers every page of the
             // region (its index panics otherwise, never reads out of bounds).
-            self.log[bit / 8].fetch_or(1 << (bit % 8), Ordering::Relaxed);
+            // Release: the data written to the page is visible before its bit (the frontend
+            // may copy the page the moment it sees the bit, then clear it).
+            self.log[bit / 8].fetch_or(1 << (bit % 8), Ordering::Release);
         }
     }
 

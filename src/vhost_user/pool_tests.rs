@@ -17,6 +17,7 @@ use super::backend::{FsBackend, POOL_BACKLOG};
 use crate::filesystem::{Context, FileSystem};
 use crate::frontend::{FrontendConfig, FsFrontend};
 use crate::fuse::abi::{opcode, Pod};
+use crate::migration::StateError;
 
 /// A filesystem whose GETATTR waits until the gate opens.
 #[derive(Default)]
@@ -38,6 +39,11 @@ impl Gated {
 struct GatedFs(Arc<Gated>);
 
 impl FileSystem for GatedFs {
+    /// Nothing to migrate but the session: a state is refused only by the device.
+    fn save_state(&self, _out: &mut crate::migration::Encoder) -> Result<(), StateError> {
+        Ok(())
+    }
+
     fn getattr(
         &self,
         _ctx: &Context,
@@ -67,10 +73,14 @@ struct Device {
 }
 
 fn start(pool: usize) -> Device {
+    start_with(pool, |b| b)
+}
+
+fn start_with(pool: usize, f: impl FnOnce(FsBackend<GatedFs>) -> FsBackend<GatedFs>) -> Device {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("pool.sock");
     let gate = Arc::new(Gated::default());
-    let backend = Arc::new(FsBackend::new(GatedFs(gate.clone()), None, pool).unwrap());
+    let backend = Arc::new(f(FsBackend::new(GatedFs(gate.clone()), None, pool).unwrap()));
     let mut listener = Listener::new(&path, true).unwrap();
     let b = backend.clone();
     let thread = std::thread::spawn(move || {
@@ -219,4 +229,60 @@ fn stopping_a_queue_waits_for_the_requests_in_flight() {
         wait_for("the device to stop", || th.is_finished());
         th.join().unwrap();
     }
+}
+
+/// A guest that keeps a request blocked on every queue delays the stop of all of them by one
+/// wait, not one per queue; the state is then refused (the migration fails, the guest goes on
+/// at the source), also once the requests are answered, until the queues stop cleanly.
+#[test]
+fn a_request_blocked_on_every_queue_delays_the_stop_once() {
+    let wait = Duration::from_millis(1500);
+    let mut d = start_with(0, |b| b.with_stop_wait(wait));
+    let cfg = FrontendConfig {
+        mem_size: 32 << 20,
+        client_arena_size: 2 << 20,
+        timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let queues = 3;
+    let mut fe = FsFrontend::connect_with(&d.path, queues, &cfg).unwrap();
+    let mut clients: Vec<_> = (0..queues).map(|q| fe.client(q).unwrap()).collect();
+    clients[0].init().unwrap();
+    let mut tickets = Vec::new();
+    for c in &mut clients {
+        tickets.push(c.enqueue(opcode::GETATTR, 7, &[&[0u8; 16]], 120).unwrap());
+        c.publish().unwrap();
+    }
+    wait_for("a request to block on every queue", || {
+        d.gate.entered.load(Ordering::SeqCst) == queues
+    });
+    let started = Instant::now();
+    fe.stop_queues().unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= wait,
+        "stopped after {took:?} with requests in flight"
+    );
+    assert!(
+        took < wait * 2,
+        "{queues} blocked queues took {took:?} to stop (one wait is {wait:?})"
+    );
+    assert!(
+        fe.save_state().is_err(),
+        "state saved with requests in flight"
+    );
+    d.gate.release();
+    for (c, t) in clients.iter_mut().zip(tickets) {
+        assert_eq!(c.wait(t).unwrap().error, 0);
+    }
+    // The replies reached guest memory after the stop: still no state until a stop that finds
+    // every queue idle.
+    assert!(fe.save_state().is_err(), "state saved after a late stop");
+    fe.stop_queues().unwrap();
+    fe.save_state().expect("state after a clean stop");
+    drop(clients);
+    fe.disconnect();
+    let th = d.thread.take().unwrap();
+    wait_for("the device to stop", || th.is_finished());
+    th.join().unwrap();
 }
