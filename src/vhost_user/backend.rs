@@ -130,6 +130,25 @@ impl InFlight {
     }
 }
 
+/// One unit in flight on a queue for as long as it lives.
+struct Counted<'a> {
+    in_flight: &'a InFlight,
+    queue: usize,
+}
+
+impl<'a> Counted<'a> {
+    fn enter(in_flight: &'a InFlight, queue: usize) -> Self {
+        in_flight.enter(queue);
+        Counted { in_flight, queue }
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.in_flight.leave(self.queue);
+    }
+}
+
 /// A chain queued for a pool thread, with the memory it was resolved against.
 struct Job {
     mem: GuestMem,
@@ -388,7 +407,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     /// thread pool hands them to it until it is full.
     fn process_queue(&self, vring: &Vring, queue: usize) -> io::Result<Pass> {
         let mem = self.memory();
-        let event_idx = self.event_idx.load(std::sync::atomic::Ordering::Relaxed);
+        let event_idx = self.event_idx.load(Ordering::Relaxed);
         // Chains returned since the guest was last told.
         let mut unsignalled = 0;
         loop {
@@ -592,8 +611,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     }
 
     fn set_event_idx(&self, enabled: bool) {
-        self.event_idx
-            .store(enabled, std::sync::atomic::Ordering::Relaxed);
+        self.event_idx.store(enabled, Ordering::Relaxed);
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
@@ -694,7 +712,13 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         let vring = vrings
             .get(usize::from(device_event))
             .ok_or_else(|| io::Error::other(format!("unknown queue event {device_event}")))?;
-        if self.event_idx.load(std::sync::atomic::Ordering::Relaxed) {
+        // The whole pass counts as in flight: with event-index it writes the used ring's
+        // avail_event field too, which a stop must not see written after it returned.
+        let _pass = Counted::enter(&self.in_flight, thread_id);
+        if !vring.get_ref().get_queue().ready() {
+            return Ok(());
+        }
+        if self.event_idx.load(Ordering::Relaxed) {
             // Keep draining until the guest has added nothing new since the last pass. A queue
             // left for a full pool is kicked again once the pool has drained to half of it, and
             // drained then.

@@ -7,23 +7,25 @@
 //! two steps. A request answered between them would have its used entry overwritten by the next
 //! one, and the guest would wait for that reply forever. The used index in guest memory is the
 //! ring's own while it runs, so the reset is only taken while the queue is stopped (at set-up,
-//! and after `GET_VRING_BASE`).
+//! and after `GET_VRING_BASE`), and then from the used index read under the ring's lock.
 
 use std::fs::File;
 use std::io;
+use std::sync::atomic::Ordering;
 use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
 use vhost_user_backend::{VringRwLock, VringState, VringStateGuard, VringStateMutGuard, VringT};
 use virtio_queue::{Error as VirtQueError, QueueT};
-use vm_memory::GuestMemoryAtomic;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 
 use super::descriptor::GuestMemory;
 
 type Mem = GuestMemoryAtomic<GuestMemory>;
 
-/// A virtqueue over guest memory with a dirty-page log.
+/// A virtqueue over guest memory with a dirty-page log, and that memory (the library's ring
+/// keeps it private), to read the used index under the ring's lock.
 #[derive(Clone)]
-pub struct Vring(VringRwLock<Mem>);
+pub struct Vring(VringRwLock<Mem>, Mem);
 
 impl<'a> VringStateGuard<'a, Mem> for Vring {
     type G = RwLockReadGuard<'a, VringState<Mem>>;
@@ -35,7 +37,7 @@ impl<'a> VringStateMutGuard<'a, Mem> for Vring {
 
 impl VringT<Mem> for Vring {
     fn new(mem: Mem, max_queue_size: u16) -> Result<Self, VirtQueError> {
-        VringRwLock::new(mem, max_queue_size).map(Vring)
+        Ok(Vring(VringRwLock::new(mem.clone(), max_queue_size)?, mem))
     }
 
     fn get_ref(&self) -> RwLockReadGuard<'_, VringState<Mem>> {
@@ -93,6 +95,12 @@ impl VringT<Mem> for Vring {
         if state.get_queue().ready() {
             return;
         }
+        // The library read `idx` from guest memory before taking the lock; a request answered
+        // late (after a stop that gave up waiting) may have moved it since. Read it again.
+        let idx = state
+            .get_queue()
+            .used_idx(&*self.1.memory(), Ordering::Acquire)
+            .map_or(idx, |i| i.0);
         state.get_queue_mut().set_next_used(idx);
     }
 
@@ -132,6 +140,21 @@ impl VringT<Mem> for Vring {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vm_memory::GuestAddress;
+
+    #[test]
+    fn a_stopped_queue_takes_the_used_index_as_it_is_under_the_lock() {
+        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let v = Vring::new(GuestMemoryAtomic::new(mem), 256).unwrap();
+        v.set_queue_size(16);
+        v.set_queue_info(0, 0x1000, 0x2000).unwrap();
+        // The library reads the used index, then a late request is answered, then the library
+        // sets the index it read: the answered entry must not be written over by the next.
+        let read = v.queue_used_idx().unwrap();
+        v.add_used(0, 10).unwrap();
+        v.set_queue_next_used(read);
+        assert_eq!(v.get_ref().get_queue().next_used(), read.wrapping_add(1));
+    }
 
     #[test]
     fn the_next_used_index_is_not_reset_while_the_queue_runs() {
