@@ -7,7 +7,7 @@
 //! `doc/configuration.md` describes each flag; `tests/cli.rs` checks both against the binary.
 
 use std::os::fd::RawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Parser, ValueEnum};
 
@@ -56,11 +56,17 @@ pub struct Args {
     pub socket_group: Option<String>,
 
     /// File descriptor of an already-listening (not yet connected) vhost-user socket
-    #[arg(long = "fd", value_name = "FD")]
+    #[arg(long = "fd", value_name = "FD", value_parser = number::<i32>)]
     pub fd: Option<i32>,
 
-    /// Threads per daemon that serve requests; 0 serves each queue on its own thread only
-    #[arg(long = "thread-pool-size", value_name = "N", default_value_t = 0)]
+    /// Threads per daemon that serve requests (at most 1024); 0 serves each queue on its own
+    /// thread only
+    #[arg(
+        long = "thread-pool-size",
+        value_name = "N",
+        default_value_t = 0,
+        value_parser = pool_size
+    )]
     pub thread_pool_size: usize,
 
     /// Enable extended attributes
@@ -203,7 +209,7 @@ pub struct Args {
 
     /// Limit of open file descriptors; 0 leaves the limit unchanged [default: min(1000000,
     /// /proc/sys/fs/nr_open), or the hard limit when it cannot be raised]
-    #[arg(long = "rlimit-nofile", value_name = "N")]
+    #[arg(long = "rlimit-nofile", value_name = "N", value_parser = number::<u64>)]
     pub rlimit_nofile: Option<u64>,
 
     /// Comma-separated options in the legacy format, e.g. -o source=DIR,cache=none
@@ -495,6 +501,21 @@ pub enum UsageError {
     /// A socket-activation environment (`LISTEN_PID`, `LISTEN_FDS`) that does not hold up.
     #[error("{0}")]
     Activation(String),
+    #[error(
+        "--socket-path: '{}' is {len} bytes; a unix socket path is at most {max} bytes \
+         (use a shorter path, or a relative one from a nearer working directory)",
+        .path.display(),
+        max = MAX_SOCKET_PATH
+    )]
+    SocketPathTooLong { path: PathBuf, len: usize },
+    #[error(
+        "--socket-path: directory '{}' does not exist or is not a directory; expected \
+         --socket-path=PATH in an existing directory",
+        .0.display()
+    )]
+    SocketDirMissing(PathBuf),
+    #[error("--socket-path: '{}' is a directory; expected the path of a socket to create", .0.display())]
+    SocketPathIsDir(PathBuf),
     #[error("--socket-group: only applies to a socket the daemon creates with --socket-path")]
     SocketGroupWithoutPath,
     /// A bad `--translate-uid`/`--translate-gid` rule.
@@ -545,6 +566,51 @@ pub enum UsageError {
          --migration-mode=file-handles"
     )]
     MigrationPathsOnly(&'static str),
+}
+
+/// A whole number (clap's own refusal says only "invalid digit found in string").
+fn number<T: std::str::FromStr>(v: &str) -> Result<T, String> {
+    v.parse()
+        .map_err(|_| "expected a whole number N >= 0".to_owned())
+}
+
+/// Most `--thread-pool-size` threads: far more than requests a guest keeps in flight on a
+/// fast host, and far fewer than the threads a process may start.
+pub const MAX_THREAD_POOL: usize = 1024;
+
+fn pool_size(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(n) if n <= MAX_THREAD_POOL => Ok(n),
+        _ => Err(format!(
+            "expected a whole number from 0 to {MAX_THREAD_POOL}"
+        )),
+    }
+}
+
+/// Longest path a unix socket address holds (`sun_path` is 108 bytes with its NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// Refuses a `--socket-path` the daemon could not bind, before anything (the lock file) is
+/// made next to it.
+fn check_socket_path(path: &Path) -> Result<(), UsageError> {
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(UsageError::SocketPathTooLong {
+            path: path.to_path_buf(),
+            len,
+        });
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(UsageError::SocketDirMissing(dir.to_path_buf()));
+    }
+    if path.is_dir() {
+        return Err(UsageError::SocketPathIsDir(path.to_path_buf()));
+    }
+    Ok(())
 }
 
 /// The refusal of a flag (or flag value) this version does not implement.
@@ -619,6 +685,8 @@ impl Args {
             .compat_options
             .iter()
             .flat_map(|o| o.split(','))
+            // A stray comma ("cache=auto,") leaves an empty item: nothing to apply.
+            .filter(|o| !o.is_empty())
             .map(str::to_owned)
             .collect();
         for opt in options {
@@ -757,6 +825,9 @@ impl Args {
                 None => return Err(UsageError::MissingSocket),
             },
         };
+        if let SocketSpec::Path(p) = &socket {
+            check_socket_path(p)?;
+        }
         if socket_group.is_some() && !matches!(socket, SocketSpec::Path(_)) {
             return Err(UsageError::SocketGroupWithoutPath);
         }

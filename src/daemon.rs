@@ -361,7 +361,12 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         .as_deref()
         .map(|p| socket_lock::acquire(p, std::process::id()))
         .transpose()?;
-    let listener = bind_listener(&cfg.socket, opts.socket_group)?;
+    let listener = bind_listener(&cfg.socket, opts.socket_group).inspect_err(|_| {
+        // No socket made: the lock file this daemon made goes too.
+        if let Some(p) = &socket_path {
+            socket_lock::remove_lock_file(p);
+        }
+    })?;
     let mut socket_file = SocketFile(socket_path.clone());
     // Modes from the guest are applied as given; the guest kernel already applied its umask.
     nix::sys::stat::umask(Mode::empty());

@@ -47,6 +47,14 @@ pub fn pid_seen_by_proc() -> u32 {
         .unwrap_or_else(std::process::id)
 }
 
+/// Whether a syslog daemon listens on `/dev/log` (a datagram socket, or a stream one): a
+/// socket file left by a stopped one would swallow every line, the last error too.
+pub fn syslog_listens() -> bool {
+    let path = "/dev/log";
+    std::os::unix::net::UnixDatagram::unbound().is_ok_and(|s| s.connect(path).is_ok())
+        || std::os::unix::net::UnixStream::connect(path).is_ok()
+}
+
 /// The filter of `--log-level` refined by `RUST_LOG`.
 fn filter(level: LevelFilter) -> env_logger::Logger {
     env_logger::Builder::new()

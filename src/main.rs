@@ -21,7 +21,7 @@ fn main() -> ExitCode {
         }
     };
     let level = settings.log.level;
-    let to_syslog = settings.log.syslog && std::path::Path::new("/dev/log").exists();
+    let to_syslog = settings.log.syslog && logging::syslog_listens();
     if to_syslog {
         if let Err(e) = logging::Syslog::init(level) {
             eprintln!("virtiofsd: --syslog: {e}");
@@ -44,6 +44,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             log::error!("{}", Chain(&e));
+            if to_syslog {
+                // Whoever started the daemon at a terminal or in a script sees why it stopped.
+                eprintln!("virtiofsd: {}", Chain(&e));
+            }
             ExitCode::FAILURE
         }
     }

@@ -42,6 +42,12 @@ pub enum LockError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "vhost-user socket: the lock file {} is {why}, not a file of this daemon's; remove it, \
+         or choose a --socket-path in a directory only its owner can write to",
+        .path.display()
+    )]
+    Untrusted { path: PathBuf, why: String },
     #[error("vhost-user socket: cannot lock {}", .path.display())]
     Lock {
         path: PathBuf,
@@ -89,6 +95,7 @@ pub fn acquire(socket: &Path, pid: u32) -> Result<SocketLock, LockError> {
                 path: path.clone(),
                 source,
             })?;
+        check_own_file(&file, &path)?;
         // SAFETY: flock(2) on the descriptor of `file`, which stays open across the call; no
         // memory is passed.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -122,6 +129,37 @@ pub fn acquire(socket: &Path, pid: u32) -> Result<SocketLock, LockError> {
     })
 }
 
+/// Refuses a lock file this daemon would not have made: another user's (who could hold the
+/// lock to keep the daemon from starting, or rewrite the pid an administrator reads), a hard
+/// link to some other file (whose contents the pid would replace), or not a regular file.
+fn check_own_file(file: &File, path: &Path) -> Result<(), LockError> {
+    let meta = file.metadata().map_err(|source| LockError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let untrusted = |why: String| LockError::Untrusted {
+        path: path.to_path_buf(),
+        why,
+    };
+    if !meta.file_type().is_file() {
+        return Err(untrusted("not a regular file".into()));
+    }
+    let uid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != uid {
+        return Err(untrusted(format!(
+            "owned by uid {} (this daemon runs as uid {uid})",
+            meta.uid()
+        )));
+    }
+    if meta.nlink() != 1 {
+        return Err(untrusted(format!(
+            "a file with {} hard links",
+            meta.nlink()
+        )));
+    }
+    Ok(())
+}
+
 /// Whether `path` still names the file open as `file` (the previous holder may have removed it
 /// between our open and our lock).
 fn still_at_path(file: &File, path: &Path) -> bool {
@@ -135,16 +173,29 @@ fn still_at_path(file: &File, path: &Path) -> bool {
 /// an empty file is read again for a short while.
 fn holder_pid(file: &mut File) -> Option<u32> {
     for _ in 0..50 {
-        let mut text = String::new();
-        if file.rewind().is_ok() && file.read_to_string(&mut text).is_ok() {
-            if let Some(pid) = text.lines().next().and_then(|l| l.trim().parse().ok()) {
-                return Some(pid);
+        // A pid and a newline; whatever else the file holds is not read.
+        let mut text = Vec::with_capacity(PID_TEXT);
+        if file.rewind().is_ok()
+            && (&mut *file)
+                .take(PID_TEXT as u64)
+                .read_to_end(&mut text)
+                .is_ok()
+        {
+            let pid = std::str::from_utf8(&text)
+                .ok()
+                .and_then(|t| t.lines().next())
+                .and_then(|l| l.trim().parse().ok());
+            if pid.is_some() {
+                return pid;
             }
         }
         std::thread::sleep(Duration::from_millis(2));
     }
     None
 }
+
+/// Most bytes of the lock file read for the holder's pid.
+const PID_TEXT: usize = 32;
 
 /// Removes the lock file of the socket at `socket`; to be called by the holder, while it still
 /// holds the lock (before it exits). A file already gone is no error.
@@ -200,6 +251,51 @@ mod tests {
             std::fs::read_to_string(lock_path(&socket)).unwrap(),
             "4343\n"
         );
+    }
+
+    #[test]
+    fn a_lock_file_hard_linked_to_another_file_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("s.sock");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        std::fs::hard_link(&victim, lock_path(&socket)).unwrap();
+        let e = acquire(&socket, 4242).unwrap_err();
+        assert!(matches!(e, LockError::Untrusted { .. }), "{e:?}");
+        assert!(e.to_string().contains("hard links"), "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    }
+
+    #[test]
+    fn a_lock_file_of_another_user_is_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // chown needs root
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("s.sock");
+        std::fs::write(lock_path(&socket), "1\n").unwrap();
+        std::os::unix::fs::chown(lock_path(&socket), Some(65534), None).unwrap();
+        let e = acquire(&socket, 4242).unwrap_err();
+        assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+        assert_eq!(std::fs::read_to_string(lock_path(&socket)).unwrap(), "1\n");
+    }
+
+    #[test]
+    fn a_huge_lock_file_is_not_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("s.sock");
+        let held = acquire(&socket, 7).unwrap();
+        // The holder's file made huge (sparse): the pid is still read from its start, quickly.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(lock_path(&socket))
+            .unwrap();
+        f.set_len(1 << 40).unwrap();
+        let started = std::time::Instant::now();
+        let e = acquire(&socket, 8).unwrap_err();
+        assert!(matches!(e, LockError::InUse { pid: Some(7), .. }), "{e:?}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        drop(held);
     }
 
     #[test]

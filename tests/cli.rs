@@ -416,6 +416,61 @@ fn bad_values_exit_2_naming_the_flag() {
 }
 
 #[test]
+fn numbers_and_socket_paths_are_refused_saying_what_is_expected() {
+    let d = dirs();
+    let number = "expected a whole number";
+    for (extra, says) in [
+        ("--thread-pool-size=-1", number),
+        ("--thread-pool-size=1025", "from 0 to 1024"),
+        ("--thread-pool-size=18446744073709551615", "from 0 to 1024"),
+        ("--rlimit-nofile=-5", number),
+        ("--fd=abc", number),
+    ] {
+        let mut args = vec![format!("--shared-dir={}", d.share.display())];
+        if !extra.starts_with("--fd") {
+            args.push(format!("--socket-path={}", d.socket.display()));
+        }
+        args.push(extra.into());
+        assert_refused(&args, &[extra.split('=').next().unwrap(), says]);
+    }
+    let long = d.tmp.path().join("s".repeat(120));
+    let missing = d.tmp.path().join("no-such-dir/vfs.sock");
+    for (socket, says) in [
+        (&long, "at most 107 bytes"),
+        (&missing, "does not exist"),
+        (&d.share, "is a directory"),
+    ] {
+        assert_refused(
+            &[
+                format!("--shared-dir={}", d.share.display()),
+                format!("--socket-path={}", socket.display()),
+            ],
+            &["--socket-path", says],
+        );
+    }
+    // Nothing was made next to the refused paths.
+    let left: Vec<_> = fs::read_dir(d.tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("share")]);
+}
+
+#[test]
+fn a_stray_comma_in_o_is_ignored() {
+    let d = dirs();
+    assert_serves(
+        &d,
+        &[
+            format!("--socket-path={}", d.socket.display()),
+            "-o".into(),
+            format!("source={},cache=auto,", d.share.display()),
+            "--sandbox=none".into(),
+        ],
+    );
+}
+
+#[test]
 fn deprecated_spellings_warn_on_stderr() {
     let d = dirs();
     let cases: &[(&[&str], &str)] = &[

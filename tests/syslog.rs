@@ -212,3 +212,35 @@ fn an_unsandboxed_daemon_logs_its_own_pid_and_its_warnings() {
     assert_lines(extra, &lines, started, serving);
     assert!(lines.iter().all(|l| l.pid == started), "{lines:?}");
 }
+
+#[test]
+fn a_dead_dev_log_and_a_fatal_error_still_reach_stderr() {
+    if !is_root() {
+        eprintln!("skipped: a private /dev/log needs root (a mount namespace)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = tmp.path().join("dev");
+    fs::create_dir(&dev).unwrap();
+    // A socket file left by a syslog daemon that stopped: nothing listens on it.
+    drop(UnixDatagram::bind(dev.join("log")).unwrap());
+    let share = tmp.path().join("share");
+    fs::create_dir(&share).unwrap();
+    let socket = tmp.path().join("vfs.sock");
+    // The path is taken by a first daemon: the second stops with exit 1.
+    let lock = virtiofsd::socket_lock::acquire(&socket, 4242).unwrap();
+    let args = [
+        format!("--shared-dir={}", share.display()),
+        format!("--socket-path={}", socket.display()),
+        "--syslog".to_string(),
+        "--sandbox=none".to_string(),
+    ];
+    let (status, err) = wait_exit(spawn_with_dev(&dev, &args));
+    drop(lock);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("no syslog daemon listens"), "{err}");
+    assert!(
+        err.contains("in use by another virtiofsd (pid 4242"),
+        "{err}"
+    );
+}
