@@ -339,7 +339,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     }
 
     /// Starts the thread that saves the state to `file` or loads it from there; its result
-    /// waits for `CHECK_DEVICE_STATE`. One transfer at a time, with no request in flight.
+    /// waits for `CHECK_DEVICE_STATE`. One transfer at a time; a save with no request in flight.
     fn start_transfer(
         &self,
         direction: VhostTransferStateDirection,
@@ -353,18 +353,20 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             ));
         }
         let in_flight = &self.in_flight;
-        if in_flight
-            .per_queue
-            .iter()
-            .any(|c| c.load(Ordering::Acquire) != 0)
+        let save = matches!(direction, VhostTransferStateDirection::SAVE);
+        // A pass woken by a kick from before the stop may still be looking at a queue: it
+        // takes nothing off a stopped one and is over in a moment.
+        if save
+            && !(0..in_flight.per_queue.len())
+                .all(|q| in_flight.wait_idle(q, Duration::from_millis(100)))
         {
-            // A saved state would be out of date at once; a loaded one would race the requests.
+            // The state of a device still answering requests would be out of date at once. (A
+            // destination has served nothing: a load is refused once a session started.)
             return Err(io::Error::other(
-                "state transferred with requests in flight: stop the queues first \
-                 (GET_VRING_BASE)",
+                "state saved with requests in flight: stop the queues first (GET_VRING_BASE)",
             ));
         }
-        if matches!(direction, VhostTransferStateDirection::SAVE)
+        if save
             && in_flight
                 .stopped_late
                 .iter()
