@@ -47,11 +47,16 @@ fn checked() -> Migration {
     }
 }
 
+/// The state of `src`, its queues stopped first (as QEMU does at the switch-over).
+fn saved(src: &mut Daemon) -> Vec<u8> {
+    src.fe.stop_queues().expect("GET_VRING_BASE on every queue");
+    src.fe.save_state().expect("source state")
+}
+
 /// Stops the source, takes its state, and starts a destination daemon with `opts` on the same
 /// directory, the state loaded. `Err` is the destination's refusal (CHECK_DEVICE_STATE).
 fn migrate(src: &mut Daemon, opts: Options) -> (Daemon, Result<(), String>) {
-    src.fe.stop_queues().expect("GET_VRING_BASE on every queue");
-    let state = src.fe.save_state().expect("source state");
+    let state = saved(src);
     migrate_state(src, &state, opts)
 }
 
@@ -68,8 +73,7 @@ fn migrate_state(src: &Daemon, state: &[u8], opts: Options) -> (Daemon, Result<(
 /// The session part of a real state of `src` (its queues stopped here), to forge states with.
 fn real_session(src: &mut Daemon) -> (bool, u64, u64) {
     use virtiofsd::migration::{open, Decoder};
-    src.fe.stop_queues().unwrap();
-    let real = src.fe.save_state().unwrap();
+    let real = saved(src);
     let mut d = Decoder::new(open(&real).unwrap());
     let mut s = d.section("session").unwrap();
     (s.bool("").unwrap(), s.u64("").unwrap(), s.u64("").unwrap())
@@ -263,8 +267,7 @@ fn change_between(src: &mut Daemon) -> (Vec<u8>, Changed) {
     let gone = src.file("gone", b"gone");
     let replaced = src.file("replaced", b"old");
     let kept = src.file("kept", b"kept");
-    src.fe.stop_queues().unwrap();
-    let state = src.fe.save_state().unwrap();
+    let state = saved(src);
     fs::rename(src.host("moved"), src.host("moved-away")).unwrap();
     fs::remove_file(src.host("gone")).unwrap();
     fs::remove_file(src.host("replaced")).unwrap();
@@ -537,8 +540,7 @@ fn the_destination_refuses_bad_states_and_serves_nothing_wrong() {
     let opts = Options::default();
     let mut src = source(opts.clone());
     let a = src.file("a", b"a");
-    src.fe.stop_queues().unwrap();
-    let state = src.fe.save_state().unwrap();
+    let state = saved(&mut src);
     let mut bad: Vec<(&str, Vec<u8>)> = vec![
         ("empty", Vec::new()),
         ("truncated", state[..state.len() / 2].to_vec()),
@@ -572,8 +574,7 @@ fn a_destination_with_other_options_or_a_session_refuses_the_state() {
     let opts = Options::default().cache(CacheMode::Auto);
     let mut src = source(opts.clone());
     src.file("a", b"a");
-    src.fe.stop_queues().unwrap();
-    let state = src.fe.save_state().unwrap();
+    let state = saved(&mut src);
     // Another cache mode would agree on other INIT flags than the guest has.
     let (_d, loaded) = migrate_state(&src, &state, Options::default().cache(CacheMode::Always));
     let e = loaded.unwrap_err();
@@ -620,8 +621,7 @@ fn one_state_transfer_at_a_time() {
     let opts = Options::default();
     let mut src = source(opts.clone());
     let a = src.file("a", b"a");
-    src.fe.stop_queues().unwrap();
-    let state = src.fe.save_state().unwrap();
+    let state = saved(&mut src);
     let mut dst = Daemon::with(opts.share_at(&src.share).no_init());
     // A load whose pipe stays open is still reading: a second transfer is refused (not left to
     // run beside it), and the first goes on once its bytes come.

@@ -352,32 +352,31 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 "state transfer is only done with the device stopped",
             ));
         }
-        let in_flight = &self.in_flight;
-        let save = matches!(direction, VhostTransferStateDirection::SAVE);
-        // A pass woken by a kick from before the stop may still be looking at a queue: it
-        // takes nothing off a stopped one and is over in a moment.
-        if save
-            && !(0..in_flight.per_queue.len())
+        if matches!(direction, VhostTransferStateDirection::SAVE) {
+            let in_flight = &self.in_flight;
+            // A pass woken by a kick from before the stop may still be looking at a queue: it
+            // takes nothing off a stopped one and is over in a moment.
+            if !(0..in_flight.per_queue.len())
                 .all(|q| in_flight.wait_idle(q, Duration::from_millis(100)))
-        {
-            // The state of a device still answering requests would be out of date at once. (A
-            // destination has served nothing: a load is refused once a session started.)
-            return Err(io::Error::other(
-                "state saved with requests in flight: stop the queues first (GET_VRING_BASE)",
-            ));
-        }
-        if save
-            && in_flight
+            {
+                // The state of a device still answering requests would be out of date at once.
+                // (A destination has served nothing: a load is refused once a session started.)
+                return Err(io::Error::other(
+                    "state saved with requests in flight: stop the queues first (GET_VRING_BASE)",
+                ));
+            }
+            if in_flight
                 .stopped_late
                 .iter()
                 .any(|l| l.load(Ordering::Acquire))
-        {
-            // Its reply was written after the queue stopped, perhaps after the frontend's last
-            // copy of guest memory: the destination would not have it.
-            return Err(io::Error::other(
-                "a queue stopped with a request still in flight: the guest's state is not \
-                 saved (the migration fails; the guest goes on here)",
-            ));
+            {
+                // Its reply was written after the queue stopped, perhaps after the frontend's
+                // last copy of guest memory: the destination would not have it.
+                return Err(io::Error::other(
+                    "a queue stopped with a request still in flight: the guest's state is not \
+                     saved (the migration fails; the guest goes on here)",
+                ));
+            }
         }
         let mut slot = self.transfer.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(job) = slot.take() {
