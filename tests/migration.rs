@@ -726,7 +726,9 @@ fn dirty_log_marks_every_page_a_read_reply_filled() {
     assert!(dirty
         .iter()
         .any(|p| *p < at / 4096 || *p > (at + data.len() as u64) / 4096));
-    // Nothing is marked while the device writes nothing.
+    // Nothing is marked once the queues are stopped: a stop waits for the queue's pass to
+    // end, with the event index it writes after the reply.
+    d.fe.stop_queues().unwrap();
     log.clear().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(50));
     assert!(log.dirty_pages().unwrap().is_empty());
