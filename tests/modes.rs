@@ -202,7 +202,7 @@ fn check_cache_mode(mode: CacheMode, want: Expect) {
 
     let o = d.c.open(n, libc::O_RDONLY as u32).unwrap();
     assert_eq!(
-        o.open_flags & (fopen::DIRECT_IO | fopen::KEEP_CACHE),
+        o.open_flags & (fopen::DIRECT_IO | fopen::KEEP_CACHE | fopen::NOFLUSH),
         want.open_flags,
         "{mode:?}: open flags {:#x}",
         o.open_flags
@@ -218,7 +218,7 @@ fn check_cache_mode(mode: CacheMode, want: Expect) {
         )
         .unwrap();
     assert_eq!(
-        co.open_flags & (fopen::DIRECT_IO | fopen::KEEP_CACHE),
+        co.open_flags & (fopen::DIRECT_IO | fopen::KEEP_CACHE | fopen::NOFLUSH),
         want.open_flags
     );
     assert_eq!(timeout(ce.entry_valid, ce.entry_valid_nsec), want.timeout);
@@ -249,11 +249,12 @@ fn cache_never_uses_direct_io_and_zero_timeouts() {
     check_cache_mode(
         CacheMode::Never,
         Expect {
-            open_flags: fopen::DIRECT_IO,
+            open_flags: fopen::DIRECT_IO | fopen::NOFLUSH,
             dir_flags: 0,
             timeout: Duration::ZERO,
             init_on: 0,
-            init_off: init::AUTO_INVAL_DATA | init::CACHE_SYMLINKS,
+            // Entries expire at once: plain listings carry four times the names per request.
+            init_off: init::AUTO_INVAL_DATA | init::CACHE_SYMLINKS | init::DO_READDIRPLUS,
         },
     );
 }
@@ -263,8 +264,9 @@ fn cache_metadata_uses_direct_io_and_long_timeouts() {
     check_cache_mode(
         CacheMode::Metadata,
         Expect {
-            open_flags: fopen::DIRECT_IO,
-            dir_flags: 0,
+            open_flags: fopen::DIRECT_IO | fopen::NOFLUSH,
+            // Listings are cached, and kept while unchanged (as in `auto`).
+            dir_flags: fopen::CACHE_DIR,
             timeout: Duration::from_secs(86400),
             init_on: 0,
             init_off: init::CACHE_SYMLINKS,
@@ -279,7 +281,8 @@ fn cache_auto_uses_one_second_timeouts_and_auto_invalidation() {
     check_cache_mode(
         CacheMode::Auto,
         Expect {
-            open_flags: 0,
+            // Pages are kept only when the file is unchanged since a settled earlier open.
+            open_flags: fopen::NOFLUSH,
             dir_flags: fopen::CACHE_DIR,
             timeout: Duration::from_secs(1),
             init_on: init::AUTO_INVAL_DATA,
@@ -293,7 +296,7 @@ fn cache_always_keeps_pages_and_directory_listings_for_a_day() {
     check_cache_mode(
         CacheMode::Always,
         Expect {
-            open_flags: fopen::KEEP_CACHE,
+            open_flags: fopen::KEEP_CACHE | fopen::NOFLUSH,
             dir_flags: fopen::CACHE_DIR,
             timeout: Duration::from_secs(86400),
             init_on: init::CACHE_SYMLINKS,

@@ -178,8 +178,18 @@ impl PassthroughFs {
 
     /// Whether `fd` refers to the inode `data`.
     pub(super) fn is_inode(&self, fd: BorrowedFd<'_>, data: &InodeData) -> io::Result<bool> {
+        Ok(self.seen_as(fd, data)?.is_some())
+    }
+
+    /// The file `fd` as it was seen, when it is the inode `data`.
+    pub(super) fn seen_as(
+        &self,
+        fd: BorrowedFd<'_>,
+        data: &InodeData,
+    ) -> io::Result<Option<libc::stat64>> {
         let (st, x) = sys::stat_fd_mnt(fd)?;
-        self.same_file(data, &InodeKey::new(&st, &x, data.identity), At::Fd(fd))
+        let same = self.same_file(data, &InodeKey::new(&st, &x, data.identity), At::Fd(fd))?;
+        Ok(same.then_some(st))
     }
 
     /// The inode of the file seen as `st`, `x` at `at` (next to the known inode `near`), with

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 
 use super::file_handle::FileHandle;
 use super::handle::HandleData;
-use super::key::{Identity, InodeKey, Stamp};
+use super::key::{Identity, InodeKey, Served};
 use super::sys::StatExtra;
 
 use crate::fuse::abi::ROOT_ID;
@@ -98,9 +98,9 @@ pub struct InodeData {
     origin: Mutex<Option<Origin>>,
     /// The handle this inode was last opened with, to stat it after its name is gone.
     pub last_open: Mutex<Weak<HandleData>>,
-    /// For directories: the stamp of the last listing served from offset 0, if that stamp was
-    /// settled (see `dircache`); lets OPENDIR tell the guest its cached listing is still good.
-    pub listing: Mutex<Option<Stamp>>,
+    /// For directories, the last listing served from offset 0; for files, the last OPEN (see
+    /// [`Served`]). Lets OPENDIR and OPEN tell the guest its cached listing or pages are good.
+    pub served: Mutex<Option<Served>>,
     refcount: AtomicU64,
 }
 
@@ -121,7 +121,7 @@ impl InodeData {
             handle: OnceLock::new(),
             origin: Mutex::new(origin),
             last_open: Mutex::new(Weak::new()),
-            listing: Mutex::new(None),
+            served: Mutex::new(None),
             refcount: AtomicU64::new(1),
         }
     }

@@ -2,7 +2,7 @@
 //! checks and the listing cache (a leaf: it depends on nothing else of the passthrough module
 //! but the syscall wrappers).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::sys::StatExtra;
 
@@ -81,6 +81,25 @@ impl Stamp {
         let limit = now.0.saturating_sub(SETTLE.as_secs() as i64);
         let before = |t: (i64, i64)| t < (limit, now.1);
         before(self.ctime) && before(self.mtime)
+    }
+}
+
+/// What the guest was last given of a file's data (at OPEN) or a directory's listing (at
+/// READDIR from offset 0): the stamp the file had then, kept only when it was settled (so that
+/// any later change gives another stamp), and when it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Served {
+    pub stamp: Stamp,
+    pub at: Instant,
+}
+
+impl Served {
+    /// The record of giving the guest a file seen as `stamp` now, when that stamp is settled.
+    pub fn now(stamp: Stamp) -> Option<Self> {
+        stamp.settled(now()).then(|| Served {
+            stamp,
+            at: Instant::now(),
+        })
     }
 }
 

@@ -63,7 +63,7 @@ use handle::{HandleData, HandleStore};
 use identity::{At, MountIdentities};
 use inode::{InodeData, InodeStore, Origin, PathFd, Source};
 use io_fds::{Access, IoFd, IoFds};
-use key::{InodeKey, Stamp};
+use key::{InodeKey, Served, Stamp};
 use sys::{error, ProcName};
 
 /// Longest name of a directory entry.
@@ -468,6 +468,12 @@ impl PassthroughFs {
     /// Opens `data` for I/O with `flags`: through its parent and name when it has no descriptor
     /// (checking that the name still leads to it), through `/proc/self/fd/N` otherwise.
     fn open_node(&self, data: &InodeData, flags: i32) -> io::Result<OwnedFd> {
+        self.open_node_seen(data, flags).map(|(file, _)| file)
+    }
+
+    /// [`Self::open_node`], with the file as it was seen by the check, just before or after it
+    /// was opened.
+    fn open_node_seen(&self, data: &InodeData, flags: i32) -> io::Result<(OwnedFd, libc::stat64)> {
         // Through the name: an O_PATH descriptor (which opens nothing, whatever the name now
         // leads to) checked to be this inode, then reopened for I/O. Never an open for I/O of
         // a name before the check: a FIFO or device node put there would be opened.
@@ -475,8 +481,10 @@ impl PassthroughFs {
             if let Some((parent, name)) = data.origin().filter(|_| !data.is_stale()) {
                 let pfd = self.path_fd(&parent)?;
                 match sys::openat(pfd.as_fd(), &name, open_path_flags(), 0) {
-                    Ok(path) if self.is_inode(path.as_fd(), data)? => {
-                        return self.reopen_fd(path.as_fd(), flags);
+                    Ok(path) => {
+                        if let Some(st) = self.seen_as(path.as_fd(), data)? {
+                            return Ok((self.reopen_fd(path.as_fd(), flags)?, st));
+                        }
                     }
                     Err(e) if out_of_fds(&e) => return Err(e),
                     _ => {}
@@ -493,7 +501,7 @@ impl PassthroughFs {
             );
             return Err(error(libc::ESTALE));
         }
-        Ok(file)
+        Ok((file, st))
     }
 
     /// Looks up `..` of a directory other than the root. The parent of a directory the guest
@@ -578,30 +586,60 @@ impl PassthroughFs {
         f
     }
 
-    fn file_open_flags(&self) -> u32 {
-        match self.cfg.cache {
-            CacheMode::Never | CacheMode::Metadata => fopen::DIRECT_IO,
-            CacheMode::Auto => 0,
-            CacheMode::Always => fopen::KEEP_CACHE,
-        }
+    /// OPEN and CREATE flags of a file. `keep`: the guest's cached pages of the file are still
+    /// the file's (see [`Self::keep_file_pages`]); only `auto` uses it, `always` keeps them
+    /// anyway. FLUSH is never asked for (`FOPEN_NOFLUSH`, ignored by the guest under its
+    /// writeback cache, which needs FLUSH): the daemon takes no locks, writes reach the host at
+    /// WRITE, and RELEASE closes the host file.
+    fn file_open_flags(&self, keep: bool) -> u32 {
+        fopen::NOFLUSH
+            | match self.cfg.cache {
+                CacheMode::Never | CacheMode::Metadata => fopen::DIRECT_IO,
+                CacheMode::Auto if keep => fopen::KEEP_CACHE,
+                CacheMode::Auto => 0,
+                CacheMode::Always => fopen::KEEP_CACHE,
+            }
     }
 
-    /// OPENDIR flags: `always` lets the guest keep listings; `auto` lets it cache them and keep
-    /// the cached one only when the directory is unchanged since the guest last read it.
+    /// Whether an OPEN of the file `data`, seen as `st` just before it was opened, may let the
+    /// guest keep the pages it cached (`auto`): only when the file has the stamp it had at the
+    /// previous OPEN, and that stamp was settled then, so that no change since can hide behind
+    /// an equal stamp. Every page the guest holds was read after that OPEN, or kept by it under
+    /// the same rule. Records `st` for the next OPEN; `truncating` (`O_TRUNC`) keeps nothing.
+    /// Without it, as the reference does, the guest drops the file's pages at every open.
+    fn keep_file_pages(&self, data: &InodeData, st: &libc::stat64, truncating: bool) -> bool {
+        if self.cfg.cache != CacheMode::Auto || self.cfg.writeback {
+            return false;
+        }
+        let stamp = Stamp::of(st);
+        let mut served = data.served.lock().unwrap_or_else(PoisonError::into_inner);
+        let keep = !truncating && served.is_some_and(|s| s.stamp == stamp);
+        *served = if truncating { None } else { Served::now(stamp) };
+        keep
+    }
+
+    /// OPENDIR flags: `always` lets the guest keep listings. `auto` and `metadata` let it cache
+    /// them, and keep the cached one only when the directory is unchanged since the daemon
+    /// served that listing (same settled stamp) and the entries that listing gave the guest have
+    /// not expired: a listing whose entries the guest must look up one by one again costs more
+    /// than the listing itself (one READDIRPLUS refreshes a page of them). `never` caches none.
     fn dir_open_flags(&self, data: &InodeData, dir: BorrowedFd<'_>) -> u32 {
         match self.cfg.cache {
             CacheMode::Always => fopen::CACHE_DIR | fopen::KEEP_CACHE,
-            CacheMode::Auto => {
-                let served = *data.listing.lock().unwrap_or_else(PoisonError::into_inner);
-                let unchanged = served
-                    .is_some_and(|stamp| sys::stat_fd(dir).is_ok_and(|st| Stamp::of(&st) == stamp));
+            CacheMode::Auto | CacheMode::Metadata => {
+                let served = *data.served.lock().unwrap_or_else(PoisonError::into_inner);
+                let fresh = self.cfg.entry_timeout / 2;
+                let unchanged = served.is_some_and(|s| {
+                    s.at.elapsed() < fresh
+                        && sys::stat_fd(dir).is_ok_and(|st| Stamp::of(&st) == s.stamp)
+                });
                 if unchanged {
                     fopen::CACHE_DIR | fopen::KEEP_CACHE
                 } else {
                     fopen::CACHE_DIR
                 }
             }
-            CacheMode::Never | CacheMode::Metadata => 0,
+            CacheMode::Never => 0,
         }
     }
 
@@ -653,7 +691,8 @@ impl PassthroughFs {
     /// Records whether the listing just started for `data` was a settled snapshot of `stamp`,
     /// which lets a later OPENDIR keep the guest's cached listing (`dir_open_flags`).
     fn served_listing(&self, data: &InodeData, stamp: Stamp, settled: bool) {
-        *data.listing.lock().unwrap_or_else(PoisonError::into_inner) = settled.then_some(stamp);
+        *data.served.lock().unwrap_or_else(PoisonError::into_inner) =
+            settled.then(|| Served::now(stamp)).flatten();
     }
 
     /// Serves the entries of the directory `data` from `offset` for a READDIR on `handle` to
@@ -822,7 +861,7 @@ impl PassthroughFs {
             self.io_fds.insert(entry.inode, file, readable, writable);
             let opened = Opened {
                 handle: None,
-                open_flags: self.file_open_flags(),
+                open_flags: self.file_open_flags(false),
             };
             return Ok((entry, opened));
         }
@@ -840,7 +879,7 @@ impl PassthroughFs {
         let handle = self.open_handle(&node, HandleData::file(entry.inode, file));
         let opened = Opened {
             handle: Some(handle),
-            open_flags: self.file_open_flags(),
+            open_flags: self.file_open_flags(false),
         };
         Ok((entry, opened))
     }

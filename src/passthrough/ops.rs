@@ -11,7 +11,9 @@ impl FileSystem for PassthroughFs {
             | init::BIG_WRITES
             | init::ATOMIC_O_TRUNC
             | init::MAX_PAGES;
-        if self.cfg.readdirplus {
+        // In `never` the entries and attributes a READDIRPLUS brings expire at once: plain
+        // listings carry four times as many names per request (as the reference's do).
+        if self.cfg.readdirplus && self.cfg.cache != CacheMode::Never {
             want |= init::DO_READDIRPLUS;
             // With `always` the guest keeps what a listing brings: every chunk of a listing
             // carries the entries' attributes, not only the first (READDIRPLUS_AUTO would
@@ -360,14 +362,17 @@ impl FileSystem for PassthroughFs {
         }
         let data = self.inode(inode)?;
         check_openable(data.key.kind)?;
-        let file = self.open_node(&data, self.host_open_flags(flags))?;
-        if flags & libc::O_TRUNC != 0 {
+        let (file, st) = self.open_node_seen(&data, self.host_open_flags(flags))?;
+        let truncating = flags & libc::O_TRUNC != 0;
+        if truncating {
             self.truncated_on_open(file.as_fd(), fuse_flags)?;
         }
         let handle = self.open_handle(&data, HandleData::file(inode, file));
+        // Last: nothing may fail once the record of this open is made.
+        let keep = self.keep_file_pages(&data, &st, truncating);
         Ok(Opened {
             handle: Some(handle),
-            open_flags: self.file_open_flags(),
+            open_flags: self.file_open_flags(keep),
         })
     }
 

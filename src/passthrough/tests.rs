@@ -924,13 +924,18 @@ fn handles_are_checked_against_their_inode() {
 fn open_flags_follow_cache_mode() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("f"), b"").unwrap();
+    // No mode asks for FLUSH: the daemon holds no locks and writes reach the host at WRITE.
     for (mode, file, dir) in [
-        (CacheMode::Never, fopen::DIRECT_IO, 0),
-        (CacheMode::Metadata, fopen::DIRECT_IO, 0),
-        (CacheMode::Auto, 0, fopen::CACHE_DIR),
+        (CacheMode::Never, fopen::DIRECT_IO | fopen::NOFLUSH, 0),
+        (
+            CacheMode::Metadata,
+            fopen::DIRECT_IO | fopen::NOFLUSH,
+            fopen::CACHE_DIR,
+        ),
+        (CacheMode::Auto, fopen::NOFLUSH, fopen::CACHE_DIR),
         (
             CacheMode::Always,
-            fopen::KEEP_CACHE,
+            fopen::KEEP_CACHE | fopen::NOFLUSH,
             fopen::CACHE_DIR | fopen::KEEP_CACHE,
         ),
     ] {
@@ -1001,6 +1006,11 @@ fn init_intersects_with_capable() {
     assert_ne!(all & init::WRITEBACK_CACHE, 0);
     assert_eq!(all & (init::DO_READDIRPLUS | init::READDIRPLUS_AUTO), 0);
     assert_eq!(all & init::AUTO_INVAL_DATA, 0);
+
+    // `never`: the entries a READDIRPLUS would bring expire at once; plain listings.
+    let fs = fs_with(tmp.path(), |c| c.cache = CacheMode::Never);
+    let all = fs.init(u64::MAX).unwrap();
+    assert_eq!(all & (init::DO_READDIRPLUS | init::READDIRPLUS_AUTO), 0);
 }
 
 #[test]
@@ -1344,6 +1354,106 @@ fn auto_opendir_keeps_the_guest_listing_only_while_unchanged() {
         fopen::CACHE_DIR,
         "changed: guest must re-read"
     );
+}
+
+#[test]
+fn auto_opendir_serves_the_listing_again_once_its_entries_expire() {
+    // Kept, the listing would leave the guest to look up each expired entry on its own;
+    // served again, one READDIRPLUS refreshes a page of them.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a"), b"").unwrap();
+    let fs = fs_with(tmp.path(), |c| {
+        c.cache = CacheMode::Auto;
+        c.entry_timeout = Duration::from_millis(400);
+    });
+    let_settle();
+    let h = fs.opendir(&ctx(), ROOT_ID, 0).unwrap();
+    readdir(&fs, ROOT_ID, h.handle.unwrap(), 0, usize::MAX);
+    let again = fs.opendir(&ctx(), ROOT_ID, 0).unwrap();
+    assert_eq!(again.open_flags, fopen::CACHE_DIR | fopen::KEEP_CACHE);
+    std::thread::sleep(Duration::from_millis(250));
+    let late = fs.opendir(&ctx(), ROOT_ID, 0).unwrap();
+    assert_eq!(
+        late.open_flags,
+        fopen::CACHE_DIR,
+        "entries expiring: served again"
+    );
+}
+
+#[test]
+fn auto_open_keeps_the_guest_pages_only_while_the_file_is_unchanged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("f");
+    std::fs::write(&path, b"one").unwrap();
+    let fs = fs_with(tmp.path(), |c| c.cache = CacheMode::Auto);
+    let f = lookup(&fs, "f");
+    let open = |flags: i32| {
+        fs.open(&ctx(), f.inode, flags as u32, 0)
+            .unwrap()
+            .open_flags
+    };
+    let keep = fopen::KEEP_CACHE | fopen::NOFLUSH;
+
+    // Changed within the last second: an equal stamp could hide a change in the same tick.
+    assert_eq!(open(libc::O_RDONLY), fopen::NOFLUSH, "first open");
+    assert_eq!(
+        open(libc::O_RDONLY),
+        fopen::NOFLUSH,
+        "not settled when last opened"
+    );
+    let_settle();
+    assert_eq!(
+        open(libc::O_RDONLY),
+        fopen::NOFLUSH,
+        "the last open's stamp was unsettled"
+    );
+    assert_eq!(open(libc::O_RDONLY), keep, "unchanged since a settled open");
+    assert_eq!(open(libc::O_RDWR), keep, "whatever the access mode");
+
+    // Changed on the host, even to the same size: dropped, and not kept at the open after.
+    std::fs::write(&path, b"two").unwrap();
+    assert_eq!(open(libc::O_RDONLY), fopen::NOFLUSH, "changed");
+    let_settle();
+    assert_eq!(
+        open(libc::O_RDONLY),
+        fopen::NOFLUSH,
+        "the last open saw it unsettled"
+    );
+    assert_eq!(open(libc::O_RDONLY), keep);
+
+    // O_TRUNC changes the file: nothing is kept, by that open or the next.
+    assert_eq!(open(libc::O_WRONLY | libc::O_TRUNC), fopen::NOFLUSH);
+    let_settle();
+    assert_eq!(open(libc::O_RDONLY), fopen::NOFLUSH);
+
+    // A guest write through a handle changes the stamp like a host write.
+    assert_eq!(open(libc::O_RDONLY), keep);
+    let fh = fs
+        .open(&ctx(), f.inode, libc::O_RDWR as u32, 0)
+        .unwrap()
+        .handle
+        .unwrap();
+    write_at(&fs, f.inode, fh, b"x", 0);
+    assert_eq!(open(libc::O_RDONLY), fopen::NOFLUSH, "written since");
+
+    // Other modes decide without the record.
+    let always = fs_with(tmp.path(), |c| c.cache = CacheMode::Always);
+    let g = lookup(&always, "f");
+    let flags = always.open(&ctx(), g.inode, 0, 0).unwrap().open_flags;
+    assert_eq!(flags, keep);
+    let wb = fs_with(tmp.path(), |c| {
+        c.cache = CacheMode::Auto;
+        c.writeback = true;
+    });
+    let g = lookup(&wb, "f");
+    for _ in 0..2 {
+        let flags = wb.open(&ctx(), g.inode, 0, 0).unwrap().open_flags;
+        assert_eq!(
+            flags & fopen::KEEP_CACHE,
+            0,
+            "writeback: the guest's own pages decide"
+        );
+    }
 }
 
 /// Mounts a fresh ext4 image made without the `filetype` feature (so `getdents64` reports
@@ -1808,7 +1918,7 @@ fn no_open_create_and_tmpfile_return_handle_0() {
         .create(&ctx(), ROOT_ID, c"new", 0o644, flags, 0, 0, &[])
         .unwrap();
     assert_eq!(o.handle, None, "fh 0");
-    assert_eq!(o.open_flags, fopen::KEEP_CACHE);
+    assert_eq!(o.open_flags, fopen::KEEP_CACHE | fopen::NOFLUSH);
     assert_eq!(fs.handles.len(), 0);
     assert!(
         fs.io_fds.holds(e.inode),
