@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 
 use super::file_handle::FileHandle;
 use super::handle::HandleData;
-use super::key::{Identity, InodeKey, Served};
+use super::key::{Identity, InodeKey, Stamp};
 use super::sys::StatExtra;
 
 use crate::fuse::abi::ROOT_ID;
@@ -98,9 +98,10 @@ pub struct InodeData {
     origin: Mutex<Option<Origin>>,
     /// The handle this inode was last opened with, to stat it after its name is gone.
     pub last_open: Mutex<Weak<HandleData>>,
-    /// For directories, the last listing served from offset 0; for files, the last OPEN (see
-    /// [`Served`]). Lets OPENDIR and OPEN tell the guest its cached listing or pages are good.
-    pub served: Mutex<Option<Served>>,
+    /// The settled stamp of what the guest was last given: for a directory, of the last listing
+    /// served from offset 0; for a file, of the file at the last OPEN. Lets OPENDIR and OPEN
+    /// tell the guest that the listing or pages it cached are still the file's.
+    pub served: Mutex<Option<Stamp>>,
     refcount: AtomicU64,
 }
 

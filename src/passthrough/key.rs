@@ -2,7 +2,7 @@
 //! checks and the listing cache (a leaf: it depends on nothing else of the passthrough module
 //! but the syscall wrappers).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::sys::StatExtra;
 
@@ -82,24 +82,10 @@ impl Stamp {
         let before = |t: (i64, i64)| t < (limit, now.1);
         before(self.ctime) && before(self.mtime)
     }
-}
 
-/// What the guest was last given of a file's data (at OPEN) or a directory's listing (at
-/// READDIR from offset 0): the stamp the file had then, kept only when it was settled (so that
-/// any later change gives another stamp), and when it was given.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Served {
-    pub stamp: Stamp,
-    pub at: Instant,
-}
-
-impl Served {
-    /// The record of giving the guest a file seen as `stamp` now, when that stamp is settled.
-    pub fn now(stamp: Stamp) -> Option<Self> {
-        stamp.settled(now()).then(|| Served {
-            stamp,
-            at: Instant::now(),
-        })
+    /// This stamp, if it is settled now: what a later look at the file can be compared with.
+    pub fn if_settled(self) -> Option<Self> {
+        self.settled(now()).then_some(self)
     }
 }
 

@@ -63,7 +63,7 @@ use handle::{HandleData, HandleStore};
 use identity::{At, MountIdentities};
 use inode::{InodeData, InodeStore, Origin, PathFd, Source};
 use io_fds::{Access, IoFd, IoFds};
-use key::{InodeKey, Served, Stamp};
+use key::{InodeKey, Stamp};
 use sys::{error, ProcName};
 
 /// Longest name of a directory entry.
@@ -613,32 +613,32 @@ impl PassthroughFs {
         }
         let stamp = Stamp::of(st);
         let mut served = data.served.lock().unwrap_or_else(PoisonError::into_inner);
-        let keep = !truncating && served.is_some_and(|s| s.stamp == stamp);
-        *served = if truncating { None } else { Served::now(stamp) };
+        let keep = !truncating && *served == Some(stamp);
+        *served = if truncating { None } else { stamp.if_settled() };
         keep
     }
 
-    /// OPENDIR flags: `always` lets the guest keep listings. `auto` and `metadata` let it cache
-    /// them, and keep the cached one only when the directory is unchanged since the daemon
-    /// served that listing (same settled stamp) and the entries that listing gave the guest have
-    /// not expired: a listing whose entries the guest must look up one by one again costs more
-    /// than the listing itself (one READDIRPLUS refreshes a page of them). `never` caches none.
+    /// OPENDIR flags. `always` lets the guest keep listings. `metadata` lets it cache them and
+    /// keep the cached one only when the directory is unchanged since the daemon served that
+    /// listing (same settled stamp). `auto` has the guest read the listing at every opendir, as
+    /// the reference does: the entries and attributes a READDIRPLUS brings refresh a page of
+    /// the guest's (1 s) at once, where a kept listing would leave it to look up or stat each
+    /// expired child on its own (and the daemon cannot tell which of them the guest's reads
+    /// made stale). `never` caches none.
     fn dir_open_flags(&self, data: &InodeData, dir: BorrowedFd<'_>) -> u32 {
         match self.cfg.cache {
             CacheMode::Always => fopen::CACHE_DIR | fopen::KEEP_CACHE,
-            CacheMode::Auto | CacheMode::Metadata => {
+            CacheMode::Metadata => {
                 let served = *data.served.lock().unwrap_or_else(PoisonError::into_inner);
-                let fresh = self.cfg.entry_timeout / 2;
-                let unchanged = served.is_some_and(|s| {
-                    s.at.elapsed() < fresh
-                        && sys::stat_fd(dir).is_ok_and(|st| Stamp::of(&st) == s.stamp)
-                });
+                let unchanged = served
+                    .is_some_and(|stamp| sys::stat_fd(dir).is_ok_and(|st| Stamp::of(&st) == stamp));
                 if unchanged {
                     fopen::CACHE_DIR | fopen::KEEP_CACHE
                 } else {
                     fopen::CACHE_DIR
                 }
             }
+            CacheMode::Auto => fopen::CACHE_DIR,
             CacheMode::Never => 0,
         }
     }
@@ -691,8 +691,7 @@ impl PassthroughFs {
     /// Records whether the listing just started for `data` was a settled snapshot of `stamp`,
     /// which lets a later OPENDIR keep the guest's cached listing (`dir_open_flags`).
     fn served_listing(&self, data: &InodeData, stamp: Stamp, settled: bool) {
-        *data.served.lock().unwrap_or_else(PoisonError::into_inner) =
-            settled.then(|| Served::now(stamp)).flatten();
+        *data.served.lock().unwrap_or_else(PoisonError::into_inner) = settled.then_some(stamp);
     }
 
     /// Serves the entries of the directory `data` from `offset` for a READDIR on `handle` to

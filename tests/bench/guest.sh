@@ -24,6 +24,8 @@
 #   du-s                   du -s .
 #   tar-cold, tar-warm     tar cf - . | wc -c
 #   grep-r                 grep -r NEEDLE . | wc -l      (every 10th file has the needle)
+#   git-status             git status --porcelain | wc -l  (the host made the tree a git
+#                          repository, objects packed; not in the tmpfs column)
 #   create-rm              create N empty files in a new directory, unlink them, rmdir
 #   read-cold              read every file (open, read, close; nothing stat'ed): benchtool readtree
 #   stat-after-read        drop caches and read every file (untimed), then lstat every entry
@@ -31,7 +33,10 @@
 #                          tar right after reading each file, ls -l, make); on virtio-fs the guest
 #                          asks the daemon again (a READ invalidates the cached atime)
 #   stat-warm              lstat every entry again
-# then, in a C project of --build N sources (benchtool mkproj: 8 source directories, 6 include
+# Each step that is not cold and does not follow the one before at once (find-hot, stat-rtt,
+# stat-after-read) runs --wait seconds after the step before it, so that in --cache=auto the
+# guest's entries and attributes (1 s) have expired: what a user who comes back to a tree sees.
+# Then, in a C project of --build N sources (benchtool mkproj: 8 source directories, 6 include
 # directories searched in order with -I, most includes found only in a later one; made fresh in
 # the tree by the guest in every boot, untimed, and removed at the end):
 #   build-cold             drop caches, then make -j2 (tcc -c -MD for every source)
@@ -48,7 +53,10 @@
 #   --build N        sources of the build steps' project (default 400; 0 leaves the build out)
 #   --rounds N       boots per column (default 1); the table shows medians
 #   --columns LIST   comma-separated subset of ours,ref,9p,tmpfs (default all four)
-#   --cache MODE     --cache= of both daemons (default always)
+#   --cache MODES    --cache= of both daemons: one of never, metadata, auto, always, a
+#                    comma-separated list, or all (default always); the boots of each mode
+#                    run after the previous mode's, and each mode gets its own table
+#   --wait S         seconds to wait before a warm step (default 2; 0 runs them back to back)
 #   --kernel K       guest kernel: 6.12-generic (default; has 9p), 6.12 or 6.1 (the cloud kernels
 #                    of the guest tests; no 9p)
 #   --accel A        tcg (default) or kvm
@@ -57,11 +65,12 @@
 #   --tree DIR       where the host tree is generated (default /var/tmp/virtiofsd-guest-bench)
 #   --daemon PATH    measure this binary as "ours" (implies --no-build)
 #   --no-build       do not run cargo build
-#   --requests       count requests instead of measuring: "ours" runs with --log-level=debug and
-#                    the guest makes an FSYNCDIR before and after each step (and adds the
-#                    diagnostic steps cc-one-new and cc-one-over: one tcc -c to a new object,
-#                    then over it); prints the requests of each step by opcode (requests.md).
-#                    The times of such a run are slowed down by the logging
+#   --requests       count requests instead of measuring: both daemons run with
+#                    --log-level=debug and the guest makes an FSYNCDIR before and after each
+#                    step (and adds the diagnostic steps cc-one-new and cc-one-over: one tcc -c
+#                    to a new object, then over it); prints the requests of each step by opcode,
+#                    ours beside the reference's (requests.md). The times of such a run are
+#                    slowed down by the logging
 # Environment:
 #   OURS_FLAGS, REF_FLAGS  more flags for each daemon (default none: each daemon's own defaults
 #                          besides --cache; both are started as root)
@@ -83,7 +92,7 @@ OUT="$ROOT/target/guest-bench"
 # shellcheck source=tests/bench/reference.sh
 . "$HERE/reference.sh"
 
-FILES=30000 DIRS=1000 SEED=1 CHURN=2000 BUILD_SOURCES=400 REQUESTS=0 ROUNDS=1 COLUMNS="ours,ref,9p,tmpfs" CACHE_MODE=always
+FILES=30000 DIRS=1000 SEED=1 CHURN=2000 BUILD_SOURCES=400 REQUESTS=0 ROUNDS=1 COLUMNS="ours,ref,9p,tmpfs" CACHE_MODES=always WAIT=2
 KERNEL=6.12-generic ACCEL=tcg MEM=2048 SMP=2 TIMEOUT=1800 TREE=/var/tmp/virtiofsd-guest-bench
 DAEMON="" BUILD=1
 QUEUES="${QUEUES:-1}"
@@ -98,7 +107,7 @@ while [ $# -gt 0 ]; do
     opt="$1"
     case "$opt" in
         --*=*) val="${opt#*=}"; opt="${opt%%=*}"; shift ;;
-        --files|--dirs|--seed|--churn|--build|--rounds|--columns|--cache|--kernel|--accel|--mem|--smp|--timeout|--tree|--daemon)
+        --files|--dirs|--seed|--churn|--build|--rounds|--columns|--cache|--wait|--kernel|--accel|--mem|--smp|--timeout|--tree|--daemon)
             [ $# -ge 2 ] || bad "$opt needs a value"
             val="$2"; shift 2 ;;
         *) val=""; shift ;;
@@ -112,7 +121,8 @@ while [ $# -gt 0 ]; do
         --requests) REQUESTS=1 ;;
         --rounds) num "$opt" "$val"; ROUNDS="$val" ;;
         --columns) COLUMNS="$val" ;;
-        --cache) CACHE_MODE="$val" ;;
+        --cache) CACHE_MODES="$val" ;;
+        --wait) num "$opt" "$val"; WAIT="$val" ;;
         --kernel) KERNEL="$val" ;;
         --accel) ACCEL="$val" ;;
         --mem) num "$opt" "$val"; MEM="$val" ;;
@@ -136,7 +146,12 @@ case "$ACCEL" in
     kvm) ACCEL_ARGS=(-accel kvm -cpu host) ;;
     *) bad "--accel must be tcg or kvm" ;;
 esac
-case "$CACHE_MODE" in never|metadata|auto|always) ;; *) bad "--cache must be never, metadata, auto or always" ;; esac
+[ "$CACHE_MODES" = all ] && CACHE_MODES="never,metadata,auto,always"
+MODES=()
+for m in ${CACHE_MODES//,/ }; do
+    case "$m" in never|metadata|auto|always) MODES+=("$m") ;; *) bad "--cache takes never, metadata, auto, always (comma-separated) or all" ;; esac
+done
+[ "${#MODES[@]}" -gt 0 ] || bad "--cache is empty"
 [[ "$QUEUES" =~ ^[1-9][0-9]*$ ]] || bad "QUEUES must be a positive number"
 COLS=()
 for c in ${COLUMNS//,/ }; do
@@ -199,6 +214,7 @@ command -v cpio >/dev/null || need_install=1
 command -v gcc >/dev/null || need_install=1
 [ -x /usr/bin/tcc ] || need_install=1
 [ -x /usr/bin/make ] || need_install=1
+[ -x /usr/bin/git ] || need_install=1
 [ -x /bin/busybox ] || need_install=1
 [ -f "$CACHE/kernel-$KERNEL/.complete" ] || need_install=1
 if [ "$need_install" = 1 ]; then
@@ -207,9 +223,9 @@ if [ "$need_install" = 1 ]; then
         die "tests/guest/install.sh failed; tail of $OUT/install.log:
 $(tail -n 20 "$OUT/install.log")"
 fi
-GUEST_TOOLS=(/usr/bin/find /usr/bin/ls /usr/bin/du /usr/bin/tar /usr/bin/grep /usr/bin/wc /usr/bin/make /usr/bin/tcc)
+GUEST_TOOLS=(/usr/bin/find /usr/bin/ls /usr/bin/du /usr/bin/tar /usr/bin/grep /usr/bin/wc /usr/bin/make /usr/bin/tcc /usr/bin/git)
 for b in "${GUEST_TOOLS[@]}"; do
-    [ -x "$b" ] || die "$b is missing on the host (GNU findutils, coreutils, tar, grep, make and tcc go into the guest)"
+    [ -x "$b" ] || die "$b is missing on the host (GNU findutils, coreutils, tar, grep, make, tcc and git go into the guest)"
 done
 
 if has_col ours; then
@@ -221,8 +237,11 @@ $(grep -E '^error' -A5 "$OUT/build.log" | head -n 30)"
     fi
     DAEMON="${DAEMON:-$ROOT/target/release/virtiofsd}"
     [ -x "$DAEMON" ] || die "$DAEMON is missing or not executable"
-    # --requests: the daemon logs every request (the log is cut into steps at the guest's FSYNCDIR)
-    [ "$REQUESTS" = 1 ] && OURS_EXTRA+=(--log-level=debug)
+fi
+# --requests: the daemons log every request (the log is cut into steps at the guest's FSYNCDIR)
+if [ "$REQUESTS" = 1 ]; then
+    OURS_EXTRA+=(--log-level=debug)
+    REF_EXTRA+=(--log-level=debug)
 fi
 REF="$REF_ROOT/bin/virtiofsd"
 if has_col ref; then
@@ -244,9 +263,11 @@ say "tree: $TREE_INFO"
 tree_field() { printf '%s\n' "$TREE_INFO" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
 
 # What each step must print (the same GNU tools on the host; du depends on the file system).
-# This also reads the whole tree, so the host's page cache holds it for every boot.
-declare -A WANT
+# This also reads the whole tree, so the host's page cache holds it for every boot. The tmpfs
+# column's tree has no git repository: its wants are taken before the repository is made.
+declare -A WANT BARE_WANT
 host_out() { (cd "$TREE" && bash -c "set -o pipefail; $1") 2>/dev/null | tr '\n' ' '; }
+tree_wants() {
 WANT[find-cold]="$(host_out '/usr/bin/find . | /usr/bin/wc -l')"
 WANT[find-warm]="${WANT[find-cold]}"
 WANT[find-hot]="${WANT[find-cold]}"
@@ -260,12 +281,22 @@ WANT[create-rm]=""
 WANT[read-cold]="$("$WORK/benchtool" readtree "$TREE") "
 WANT[stat-after-read]="$("$WORK/benchtool" lstattree "$TREE") "
 WANT[stat-warm]="${WANT[stat-after-read]}"
+}
+tree_wants
 [ "${WANT[find-type-f]}" = "$(tree_field files) " ] ||
     die "host check: find -type f counted '${WANT[find-type-f]}', the generator made $(tree_field files)"
 [ "${WANT[grep-r]}" = "$(tree_field needles) " ] ||
     die "host check: grep -r counted '${WANT[grep-r]}', the generator wrote $(tree_field needles) needles"
-STEPS=(find-cold find-warm find-hot stat-rtt find-type-f ls-lR du-s tar-cold tar-warm grep-r create-rm
-       read-cold stat-after-read stat-warm)
+for k in "${!WANT[@]}"; do BARE_WANT[$k]="${WANT[$k]}"; done
+say "making the tree a git repository (objects packed)"
+(cd "$TREE" && git init -q --template= && git add -A &&
+    git -c user.name=bench -c user.email=bench@localhost commit -q -m tree &&
+    git gc -q --prune=now) >"$OUT/git.log" 2>&1 || die "git failed on the tree; see $OUT/git.log"
+tree_wants
+WANT[git-status]="$(host_out '/usr/bin/git status --porcelain | /usr/bin/wc -l')"
+[ "${WANT[git-status]}" = "0 " ] || die "host check: git status found ${WANT[git-status]}changes in the tree just committed"
+STEPS=(find-cold find-warm find-hot stat-rtt find-type-f ls-lR du-s tar-cold tar-warm grep-r git-status
+       create-rm read-cold stat-after-read stat-warm)
 
 # The build steps' project: made here once with the same generator and built with the same
 # make and tcc, for what each build step must print (objects built, bytes of objects, objects
@@ -304,6 +335,10 @@ if [ "$BUILD_SOURCES" -gt 0 ]; then
 fi
 # diagnostics: shown, but not steps a user runs (left out of the "no step slower" check)
 DIAGNOSTIC_STEPS="stat-rtt cc-one-new cc-one-over"
+# the project's wants hold for the tmpfs column too
+for k in "${!WANT[@]}"; do
+    [ -n "${BARE_WANT[$k]+set}" ] || [ "$k" = git-status ] || BARE_WANT[$k]="${WANT[$k]}"
+done
 
 # --- initramfs ---------------------------------------------------------------------------------
 ST="$WORK/initramfs"
@@ -319,20 +354,23 @@ initramfs_pack "$ST" "$WORK/initramfs.cpio" || die "packing the initramfs failed
 
 # --- boots -------------------------------------------------------------------------------------
 TIMES="$OUT/times.tsv"
-printf 'round\tcolumn\tstep\tseconds\n' > "$TIMES"
+printf 'round\tmode\tcolumn\tstep\tseconds\n' > "$TIMES"
 rm -f "$OUT/requests.tsv" "$OUT/requests.md"
 FAILED=0
 GUEST_KERNEL=""
-rm -rf "$OUT"/r[0-9]*-*
+rm -rf "$OUT"/r[0-9]*-* "$OUT"/{never,metadata,auto,always}-r[0-9]*-*
 
 # bad_boot MSG: a failure of the current boot (reported, counted; the run goes on)
 bad_boot() { echo "FAILED: $*" >&2; FAILED=$((FAILED + 1)); }
 
-# boot ROUND COLUMN
+# boot ROUND COLUMN: one boot of COLUMN with --cache=$CACHE_MODE
 boot() {
-    local r="$1" col="$2" logs="$OUT/r$1-$2" sock="$WORK/vfs.sock" dpid="" bin flags=()
+    local r="$1" col="$2" logs="$OUT/$CACHE_MODE-r$1-$2" sock="$WORK/vfs.sock" dpid="" bin flags=()
+    local wants=WANT
+    [ "$col" = tmpfs ] && wants=BARE_WANT
+    local -n want="$wants"
     mkdir -p "$logs"
-    local append="console=ttyS0 quiet panic=-1 bench_churn=$CHURN bench_build=$BUILD_SOURCES,$SEED"
+    local append="console=ttyS0 quiet panic=-1 bench_churn=$CHURN bench_build=$BUILD_SOURCES,$SEED bench_wait=$WAIT"
     [ "$REQUESTS" = 1 ] && append+=" bench_marks=1"
     local dev=()
     if [ "$col" != tmpfs ]; then
@@ -420,7 +458,7 @@ $(tail -n 10 "$logs/daemon.log")"
         local step="${line#\#TIME }"; step="${step%% *}"
         local t="${line##* }"
         [[ "$t" =~ ^[0-9]+\.[0-9]+$ ]] || continue
-        printf '%s\t%s\t%s\t%s\n' "$r" "$col" "$step" "$t" >> "$TIMES"
+        printf '%s\t%s\t%s\t%s\t%s\n' "$r" "$CACHE_MODE" "$col" "$step" "$t" >> "$TIMES"
     done < <(grep '^#TIME ' "$c")
     echo " (boot ${secs}s)" >&2
 
@@ -440,11 +478,11 @@ QEMU log: $(tail -n 5 "$logs/qemu.log")"
     # the output of each step must be what the host's GNU tools printed for the same tree
     local s got
     for s in "${STEPS[@]}"; do
-        [ -n "${WANT[$s]:-}" ] || continue
+        [ -n "${want[$s]:-}" ] || continue
         grep -q "^#TIME $s " "$c" || continue
         got="$(sed -n "s/^#OUT $s //p" "$c" | head -n 1)"
-        if [ "$got" != "${WANT[$s]}" ]; then
-            bad_boot "round $r, $col: step $s printed '$got', the host's tools '${WANT[$s]}' on the same tree"
+        if [ "$got" != "${want[$s]}" ]; then
+            bad_boot "round $r, $col: step $s printed '$got', the host's tools '${want[$s]}' on the same tree"
         fi
     done
     if [ "$col" = tmpfs ] && grep -q '^#TIME ' "$c"; then
@@ -460,25 +498,27 @@ QEMU log: $(tail -n 5 "$logs/qemu.log")"
             [ -e "$TREE/$line" ] && bad_boot "round $r, $col: $TREE/$line is still there after the boot"
         done
     fi
-    if [ "$REQUESTS" = 1 ] && [ "$col" = ours ]; then
-        count_requests "$r" "$logs"
+    if [ "$REQUESTS" = 1 ] && { [ "$col" = ours ] || [ "$col" = ref ]; }; then
+        count_requests "$r" "$col" "$logs"
     fi
 }
 
-# count_requests ROUND LOGS: the requests of each step in the daemon's debug log, cut at the
-# FSYNCDIR (opcode 30) the guest makes before and after each step ("#MARK NAME" on the console,
-# in the same order); one line per step in $OUT/requests.tsv
+# count_requests ROUND COLUMN LOGS: the requests of each step in the daemon's debug log, cut at
+# the FSYNCDIR (opcode 30) the guest makes before and after each step ("#MARK NAME" on the
+# console, in the same order); one line per step in $OUT/requests.tsv. Ours logs
+# "request unique=U opcode=N ...", the reference "Received request: opcode=Name (N), ...".
 count_requests() {
     local marks
-    marks="$(sed -n 's/^#MARK \([A-Za-z0-9_-]*\)$/\1/p' "$2/console.txt" | tr '\n' ' ')"
-    awk -v r="$1" -v marks="$marks" '
+    marks="$(sed -n 's/^#MARK \([A-Za-z0-9_-]*\)$/\1/p' "$3/console.txt" | tr '\n' ' ')"
+    awk -v r="$1" -v mode="$CACHE_MODE" -v col="$2" -v marks="$marks" '
         BEGIN {
             nm = split(marks, M, " ")
             split("LOOKUP FORGET GETATTR SETATTR READLINK SYMLINK - MKNOD MKDIR UNLINK RMDIR RENAME LINK OPEN READ WRITE STATFS RELEASE - FSYNC SETXATTR GETXATTR LISTXATTR REMOVEXATTR FLUSH INIT OPENDIR READDIR RELEASEDIR FSYNCDIR GETLK SETLK SETLKW ACCESS CREATE INTERRUPT BMAP DESTROY IOCTL POLL NOTIFY_REPLY BATCH_FORGET FALLOCATE READDIRPLUS RENAME2 LSEEK COPY_FILE_RANGE SETUPMAPPING REMOVEMAPPING SYNCFS TMPFILE STATX", N, " ")
             k = 0   # marks passed
         }
-        /request unique=[0-9]+ opcode=[0-9]+ / {
-            match($0, /opcode=[0-9]+/); op = substr($0, RSTART + 7, RLENGTH - 7) + 0
+        /request unique=[0-9]+ opcode=[0-9]+ |Received request: opcode=[A-Za-z]+ \([0-9]+\)/ {
+            if (match($0, /opcode=[0-9]+/)) op = substr($0, RSTART + 7, RLENGTH - 7) + 0
+            else { match($0, /opcode=[A-Za-z]+ \([0-9]+\)/); s = substr($0, RSTART, RLENGTH); sub(/.*\(/, "", s); op = s + 0 }
             if (op == 30 && k < nm) { k++; next }
             if (k % 2 == 1) {   # inside step M[k]
                 name = (op in N && N[op] != "-") ? N[op] : "op" op
@@ -490,15 +530,18 @@ count_requests() {
             for (i = 1; i <= nm; i += 2) {
                 line = ""
                 for (j = 1; j <= nn; j++) if (c[i, names[j]]) line = line " " names[j] "=" c[i, names[j]]
-                printf "%s\t%s\t%d\t%s\n", r, M[i], t[i] + 0, substr(line, 2)
+                printf "%s\t%s\t%s\t%s\t%d\t%s\n", mode, col, r, M[i], t[i] + 0, substr(line, 2)
             }
-        }' "$2/daemon.log" >> "$OUT/requests.tsv"
+        }' "$3/daemon.log" >> "$OUT/requests.tsv"
 }
 
-say "logs in $OUT; columns ${COLS[*]}; $ROUNDS round(s); guest: Linux $KERNEL, ${ACCEL}, ${SMP} CPUs, ${MEM} MiB"
-for r in $(seq 1 "$ROUNDS"); do
-    for col in "${COLS[@]}"; do
-        boot "$r" "$col"
+say "logs in $OUT; modes ${MODES[*]}; columns ${COLS[*]}; $ROUNDS round(s); guest: Linux $KERNEL, ${ACCEL}, ${SMP} CPUs, ${MEM} MiB"
+for CACHE_MODE in "${MODES[@]}"; do
+    for r in $(seq 1 "$ROUNDS"); do
+        for col in "${COLS[@]}"; do
+            printf '# %s ' "$CACHE_MODE" >&2
+            boot "$r" "$col"
+        done
     done
 done
 
@@ -507,14 +550,17 @@ cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
 mem_gib="$(awk '/^MemTotal:/ { printf "%d", $2 / 1048576 + 0.5 }' /proc/meminfo)"
 qver="$(qemu-system-x86_64 --version | sed -n '1s/^QEMU emulator version //p')"
 MACHINE="Machine: ${cpu:-unknown CPU}, $(nproc) cores, ${mem_gib} GiB, host Linux $(uname -r); guest Linux ${GUEST_KERNEL:-?} (${ACCEL}, ${SMP} CPUs, ${MEM} MiB); QEMU ${qver}; $(date -u '+%Y-%m-%d %H:%M UTC')"
-SETUP="Tree: $FILES files of 0-4 KiB in $DIRS directories ($(tree_field dirs) with their parents, $(tree_field bytes) bytes); --cache=$CACHE_MODE; ours: ${OURS_EXTRA[*]:-(defaults)}; ref: ${REF_EXTRA[*]:-(defaults)}; 9p: -o $NINEP_OPTS; $QUEUES request queue(s); create-rm: $CHURN files; build: ${PROJ_INFO:-none}; medians of $ROUNDS round(s)"
+SETUP="Tree: $FILES files of 0-4 KiB in $DIRS directories ($(tree_field dirs) with their parents, $(tree_field bytes) bytes); --wait $WAIT; ours: ${OURS_EXTRA[*]:-(defaults)}; ref: ${REF_EXTRA[*]:-(defaults)}; 9p: -o $NINEP_OPTS; $QUEUES request queue(s); create-rm: $CHURN files; build: ${PROJ_INFO:-none}; medians of $ROUNDS round(s)"
 
 {
     echo "$MACHINE"
     echo "$SETUP"
+    for CACHE_MODE in "${MODES[@]}"; do
     echo
-    awk -F'\t' -v steps="${STEPS[*]}" -v diag="$DIAGNOSTIC_STEPS" '
-        NR > 1 { v[$2, $3] = v[$2, $3] " " $4 }
+    echo "--cache=$CACHE_MODE (both daemons):"
+    echo
+    awk -F'\t' -v steps="${STEPS[*]}" -v diag="$DIAGNOSTIC_STEPS" -v mode="$CACHE_MODE" '
+        NR > 1 && $2 == mode { v[$3, $4] = v[$3, $4] " " $5 }
         function median(s,    a, n, i, j, t) {
             n = split(s, a, " ")
             if (n == 0) return ""
@@ -535,6 +581,18 @@ SETUP="Tree: $FILES files of 0-4 KiB in $DIRS directories ($(tree_field dirs) wi
                 printf "| %s%s | %s | %s | %s | %s | %s | %s | %s |\n", st[i], (st[i] in D) ? " (diagnostic)" : "", fmt(o), fmt(r), fmt(p), fmt(t), ratio(r, o), ratio(p, o), ratio(o, t)
             }
             print ""
+            if (mode == "auto") {
+                print "Targets (issue 22, --cache=auto):"
+                target("warm tar read >= 2x faster than ref", ratio(R["tar-warm"], O["tar-warm"]), ">=", 2, "speedup")
+                target("warm grep -r >= 2x faster than ref", ratio(R["grep-r"], O["grep-r"]), ">=", 2, "speedup")
+                target("git status after the timeout >= 2x faster than ref", ratio(R["git-status"], O["git-status"]), ">=", 2, "speedup")
+                slower("ref", R, "- no step slower than ref: ")
+            } else if (mode != "always") {
+                print "Targets (issue 22, --cache=" mode "):"
+                slower("ref", R, "- no step slower than ref: ")
+            } else always_targets()
+        }
+        function always_targets() {
             print "Targets (issue 8, --cache=always):"
             target("warm tar read <= 2x tmpfs", ratio(O["tar-warm"], T["tar-warm"]), "<=", 2, "ours/tmpfs")
             target("warm find <= 1.5x tmpfs", ratio(O["find-warm"], T["find-warm"]), "<=", 1.5, "ours/tmpfs")
@@ -570,16 +628,41 @@ SETUP="Tree: $FILES files of 0-4 KiB in $DIRS directories ($(tree_field dirs) wi
             ok = (op == "<=") ? (q + 0 <= lim) : (q + 0 >= lim)
             print "- " name ": " (ok ? "met" : "NOT met") " (" what " " q ")"
         }' "$TIMES"
+    done
 } > "$OUT/result.md"
 cat "$OUT/result.md"
 if [ -s "$OUT/requests.tsv" ]; then
     {
         echo
-        echo "Requests per step (ours, from its debug log; FORGETs of a drop_caches may fall into the step after it):"
-        echo
-        echo "| round | step | requests | by opcode |"
-        echo "| ---: | --- | ---: | --- |"
-        awk -F'\t' '{ printf "| %s | %s | %s | %s |\n", $1, $2, $3, $4 }' "$OUT/requests.tsv"
+        echo "Requests per step, from each daemon's debug log (FORGETs of a drop_caches may fall into the step after it); the medians over the rounds, by opcode from the first round:"
+        for CACHE_MODE in "${MODES[@]}"; do
+            echo
+            echo "--cache=$CACHE_MODE:"
+            echo
+            echo "| step | ours | ref | ours/ref | ours by opcode | ref by opcode |"
+            echo "| --- | ---: | ---: | ---: | --- | --- |"
+            awk -F'\t' -v mode="$CACHE_MODE" -v steps="${STEPS[*]}" '
+                function median(s,    a, n, i, j, t) {
+                    n = split(s, a, " ")
+                    if (n == 0) return ""
+                    for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
+                    return n % 2 ? a[(n + 1) / 2] + 0 : (a[n / 2] + a[n / 2 + 1]) / 2
+                }
+                $1 == mode { c[$2, $4] = c[$2, $4] " " $5; if (!(($2, $4) in b)) b[$2, $4] = $6 }
+                END {
+                    n = split(steps, st, " ")
+                    more = ""
+                    for (i = 1; i <= n; i++) {
+                        o = median(c["ours", st[i]]); r = median(c["ref", st[i]])
+                        if (o == "" && r == "") continue
+                        q = (o == "" || r == "" || r + 0 == 0) ? "-" : sprintf("%.2f", o / r)
+                        if (q != "-" && o + 0 > r + 0) more = more " " st[i]
+                        printf "| %s | %s | %s | %s | %s | %s |\n", st[i], o == "" ? "-" : o, r == "" ? "-" : r, q, b["ours", st[i]], b["ref", st[i]]
+                    }
+                    print ""
+                    print "- no step with more requests than ref: " (more == "" ? "met" : "NOT met:" more)
+                }' "$OUT/requests.tsv"
+        done
     } > "$OUT/requests.md"
     cat "$OUT/requests.md"
 fi

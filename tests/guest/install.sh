@@ -3,6 +3,7 @@
 #   - bookworm-backports in the apt sources (added if missing)
 #   - qemu-system-x86 from bookworm-backports (QEMU 10), busybox-static, cpio, gcc, libc6-dev,
 #     findutils and strace (GNU find and strace go into the guest with their shared libraries);
+#     git (the guest benchmark's git-status step);
 #     for the guest benchmark's build steps GNU make and tcc (they go into its guest too); for
 #     the reliability tests stress-ng and fio (into their guest, with their shared libraries)
 #   - the newest 6.12 cloud kernel (bookworm-backports) and the newest 6.1 cloud kernel
@@ -69,7 +70,7 @@ case "$qemu_ver" in
 esac
 
 missing=()
-for p in busybox-static cpio gcc libc6-dev findutils strace xz-utils make tcc stress-ng fio; do
+for p in busybox-static cpio gcc libc6-dev findutils strace xz-utils make tcc stress-ng fio git; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
 # run.sh makes its fixtures (sockets, xattrs, device nodes) with python3
