@@ -684,6 +684,29 @@ host_checks_main() {
         result fail "$name" "no daemon log positions were taken at the warm-start/warm-end marks"
     fi
 
+    # The warm find after the timeout (find-30k-after-the-timeout): in --cache=auto one request
+    # per page of a listing plus a few per directory (OPENDIR, RELEASEDIR, the read that finds
+    # the end), never one per entry. The tree: the root (102 entries, 5 pages of READDIRPLUS
+    # at 25 entries of these names each), 100 directories of 13 (1 page), 1,000 of 32 (2).
+    name="${prefix}a warm find after the timeout sends a request per listing page, not per file"
+    if [ -f "$logs/loglines-findwarm-start.txt" ] && [ -f "$logs/loglines-findwarm-end.txt" ]; then
+        local fa fb fcounts ftotal flimit=$(( (5 + 100 + 2000) + 4 * 1101 ))
+        fa="$(cat "$logs/loglines-findwarm-start.txt")"; fb="$(cat "$logs/loglines-findwarm-end.txt")"
+        fcounts="$(sed -n "$((fa + 1)),${fb}p" "$logs/daemon.log" | grep -oE 'request unique=[0-9]+ opcode=[0-9]+ ' |
+            sed 's/.*opcode=//' | sort -n | uniq -c | awk '{ printf "%s op%s:%s", sep, $2, $1; sep = "," }')"
+        ftotal="$(sed -n "$((fa + 1)),${fb}p" "$logs/daemon.log" | grep -cE 'request unique=[0-9]+ opcode=[0-9]+ ' || true)"
+        echo "# ${prefix%host: }requests during the warm find after the timeout: $ftotal (${fcounts:-none})"
+        if [[ " $BOOT_FLAGS " != *" --cache auto "* ]]; then
+            result skip "$name" "not --cache auto: $ftotal requests"
+        elif [ "$ftotal" -le "$flimit" ]; then
+            result ok "$name" "$ftotal requests (at most $flimit): ${fcounts:-none}"
+        else
+            result fail "$name" "$ftotal requests, more than $flimit (2,105 listing pages + 4 per directory): $fcounts"
+        fi
+    else
+        result fail "$name" "no daemon log positions were taken at the findwarm-start/findwarm-end marks"
+    fi
+
     got="$(data_of "$c" statfs)"
     check "${prefix}statfs block size, blocks, inodes match the host's" "$got" "$(stat -f -c '%S %b %c' "$dir/share")" "bsize blocks files"
 

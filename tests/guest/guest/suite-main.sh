@@ -442,6 +442,20 @@ t_warm_reread() {
 }
 t tar-30k-warm-reread t_warm_reread
 
+# A warm walk of the 30k tree after the guest's entries expired (--cache=auto: 1 s). Each
+# READDIRPLUS must refresh a page of entries: the guest must not look each one up on its own
+# (the host counts the requests between the marks: host_checks_main in run.sh).
+t_find_after_timeout() {
+    [ -d $TREE ] || fail "$TREE missing"
+    find $TREE > /dev/null
+    sleep 2
+    mark findwarm-start
+    n=$(find $TREE | wc -l)
+    mark findwarm-end
+    eq "$n" 31111 "paths printed"
+}
+t find-30k-after-the-timeout t_find_after_timeout
+
 t_readonly_file() {
     # The guest kernel checks permissions (default_permissions); the daemon opens as itself.
     printf 'keep\n' > ro-file.txt
