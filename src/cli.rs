@@ -7,6 +7,7 @@
 //! `doc/configuration.md` describes each flag; `tests/cli.rs` checks both against the binary.
 
 use std::os::fd::RawFd;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, ValueEnum};
@@ -516,6 +517,12 @@ pub enum UsageError {
     SocketDirMissing(PathBuf),
     #[error("--socket-path: '{}' is a directory; expected the path of a socket to create", .0.display())]
     SocketPathIsDir(PathBuf),
+    #[error(
+        "--socket-path: '{}' exists and is {kind}, not a socket; expected the path of a socket \
+         to create (only a socket left there is replaced)",
+        .path.display()
+    )]
+    SocketPathNotASocket { path: PathBuf, kind: &'static str },
     #[error("--socket-group: only applies to a socket the daemon creates with --socket-path")]
     SocketGroupWithoutPath,
     /// A bad `--translate-uid`/`--translate-gid` rule.
@@ -610,7 +617,31 @@ fn check_socket_path(path: &Path) -> Result<(), UsageError> {
     if path.is_dir() {
         return Err(UsageError::SocketPathIsDir(path.to_path_buf()));
     }
-    Ok(())
+    // Checked again (without following a symlink) just before the socket is made.
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => Err(UsageError::SocketPathNotASocket {
+            path: path.to_path_buf(),
+            kind: file_kind(&m.file_type()),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// What a file that is not a socket is, for a message.
+pub fn file_kind(t: &std::fs::FileType) -> &'static str {
+    if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_file() {
+        "a regular file"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device node"
+    } else {
+        "another kind of file"
+    }
 }
 
 /// The refusal of a flag (or flag value) this version does not implement.

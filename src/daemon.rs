@@ -6,7 +6,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,6 +16,7 @@ use nix::errno::Errno;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::stat::Mode;
+use nix::unistd::Gid;
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
@@ -24,7 +25,7 @@ use crate::idmap::{MappedFs, Translation};
 use crate::passthrough::{self, PassthroughFs};
 use crate::sandbox::userns::{self, IdMapRange};
 use crate::sandbox::{self, caps, seccomp, SandboxError, SandboxMode};
-use crate::socket_lock::{self, LockError};
+use crate::socket_lock::{self, LockError, SocketId};
 use crate::vhost_user::FsBackend;
 
 /// Where the vhost-user socket comes from.
@@ -100,12 +101,12 @@ pub enum DaemonError {
         #[source]
         source: io::Error,
     },
-    #[error("vhost-user socket: cannot set the mode of {}", .path.display())]
-    SocketMode {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error(
+        "--socket-path: '{}' exists and is {kind}, not a socket; expected the path of a socket \
+         to create (only a socket left there is replaced)",
+        .path.display()
+    )]
+    NotASocketPath { path: PathBuf, kind: &'static str },
     /// `vhost_user_backend::Error` is no `std::error::Error`: it is shown in the message.
     #[error("vhost-user socket: accept failed: {0}")]
     Accept(vhost_user_backend::Error),
@@ -167,7 +168,7 @@ fn block_stop_signals() -> Result<SigSet, DaemonError> {
 
 /// Blocks the stop signals (see [`block_stop_signals`]), then starts a thread that waits for
 /// them, removes `socket_path` and its lock file and exits with status 0.
-fn handle_stop_signals(socket_path: Option<PathBuf>) -> Result<(), DaemonError> {
+fn handle_stop_signals(socket: Option<(PathBuf, Option<SocketId>)>) -> Result<(), DaemonError> {
     let set = block_stop_signals()?;
     std::thread::Builder::new()
         .name("signals".into())
@@ -175,9 +176,8 @@ fn handle_stop_signals(socket_path: Option<PathBuf>) -> Result<(), DaemonError> 
             if let Ok(sig) = set.wait() {
                 info!("signal {} received, exiting", sig as i32);
             }
-            if let Some(p) = &socket_path {
-                let _ = std::fs::remove_file(p);
-                socket_lock::remove_lock_file(p);
+            if let Some((p, made)) = &socket {
+                socket_lock::remove_socket(p, *made);
             }
             std::process::exit(0);
         })
@@ -195,22 +195,24 @@ fn socket_mode(group: Option<libc::gid_t>) -> libc::mode_t {
 }
 
 /// Creates (or takes, with `--fd`) the listening socket. A socket created at a path is not
-/// removed when the listener is dropped: see [`SocketFile`].
+/// removed when the listener is dropped: see [`SocketFile`]. Its mode comes from the umask
+/// [`run`] set and its group from the file-system group id of the thread that binds it: once
+/// made, the socket is never changed by path (a local user who can write its directory could
+/// have put a symbolic link there by then). Only a socket already at the path is replaced.
 fn bind_listener(
     spec: &SocketSpec,
     group: Option<libc::gid_t>,
-) -> Result<UnixListener, DaemonError> {
+) -> Result<(UnixListener, Option<SocketId>), DaemonError> {
     match spec {
         SocketSpec::Path(p) => {
-            let _ = std::fs::remove_file(p);
-            let l = UnixListener::bind(p).map_err(|source| DaemonError::Listen {
-                path: p.clone(),
-                source,
-            })?;
-            let file = SocketFile(Some(p.clone()));
-            set_socket_owner(p, group)?;
+            remove_old_socket(p)?;
+            let l = bind_as_group(p, group)?;
+            // What was made, to remove only that at exit (see `SocketFile`).
+            let made = SocketId::of(p);
+            let file = SocketFile(Some((p.clone(), made)));
+            check_socket_group(p, group)?;
             std::mem::forget(file);
-            Ok(l)
+            Ok((l, made))
         }
         SocketSpec::Fd(fd) => {
             // SAFETY: fstat only writes the local `st`; an invalid fd makes it fail with EBADF.
@@ -222,41 +224,87 @@ fn bind_listener(
             }
             // SAFETY: the user handed this listening socket to the daemon with `--fd`; nothing
             // else in the process owns it, and it was just checked to be a socket.
-            Ok(unsafe { UnixListener::from_raw_fd(*fd) })
+            Ok((unsafe { UnixListener::from_raw_fd(*fd) }, None))
         }
     }
 }
 
-/// The socket file the daemon created, removed when dropped, then its lock file (`None`:
-/// nothing to remove here). The socket goes first: once the lock file is gone another daemon
-/// may take the path.
-struct SocketFile(Option<PathBuf>);
+/// Removes a socket left at `path` (by an earlier daemon); refuses anything else there.
+fn remove_old_socket(path: &Path) -> Result<(), DaemonError> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DaemonError::Listen {
+            path: path.to_path_buf(),
+            source,
+        }),
+        Ok(m) if m.file_type().is_socket() => match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DaemonError::Listen {
+                path: path.to_path_buf(),
+                source: e,
+            }),
+            _ => Ok(()),
+        },
+        Ok(m) => Err(DaemonError::NotASocketPath {
+            path: path.to_path_buf(),
+            kind: crate::cli::file_kind(&m.file_type()),
+        }),
+    }
+}
+
+/// Binds a socket at `path` with `group` as the file-system group id of this thread for that
+/// one call, so that the socket is made with that group (a directory with the set-group-ID
+/// bit gives its own instead: see [`check_socket_group`]).
+fn bind_as_group(path: &Path, group: Option<libc::gid_t>) -> Result<UnixListener, DaemonError> {
+    let listen_failed = |source| DaemonError::Listen {
+        path: path.to_path_buf(),
+        source,
+    };
+    let Some(gid) = group else {
+        return UnixListener::bind(path).map_err(listen_failed);
+    };
+    let before = nix::unistd::setfsgid(Gid::from_raw(gid));
+    // setfsgid answers the previous id whether it worked or not: an invalid id asks for the
+    // current one without changing it.
+    let now = nix::unistd::setfsgid(Gid::from_raw(u32::MAX));
+    let bound = if now.as_raw() == gid {
+        UnixListener::bind(path).map_err(listen_failed)
+    } else {
+        Err(DaemonError::SocketGroup {
+            path: path.to_path_buf(),
+            gid,
+            source: io::Error::from_raw_os_error(libc::EPERM),
+        })
+    };
+    nix::unistd::setfsgid(before);
+    bound
+}
+
+/// Checks (without changing it) that the socket just made at `path` has `group`.
+fn check_socket_group(path: &Path, group: Option<libc::gid_t>) -> Result<(), DaemonError> {
+    let Some(gid) = group else { return Ok(()) };
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() && m.gid() != gid => Err(DaemonError::SocketGroup {
+            path: path.to_path_buf(),
+            gid,
+            source: io::Error::other(format!(
+                "made with group {} instead (its directory has the set-group-ID bit?)",
+                m.gid()
+            )),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The socket file the daemon created, removed when dropped (see
+/// [`socket_lock::remove_socket`]; `None`: nothing to remove here).
+struct SocketFile(Option<(PathBuf, Option<SocketId>)>);
 
 impl Drop for SocketFile {
     fn drop(&mut self) {
-        if let Some(p) = &self.0 {
-            let _ = std::fs::remove_file(p);
-            socket_lock::remove_lock_file(p);
+        if let Some((p, made)) = &self.0 {
+            socket_lock::remove_socket(p, *made);
         }
     }
-}
-
-/// Gives the socket file at `path` to `group` (when set) and its mode (see [`socket_mode`]).
-fn set_socket_owner(path: &Path, group: Option<libc::gid_t>) -> Result<(), DaemonError> {
-    if let Some(gid) = group {
-        std::os::unix::fs::chown(path, None, Some(gid)).map_err(|source| {
-            DaemonError::SocketGroup {
-                path: path.to_path_buf(),
-                gid,
-                source,
-            }
-        })?;
-    }
-    let mode = std::fs::Permissions::from_mode(socket_mode(group));
-    std::fs::set_permissions(path, mode).map_err(|source| DaemonError::SocketMode {
-        path: path.to_path_buf(),
-        source,
-    })
 }
 
 /// The limit `--rlimit-nofile` asks for by default: [`DEFAULT_NOFILE`], or less when the
@@ -361,13 +409,13 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         .as_deref()
         .map(|p| socket_lock::acquire(p, std::process::id()))
         .transpose()?;
-    let listener = bind_listener(&cfg.socket, opts.socket_group).inspect_err(|_| {
+    let (listener, made) = bind_listener(&cfg.socket, opts.socket_group).inspect_err(|_| {
         // No socket made: the lock file this daemon made goes too.
         if let Some(p) = &socket_path {
             socket_lock::remove_lock_file(p);
         }
     })?;
-    let mut socket_file = SocketFile(socket_path.clone());
+    let mut socket_file = SocketFile(socket_path.clone().map(|p| (p, made)));
     // Modes from the guest are applied as given; the guest kernel already applied its umask.
     nix::sys::stat::umask(Mode::empty());
 
@@ -376,7 +424,7 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
     let confined = sandbox::enter(
         opts.sandbox,
         &cfg.fs.root_dir,
-        socket_path.as_deref(),
+        socket_path.as_deref().map(|p| (p, made)),
         listener.as_raw_fd(),
     )?;
     if confined.supervised {
@@ -424,9 +472,9 @@ pub fn serve(cfg: DaemonConfig) -> Result<(), DaemonError> {
     let root = cfg.fs.root_dir.clone();
     let mut socket_file = SocketFile(None);
     let result = serve_with(cfg, None, &root, || {
-        let l = bind_listener(&spec, None)?;
+        let (l, made) = bind_listener(&spec, None)?;
         if let SocketSpec::Path(p) = &spec {
-            socket_file = SocketFile(Some(p.clone()));
+            socket_file = SocketFile(Some((p.clone(), made)));
         }
         Ok(Listener::from(l))
     });

@@ -17,7 +17,7 @@
 use std::fs::File;
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -89,7 +89,7 @@ pub fn acquire(socket: &Path, pid: u32) -> Result<SocketLock, LockError> {
             .create(true)
             .truncate(false)
             .mode(0o644)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
             .open(&path)
             .map_err(|source| LockError::Open {
                 path: path.clone(),
@@ -207,6 +207,39 @@ pub fn remove_lock_file(socket: &Path) {
             log::warn!("cannot remove the lock file {}: {e}", path.display());
         }
     }
+}
+
+/// Device and inode number of the socket file the daemon made, so that it removes that file
+/// and nothing another user put at the path since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketId {
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketId {
+    /// The socket at `path`, if that is one (a symbolic link is not followed).
+    pub fn of(path: &Path) -> Option<Self> {
+        let m = std::fs::symlink_metadata(path).ok()?;
+        m.file_type().is_socket().then(|| SocketId {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+}
+
+/// Removes the socket file at `path` when it is still the one the daemon made (`made`), then
+/// the lock file. The socket goes first: once the lock file is gone another daemon may take
+/// the path.
+pub fn remove_socket(path: &Path, made: Option<SocketId>) {
+    if made.is_some() && SocketId::of(path) == made {
+        if let Err(e) = std::fs::remove_file(path) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                log::warn!("cannot remove the socket {}: {e}", path.display());
+            }
+        }
+    }
+    remove_lock_file(path);
 }
 
 #[cfg(test)]

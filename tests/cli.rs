@@ -670,6 +670,144 @@ fn socket_is_private_or_shared_with_socket_group() {
     assert_eq!(terminate(child).0.code(), Some(0));
 }
 
+#[test]
+fn only_a_socket_at_the_socket_path_is_replaced() {
+    let d = dirs();
+    let target = d.tmp.path().join("precious");
+    fs::write(&target, b"keep me").unwrap();
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o600)).unwrap();
+    // A regular file and a symbolic link at the path: refused, left as they were.
+    fs::write(&d.socket, b"a file").unwrap();
+    assert_refused(
+        &d.base(),
+        &["--socket-path", "is a regular file, not a socket"],
+    );
+    assert_eq!(fs::read(&d.socket).unwrap(), b"a file");
+    fs::remove_file(&d.socket).unwrap();
+    std::os::unix::fs::symlink(&target, &d.socket).unwrap();
+    assert_refused(
+        &d.base(),
+        &["--socket-path", "is a symbolic link, not a socket"],
+    );
+    assert!(fs::symlink_metadata(&d.socket)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    fs::remove_file(&d.socket).unwrap();
+    assert_eq!(fs::read(&target).unwrap(), b"keep me");
+    assert_eq!(fs::metadata(&target).unwrap().mode() & 0o7777, 0o600);
+    // A socket left by an earlier daemon is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&d.socket).unwrap());
+    assert_serves(&d, &d.base());
+}
+
+/// Events of an inotify watch on `dir` for the name `name`: `IN_CREATE`, `IN_ATTRIB`, ...
+struct DirWatch(std::os::fd::OwnedFd);
+
+impl DirWatch {
+    fn new(dir: &Path) -> Self {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: inotify_init1 has no preconditions; the result is checked.
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
+        assert!(
+            fd >= 0,
+            "inotify_init1: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: `fd` was just made and is owned by nothing else.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid inotify descriptor and a NUL-terminated path.
+        let wd = unsafe {
+            libc::inotify_add_watch(
+                fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::IN_CREATE | libc::IN_ATTRIB,
+            )
+        };
+        assert!(
+            wd >= 0,
+            "inotify_add_watch: {}",
+            std::io::Error::last_os_error()
+        );
+        DirWatch(fd)
+    }
+
+    /// The masks of the events so far for `name`.
+    fn events_for(&self, name: &str) -> Vec<u32> {
+        use std::os::fd::AsRawFd;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut out = Vec::new();
+        loop {
+            // SAFETY: reads into `buf`, which is valid for its length.
+            let n = unsafe { libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return out;
+            }
+            let mut at = 0usize;
+            let head = std::mem::size_of::<libc::inotify_event>();
+            while at + head <= n as usize {
+                // SAFETY: the kernel wrote a whole event at `at` (it never splits one); an
+                // unaligned read copies it out.
+                let ev: libc::inotify_event =
+                    unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
+                let raw = &buf[at + head..at + head + ev.len as usize];
+                let got = raw.split(|b| *b == 0).next().unwrap_or(&[]);
+                if got == name.as_bytes() {
+                    out.push(ev.mask);
+                }
+                at += head + ev.len as usize;
+            }
+        }
+    }
+}
+
+#[test]
+fn the_socket_is_made_with_its_mode_and_group_and_never_changed_by_path() {
+    // A local user who can write the socket's directory could swap a symbolic link in after
+    // the bind: a chown or chmod by path then would change the link's target. The socket must
+    // get its mode and group when it is made, and no change of attributes after.
+    let d = dirs();
+    let name = d.socket.file_name().unwrap().to_str().unwrap().to_owned();
+    // SAFETY: geteuid and getegid have no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let gid = if root {
+        4242
+    } else {
+        // SAFETY: as above.
+        unsafe { libc::getegid() }
+    };
+    for (extra, mode) in [
+        (None, 0o700),
+        (Some(format!("--socket-group={gid}")), 0o770),
+    ] {
+        let _ = fs::remove_file(&d.socket);
+        let watch = DirWatch::new(d.tmp.path());
+        let args = match &extra {
+            Some(g) => d.with(&[g.as_str()]),
+            None => d.base(),
+        };
+        let mut child = spawn(&args);
+        wait_for_socket(&mut child, &d.socket);
+        // The daemon is set up once it answers a frontend; the set-up ends well before that.
+        std::thread::sleep(Duration::from_millis(300));
+        let meta = fs::symlink_metadata(&d.socket).unwrap();
+        assert_eq!(meta.mode() & 0o7777, mode, "{extra:?}");
+        if extra.is_some() {
+            assert_eq!(meta.gid(), gid);
+        }
+        let events = watch.events_for(&name);
+        assert_eq!(terminate(child).0.code(), Some(0));
+        assert!(events.contains(&libc::IN_CREATE), "{extra:?}: {events:x?}");
+        assert!(
+            events.iter().all(|m| m & libc::IN_ATTRIB == 0),
+            "{extra:?}: the socket's attributes were changed after it was made: {events:x?}"
+        );
+    }
+}
+
 /// The soft and hard open-files limits of process `pid`.
 fn nofile_limits(pid: u32) -> (String, String) {
     let limits = fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();

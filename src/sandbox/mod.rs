@@ -135,7 +135,7 @@ const FORWARDED: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP]
 pub fn enter(
     mode: SandboxMode,
     shared_dir: &Path,
-    socket_file: Option<&Path>,
+    socket_file: Option<(&Path, Option<crate::socket_lock::SocketId>)>,
     listen_fd: RawFd,
 ) -> Result<Confined, SandboxError> {
     if mode == SandboxMode::None {
@@ -226,7 +226,11 @@ fn create_namespaces() -> Result<(), StepError> {
 
 /// The supervising parent: forwards the stop signals to `child`, waits for it, removes the
 /// socket file and exits with the child's status (128 + the signal when it was killed).
-fn supervise(child: Pid, set: &SigSet, socket_file: Option<&Path>) -> ! {
+fn supervise(
+    child: Pid,
+    set: &SigSet,
+    socket_file: Option<(&Path, Option<crate::socket_lock::SocketId>)>,
+) -> ! {
     // The parent needs no privilege but to remove the socket where it created it.
     let keep = if nix::unistd::geteuid().is_root() {
         caps::CapSet::of(&[caps::CAP_DAC_OVERRIDE])
@@ -256,14 +260,9 @@ fn supervise(child: Pid, set: &SigSet, socket_file: Option<&Path>) -> ! {
             }
         }
     };
-    if let Some(p) = socket_file {
-        if let Err(e) = std::fs::remove_file(p) {
-            if e.kind() != io::ErrorKind::NotFound {
-                log::warn!("cannot remove the socket {}: {e}", p.display());
-            }
-        }
-        // After the socket: from now on another daemon may take the path.
-        crate::socket_lock::remove_lock_file(p);
+    if let Some((p, made)) = socket_file {
+        // The socket made, if still there, then its lock file.
+        crate::socket_lock::remove_socket(p, made);
     }
     if let WaitStatus::Signaled(_, sig, _) = status {
         log::error!("the daemon was killed by signal {}", sig as i32);

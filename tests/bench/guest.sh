@@ -289,7 +289,7 @@ tree_wants
     die "host check: grep -r counted '${WANT[grep-r]}', the generator wrote $(tree_field needles) needles"
 for k in "${!WANT[@]}"; do BARE_WANT[$k]="${WANT[$k]}"; done
 say "making the tree a git repository (objects packed)"
-(cd "$TREE" && git init -q --template= && git add -A &&
+(cd "$TREE" && git init -q --template= && git config gc.auto 0 && git add -A &&
     git -c user.name=bench -c user.email=bench@localhost commit -q -m tree &&
     git gc -q --prune=now) >"$OUT/git.log" 2>&1 || die "git failed on the tree; see $OUT/git.log"
 tree_wants
