@@ -213,6 +213,12 @@ pub struct Args {
     #[arg(long = "rlimit-nofile", value_name = "N", value_parser = number::<u64>)]
     pub rlimit_nofile: Option<u64>,
 
+    /// Host files the guest may hold at once (nodes it looked up and has not forgotten); past
+    /// it a new one is refused with ENFILE [default: one per 2 KiB of the host's memory, from
+    /// 65536 to 16777216]
+    #[arg(long = "max-nodes", value_name = "N", value_parser = max_nodes)]
+    pub max_nodes: Option<usize>,
+
     /// Comma-separated options in the legacy format, e.g. -o source=DIR,cache=none
     /// [deprecated]
     #[arg(short = 'o', value_name = "OPTIONS", action = clap::ArgAction::Append)]
@@ -594,6 +600,13 @@ fn pool_size(v: &str) -> Result<usize, String> {
     }
 }
 
+fn max_nodes(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(n) if n >= 16 => Ok(n),
+        _ => Err("expected a whole number of at least 16".into()),
+    }
+}
+
 /// Longest path a unix socket address holds (`sun_path` is 108 bytes with its NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
 
@@ -894,6 +907,9 @@ impl Args {
         fs.killpriv_v2 = self.killpriv_v2 && !self.no_killpriv_v2;
         fs.readonly = self.readonly;
         fs.readdirplus = !self.no_readdirplus;
+        if let Some(n) = self.max_nodes {
+            fs.max_nodes = n;
+        }
         fs.writeback = self.writeback;
         // On unless turned off (clap keeps only the last of the pair).
         fs.announce_submounts = !self.no_announce_submounts;

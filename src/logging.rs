@@ -2,40 +2,24 @@
 //!
 //! Both honour the level of `--log-level` and, when set, the filters of `RUST_LOG`.
 
-use std::ffi::{CStr, CString};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::{self, Write};
+use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
 /// The syslog identity of the daemon's messages; each line carries it as `virtiofsd[PID]`.
 const IDENT: &str = "virtiofsd";
 
-/// Whether [`Syslog::init`] installed the syslog logger (so that [`set_pid`] retags it).
-static SYSLOG: AtomicBool = AtomicBool::new(false);
-
-/// The syslog tag `virtiofsd[PID]`, leaked: `openlog(3)` keeps the pointer. Made once at start
-/// and once more in a sandboxed child.
-fn tag(pid: u32) -> &'static CStr {
-    let tag = CString::new(format!("{IDENT}[{pid}]")).unwrap_or_default();
-    Box::leak(tag.into_boxed_c_str())
-}
-
-/// `openlog(3)` with the tag of `pid` (the pid is in the tag, not added by syslog from
-/// `getpid()`, which says 1 inside the sandbox's pid namespace). `LOG_NDELAY` connects to
-/// `/dev/log` now, while it can still be reached; a later call keeps that connection.
-fn open(pid: u32) {
-    // SAFETY: the tag is a NUL-terminated string with static lifetime, as openlog requires (it
-    // keeps the pointer).
-    unsafe { libc::openlog(tag(pid).as_ptr(), libc::LOG_NDELAY, libc::LOG_USER) };
-}
+/// The pid shown in the syslog tag `virtiofsd[PID]` (see [`set_pid`]).
+static PID: AtomicU32 = AtomicU32::new(0);
 
 /// Tells syslog the pid to show from now on: a sandboxed child calls it with its pid as the
-/// host (the launcher's pid namespace) numbers it, learned before it hides the host's `/proc`.
-/// Does nothing unless logging goes to syslog.
+/// host (the launcher's pid namespace) numbers it, learned before it hides the host's `/proc`
+/// (inside its pid namespace `getpid()` says 1).
 pub fn set_pid(pid: u32) {
-    if SYSLOG.load(Ordering::Relaxed) {
-        open(pid);
-    }
+    PID.store(pid, Ordering::Relaxed);
 }
 
 /// This process's pid as numbered in the pid namespace of the mounted `/proc` (the host's,
@@ -47,12 +31,42 @@ pub fn pid_seen_by_proc() -> u32 {
         .unwrap_or_else(std::process::id)
 }
 
+/// Where syslog listens.
+const DEV_LOG: &str = "/dev/log";
+
+/// A connection to the syslog daemon: `/dev/log` is a datagram socket, or on a few systems a
+/// stream one (whose records end with a NUL byte, as `syslog(3)` sends them).
+enum Conn {
+    Datagram(UnixDatagram),
+    Stream(UnixStream),
+}
+
+impl Conn {
+    /// Connects to [`DEV_LOG`]; only at start: once the sandbox has made the shared directory
+    /// the root, that name would be looked up among the guest's files.
+    fn open() -> io::Result<Conn> {
+        let dgram = UnixDatagram::unbound().and_then(|s| s.connect(DEV_LOG).map(|()| s));
+        match dgram {
+            Ok(s) => Ok(Conn::Datagram(s)),
+            Err(_) => UnixStream::connect(DEV_LOG).map(Conn::Stream),
+        }
+    }
+
+    fn send(&mut self, line: &[u8]) -> io::Result<()> {
+        match self {
+            Conn::Datagram(s) => s.send(line).map(drop),
+            Conn::Stream(s) => {
+                s.write_all(line)?;
+                s.write_all(b"\0")
+            }
+        }
+    }
+}
+
 /// Whether a syslog daemon listens on `/dev/log` (a datagram socket, or a stream one): a
 /// socket file left by a stopped one would swallow every line, the last error too.
 pub fn syslog_listens() -> bool {
-    let path = "/dev/log";
-    std::os::unix::net::UnixDatagram::unbound().is_ok_and(|s| s.connect(path).is_ok())
-        || std::os::unix::net::UnixStream::connect(path).is_ok()
+    Conn::open().is_ok()
 }
 
 /// The filter of `--log-level` refined by `RUST_LOG`.
@@ -83,31 +97,70 @@ pub fn priority(level: Level) -> libc::c_int {
     libc::LOG_USER | severity
 }
 
-/// A [`Log`] that writes each record with `syslog(3)`.
+/// A [`Log`] that sends each record to the syslog daemon over the connection made at start,
+/// as `<PRI>Mmm dd hh:mm:ss virtiofsd[PID]: text`. The connection is never made again by path
+/// (see [`Conn::open`]): a record that cannot be sent goes to stderr.
 pub struct Syslog {
     filter: env_logger::Logger,
+    conn: Mutex<Option<Conn>>,
 }
 
 impl Syslog {
-    /// Opens the connection to syslog (tag `virtiofsd[PID]`, see [`set_pid`]) and installs
-    /// the logger for `level`.
-    pub fn init(level: LevelFilter) -> Result<(), log::SetLoggerError> {
-        open(std::process::id());
+    /// Connects to syslog and installs the logger for `level`. The tag carries this process's
+    /// pid until [`set_pid`] says another.
+    pub fn init(level: LevelFilter) -> Result<(), SyslogError> {
+        // The local time zone is read now, while /etc/localtime can still be reached.
+        // SAFETY: tzset only reads the environment and the zone file; no other thread runs yet.
+        unsafe { tzset() };
+        set_pid(std::process::id());
+        let conn = Conn::open().map_err(SyslogError::Connect)?;
         let logger = Syslog {
             filter: filter(level),
+            conn: Mutex::new(Some(conn)),
         };
         let max = logger.filter.filter();
-        log::set_boxed_logger(Box::new(logger))?;
+        log::set_boxed_logger(Box::new(logger)).map_err(SyslogError::Logger)?;
         log::set_max_level(max);
-        SYSLOG.store(true, Ordering::Relaxed);
         Ok(())
     }
 }
 
-/// The text of a record as a C string; NUL bytes, which syslog cannot carry, are escaped.
-fn message(record: &Record<'_>) -> CString {
+/// Why `--syslog` could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SyslogError {
+    #[error("cannot connect to {DEV_LOG}")]
+    Connect(#[source] io::Error),
+    #[error("a logger is installed already")]
+    Logger(#[source] log::SetLoggerError),
+}
+
+extern "C" {
+    fn tzset();
+}
+
+/// The syslog line of a record at `now` (seconds since the epoch): priority, local time, tag
+/// with the pid of [`set_pid`], text. NUL bytes, which a stream record cannot carry, are
+/// escaped.
+fn line(record: &Record<'_>, now: libc::time_t) -> Vec<u8> {
+    // SAFETY: tm is plain data, for which all-zero bytes are a valid value.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    let mut stamp = [0u8; 32];
+    // SAFETY: localtime_r writes the local `tm`; strftime writes at most `stamp.len()` bytes
+    // into `stamp` and returns how many, with a NUL-terminated static format.
+    let n = unsafe {
+        libc::localtime_r(&now, &mut tm);
+        libc::strftime(
+            stamp.as_mut_ptr().cast(),
+            stamp.len(),
+            c"%b %e %H:%M:%S".as_ptr(),
+            &tm,
+        )
+    };
     let text = format!("{}", record.args()).replace('\0', "\\0");
-    CString::new(text).unwrap_or_default()
+    let mut out = format!("<{}>", priority(record.level())).into_bytes();
+    out.extend_from_slice(&stamp[..n]);
+    out.extend_from_slice(format!(" {IDENT}[{}]: {text}", PID.load(Ordering::Relaxed)).as_bytes());
+    out
 }
 
 impl Log for Syslog {
@@ -119,10 +172,17 @@ impl Log for Syslog {
         if !self.filter.matches(record) {
             return;
         }
-        let msg = message(record);
-        // SAFETY: the format is a static "%s" and `msg` a NUL-terminated string that outlives
-        // the call.
-        unsafe { libc::syslog(priority(record.level()), c"%s".as_ptr(), msg.as_ptr()) };
+        // SAFETY: time(NULL) only reads the clock.
+        let now = unsafe { libc::time(std::ptr::null_mut()) };
+        let line = line(record, now);
+        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        let sent = conn.as_mut().is_some_and(|c| c.send(&line).is_ok());
+        if !sent {
+            // The syslog daemon went away: it is not looked for again (see `Conn::open`).
+            *conn = None;
+            drop(conn);
+            eprintln!("virtiofsd: {}", String::from_utf8_lossy(&line));
+        }
     }
 
     fn flush(&self) {}
@@ -142,8 +202,20 @@ mod tests {
     }
 
     #[test]
-    fn the_tag_carries_the_pid() {
-        assert_eq!(tag(4242), c"virtiofsd[4242]");
+    fn a_line_carries_priority_time_tag_and_pid() {
+        set_pid(4242);
+        let args = format_args!("hello");
+        let record = Record::builder().args(args).level(Level::Warn).build();
+        let l = String::from_utf8(line(&record, 0)).unwrap();
+        let pri = format!("<{}>", libc::LOG_USER | libc::LOG_WARNING);
+        assert!(l.starts_with(&pri), "{l}");
+        // "Mmm dd hh:mm:ss" of some time zone on the first day of 1970 or the last of 1969.
+        assert_eq!(
+            l.len(),
+            pri.len() + 15 + " virtiofsd[4242]: hello".len(),
+            "{l}"
+        );
+        assert!(l.ends_with(" virtiofsd[4242]: hello"), "{l}");
     }
 
     #[test]
@@ -156,6 +228,6 @@ mod tests {
     fn messages_with_nul_bytes_are_escaped() {
         let args = format_args!("a\0b");
         let record = Record::builder().args(args).level(Level::Info).build();
-        assert_eq!(message(&record).as_bytes(), b"a\\0b");
+        assert!(line(&record, 0).ends_with(b": a\\0b"));
     }
 }

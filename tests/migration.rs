@@ -762,3 +762,99 @@ fn id_translation_goes_on_after_the_migration() {
         "host view"
     );
 }
+
+/// The real binary, sandboxed (`--sandbox=namespace`), as a migration destination of
+/// `--migration-mode=file-handles --migration-on-error=guest-error` serving `share` on a socket
+/// in `dir`; the frontend connected to it.
+fn sandboxed_destination(
+    share: &std::path::Path,
+    dir: &std::path::Path,
+) -> (std::process::Child, virtiofsd::frontend::FsFrontend) {
+    let socket = dir.join("dst.sock");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_virtiofsd"))
+        .arg("--sandbox=namespace")
+        .arg(format!("--shared-dir={}", share.display()))
+        .arg(format!("--socket-path={}", socket.display()))
+        .args([
+            "--migration-mode=file-handles",
+            "--migration-on-error=guest-error",
+            // The options of the in-process source.
+            "--no-announce-submounts",
+            "--log-level=warn",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start virtiofsd");
+    let fe = virtiofsd::frontend::FsFrontend::connect(&socket, 1).expect("connect to the binary");
+    (child, fe)
+}
+
+/// The mount id of the root of process `pid` (its `/`), from the host's view of its mounts.
+fn root_mount_id(pid: u32) -> String {
+    let info = fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    info.lines()
+        .rev()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 4 && f[4] == "/").then(|| f[0].to_owned())
+        })
+        .expect("a mount at /")
+}
+
+#[test]
+fn a_sandboxed_destination_reads_the_hosts_mounts_never_the_shares() {
+    // Once the shared directory is the sandbox's root, `/proc/self/mountinfo` by path would be
+    // a file the guest writes: a forged one made a handle of a file deleted while open pass as
+    // inside the share. The destination must ask the procfs it kept, and then also take such a
+    // file when the share really is its file system's root.
+    if !is_root() {
+        eprintln!("skipped: needs root (a sandbox, an ext4 share, open_by_handle_at)");
+        return;
+    }
+    for whole in [true, false] {
+        let mut opts = Options::default().migration(guest_error(handles()));
+        if whole {
+            opts = opts.ext4_share();
+        }
+        let mut src = source(opts);
+        let a = src.file("tmp", b"scratch");
+        let fh = src.open(a, libc::O_RDWR);
+        src.c.unlink(ROOT_ID, "tmp").unwrap();
+        let state = saved(&mut src);
+        let dir = tempfile::tempdir().unwrap();
+        let (child, mut fe) = sandboxed_destination(&src.share, dir.path());
+        if !whole {
+            // What a guest could have written into the share: every mount "whole".
+            let id = root_mount_id(serving_child(&child));
+            let forged = format!("{id} 1 0:1 / / rw - ext4 /dev/x rw\n");
+            fs::create_dir_all(src.share.join("proc/self")).unwrap();
+            fs::write(src.share.join("proc/self/mountinfo"), forged.repeat(2)).unwrap();
+        }
+        if let Err(e) = fe.load_state(&state) {
+            drop(fe);
+            let (status, err) = wait_exit(child);
+            panic!("the destination refused the state ({e}); it exited {status:?}: {err}");
+        }
+        let mut c = fe.client(0).unwrap();
+        c.set_init_out(src.init.unwrap());
+        let got = c.read(a, fh, 0, 10);
+        if whole {
+            assert_eq!(
+                got.unwrap(),
+                b"scratch",
+                "the share is its file system's root"
+            );
+        } else {
+            assert_eq!(
+                got.unwrap_err(),
+                libc::EBADF,
+                "a handle proven by a forged mountinfo"
+            );
+        }
+        fe.disconnect();
+        let (status, err) = wait_exit(child);
+        assert_eq!(status.code(), Some(0), "{err}");
+    }
+}

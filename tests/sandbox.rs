@@ -11,9 +11,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
-use common::{clear_umask, fuse_dev, setattr_in, wait_exit};
+use common::{clear_umask, fuse_dev, serving_child, setattr_in, wait_exit};
 use tempfile::TempDir;
 use virtiofsd::frontend::FsFrontend;
 use virtiofsd::fuse::abi::{fattr, ROOT_ID};
@@ -66,26 +65,6 @@ fn command(sandbox: &str, share: &Path, socket: &Path, extra: &[&str]) -> Comman
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     cmd
-}
-
-/// The process serving for the started `parent`: its only child.
-fn serving_child(parent: &Child) -> u32 {
-    let pid = parent.id();
-    let path = format!("/proc/{pid}/task/{pid}/children");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let children = fs::read_to_string(&path).unwrap_or_default();
-        let pids: Vec<u32> = children
-            .split_whitespace()
-            .map(|p| p.parse().unwrap())
-            .collect();
-        match pids.as_slice() {
-            [one] => return *one,
-            [] => assert!(Instant::now() < deadline, "no serving child of {pid}"),
-            more => panic!("{pid} has several children: {more:?}"),
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 fn cap_eff(pid: u32) -> u64 {

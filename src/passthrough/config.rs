@@ -111,6 +111,23 @@ impl FromStr for Negotiate {
 /// Default of [`Config::listing_memory`].
 pub const DEFAULT_LISTING_MEMORY: usize = 64 << 20;
 
+/// Bytes of the host's memory per node [`default_max_nodes`] allows: a node held by a walk
+/// costs some 500 bytes, so the nodes together take at most a quarter of the memory.
+pub const MEMORY_PER_NODE: u64 = 2048;
+
+/// The default of `--max-nodes`: one node per [`MEMORY_PER_NODE`] bytes of the host's memory,
+/// at least 65,536 and at most 16,777,216 (24 GiB: 12.5 million).
+pub fn default_max_nodes() -> usize {
+    // SAFETY: sysinfo only writes the local struct, plain data for which zero bytes are valid.
+    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let total = match unsafe { libc::sysinfo(&mut si) } {
+        0 => (si.totalram as u64).saturating_mul(u64::from(si.mem_unit.max(1))),
+        _ => 0,
+    };
+    (total / MEMORY_PER_NODE).clamp(1 << 16, 1 << 24) as usize
+}
+
 /// Configuration of a [`super::PassthroughFs`].
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -153,6 +170,9 @@ pub struct Config {
     /// handle and inode); a listing that does not fit is read from the directory at each
     /// READDIR instead. One listing takes at most a quarter.
     pub listing_memory: usize,
+    /// Nodes the guest may hold at once (`--max-nodes`); a new one past it is refused with
+    /// `ENFILE`.
+    pub max_nodes: usize,
     /// Entry timeout; defaults from `cache`.
     pub entry_timeout: Duration,
     /// Attribute timeout; defaults from `cache`.
@@ -181,6 +201,7 @@ impl Config {
             security_label: Negotiate::Never,
             killpriv_v2: false,
             listing_memory: DEFAULT_LISTING_MEMORY,
+            max_nodes: default_max_nodes(),
             entry_timeout: cache.timeout(),
             attr_timeout: cache.timeout(),
             migration: crate::migration::Options::default(),

@@ -325,7 +325,14 @@ mod tests {
         std::fs::remove_file(tmp.path().join("a")).unwrap();
         let root = open_dir(open_path(tmp.path()).as_fd()).unwrap();
         let e = h.open(root.as_fd(), libc::O_PATH).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+        assert!(gone(&e), "{e}");
+    }
+
+    /// How the kernel refuses the handle of a file that is gone: `ESTALE`, or `ENOMEM` when
+    /// the inode is still being evicted (Linux 6.18 ext4, seen with other tests running: its
+    /// `open_by_handle_at` says `ENOMEM` when the file system finds no dentry).
+    fn gone(e: &std::io::Error) -> bool {
+        matches!(e.raw_os_error(), Some(libc::ESTALE) | Some(libc::ENOMEM))
     }
 
     /// A file unlinked while still open: ext4 and tmpfs (Linux 6.x) still open it by handle,
@@ -351,12 +358,12 @@ mod tests {
                     let st = sys::stat_fd(fd.as_fd()).unwrap();
                     assert_eq!((st.st_ino, st.st_nlink), (ino, 0), "{}", base.display());
                 }
-                Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}"),
+                Err(e) => assert!(gone(&e), "{e}"),
             }
             drop(keep);
             // Closed and unlinked: gone.
             let e = h.open(root.as_fd(), libc::O_PATH).unwrap_err();
-            assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{}", base.display());
+            assert!(gone(&e), "{}: {e}", base.display());
         }
     }
 

@@ -244,6 +244,7 @@ impl PassthroughFs {
             let n = match pending.take() {
                 Some(n) => n,
                 None => {
+                    self.check_node_limit()?;
                     let make = source.take().ok_or_else(|| error(libc::ESTALE))?;
                     self.new_inode(key, identity, at, make()?)?
                 }
@@ -255,6 +256,23 @@ impl PassthroughFs {
         }
         // The name kept changing under us.
         Err(error(libc::ESTALE))
+    }
+
+    /// Refuses a new inode once the table holds `--max-nodes` (`ENFILE`, logged once per
+    /// thousand refusals): memory stays bounded whatever the guest looks up and never forgets.
+    fn check_node_limit(&self) -> io::Result<()> {
+        if self.inodes.len() < self.cfg.max_nodes {
+            return Ok(());
+        }
+        static REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        if REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 1000 == 0 {
+            log::warn!(
+                "the guest holds {} nodes (--max-nodes): a new one is refused with ENFILE until \
+                 it forgets some",
+                self.cfg.max_nodes
+            );
+        }
+        Err(error(libc::ENFILE))
     }
 
     /// What a new inode with `key` proves its identity with: nothing more than its key when

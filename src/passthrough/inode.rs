@@ -19,10 +19,10 @@
 //! inode, and the old one is retired: it keeps its node id until forgotten but is reached by no
 //! name any more ([`InodeStore::retire`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 
 use super::file_handle::FileHandle;
@@ -102,6 +102,8 @@ pub struct InodeData {
     /// served from offset 0; for a file, of the file at the last OPEN. Lets OPENDIR and OPEN
     /// tell the guest that the listing or pages it cached are still the file's.
     pub served: Mutex<Option<Stamp>>,
+    /// Open handles of this inode (OPEN, OPENDIR, CREATE not yet released).
+    pub handles: AtomicU32,
     refcount: AtomicU64,
 }
 
@@ -123,6 +125,7 @@ impl InodeData {
             origin: Mutex::new(origin),
             last_open: Mutex::new(Weak::new()),
             served: Mutex::new(None),
+            handles: AtomicU32::new(0),
             refcount: AtomicU64::new(1),
         }
     }
@@ -241,6 +244,11 @@ pub struct NewInode {
 pub struct InodeStore {
     maps: RwLock<Maps>,
     next_id: AtomicU64,
+    /// Ids of inodes whose file is gone from the host with nothing left to serve it (see
+    /// [`InodeStore::bury`]), as ranges `start → end` (exclusive): the ids the guest has not
+    /// forgotten yet, which answer `ESTALE`. Ids are given in order, so the ids of files made
+    /// and removed one after the other make one range.
+    dead: Mutex<BTreeMap<u64, u64>>,
 }
 
 impl InodeStore {
@@ -254,6 +262,7 @@ impl InodeStore {
         let store = InodeStore {
             maps: RwLock::new(Maps::default()),
             next_id: AtomicU64::new(ROOT_ID + 1),
+            dead: Mutex::new(BTreeMap::new()),
         };
         store.insert_root(root_fd, root_st, x, identity);
         store
@@ -328,6 +337,75 @@ impl InodeStore {
         );
     }
 
+    /// Drops the inode `data`, whose file no longer exists on the host and which nothing the
+    /// daemon holds (handle, descriptor) can serve any more: it would cost memory until the
+    /// guest forgets it, which a guest need never do. Its id answers `ESTALE` from now on (see
+    /// [`InodeStore::is_dead`]) until the guest forgets it.
+    pub fn bury(&self, data: &InodeData) {
+        let removed = {
+            let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
+            if maps.by_key.get(&data.key) == Some(&data.id) {
+                maps.by_key.remove(&data.key);
+            }
+            maps.by_id.remove(&data.id)
+        };
+        if removed.is_some() {
+            let id = data.id;
+            let mut dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
+            // Joined to the range ending at `id` (the usual case: made and removed in turn).
+            let before = dead.range(..id).next_back().map(|(s, e)| (*s, *e));
+            match before {
+                Some((start, end)) if end == id => {
+                    dead.insert(start, id + 1);
+                }
+                _ => {
+                    dead.insert(id, id + 1);
+                }
+            }
+            if let Some(after_end) = dead.remove(&(id + 1)) {
+                let start = dead.range(..=id).next_back().map(|(s, _)| *s).unwrap_or(id);
+                dead.insert(start, after_end);
+            }
+        }
+        // The descriptors it held (none: see the caller) and its name go outside the lock.
+        drop(removed);
+    }
+
+    /// Whether `id` is the id of a buried inode the guest has not forgotten.
+    pub fn is_dead(&self, id: u64) -> bool {
+        let dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
+        dead.range(..=id)
+            .next_back()
+            .is_some_and(|(_, end)| id < *end)
+    }
+
+    /// The guest forgot the buried id `id`.
+    fn forget_dead(&self, id: u64) {
+        let mut dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some((start, end)) = dead.range(..=id).next_back().map(|(s, e)| (*s, *e)) else {
+            return;
+        };
+        if id >= end {
+            return;
+        }
+        dead.remove(&start);
+        if start < id {
+            dead.insert(start, id);
+        }
+        if id + 1 < end {
+            dead.insert(id + 1, end);
+        }
+    }
+
+    /// The number of ranges of buried ids (what they cost).
+    #[cfg(test)]
+    pub fn dead_ranges(&self) -> usize {
+        self.dead
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
     /// The inode identified by `key`, if known (no reference is taken).
     pub fn find(&self, key: &InodeKey) -> Option<Arc<InodeData>> {
         let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
@@ -360,6 +438,8 @@ impl InodeStore {
         {
             let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
             let Some(data) = maps.by_id.get(&id) else {
+                drop(maps);
+                self.forget_dead(id);
                 return;
             };
             // Fast path: the count stays above zero.
@@ -490,10 +570,14 @@ impl InodeStore {
             }
             old
         };
+        self.dead
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
         drop(old);
     }
 
-    #[cfg(test)]
+    /// How many inodes the table holds.
     pub fn len(&self) -> usize {
         self.maps
             .read()
@@ -550,6 +634,50 @@ mod tests {
         store.forget(a, 1);
         assert!(store.get(a).is_none());
         assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn buried_ids_answer_until_forgotten_and_cost_a_range() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (store, root) = store_on(tmp.path());
+        let mut ids = Vec::new();
+        for i in 0..6 {
+            let name = std::ffi::CString::new(format!("f{i}")).unwrap();
+            std::fs::write(tmp.path().join(format!("f{i}")), b"x").unwrap();
+            let (fd, key) = open_path(root.as_fd(), &name);
+            ids.push(store.insert(new_inode(key, fd)).ok().unwrap());
+        }
+        // Buried out of order: consecutive ids join into one range.
+        for i in [1, 3, 2, 5] {
+            store.bury(&ids[i]);
+            assert!(store.get(ids[i].id).is_none());
+        }
+        assert_eq!(store.dead_ranges(), 2, "{{1,2,3}} and {{5}}");
+        for (i, dead) in [
+            (0, false),
+            (1, true),
+            (2, true),
+            (3, true),
+            (4, false),
+            (5, true),
+        ] {
+            assert_eq!(store.is_dead(ids[i].id), dead, "{i}");
+        }
+        assert_eq!(store.len(), 3, "the root, 0 and 4");
+        // Forgetting splits a range; an unknown id forgets nothing.
+        store.forget(ids[2].id, 1);
+        assert!(!store.is_dead(ids[2].id));
+        assert!(store.is_dead(ids[1].id) && store.is_dead(ids[3].id));
+        assert_eq!(store.dead_ranges(), 3);
+        store.forget(ids[2].id, 1);
+        store.forget(u64::MAX, 1);
+        assert_eq!(store.dead_ranges(), 3);
+        for i in [1, 3, 5] {
+            store.forget(ids[i].id, 1);
+        }
+        assert_eq!(store.dead_ranges(), 0);
+        // A live inode is not touched by a forget of a buried neighbour.
+        assert_eq!(store.get(ids[4].id).unwrap().refcount(), 1);
     }
 
     #[test]

@@ -292,7 +292,7 @@ impl IoFds {
             .len()
     }
 
-    #[cfg(test)]
+    /// Whether descriptors for I/O of `inode` are kept.
     pub fn holds(&self, inode: u64) -> bool {
         self.lock().slots.contains_key(&inode)
     }

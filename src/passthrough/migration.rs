@@ -36,6 +36,7 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 
 use super::dir::{DirSnapshot, Listing};
@@ -602,7 +603,10 @@ impl PassthroughFs {
     /// Whether the shared directory is the root of its file system and its mount's root (then
     /// every file a handle on that mount reaches is inside it).
     fn share_is_whole_mount(&self, root: &InodeData, here: &[u8]) -> io::Result<bool> {
-        let info = std::fs::read("/proc/self/mountinfo")?;
+        // Through the `/proc/self/fd` kept from before the sandbox: by its absolute path the
+        // name would be looked up inside the shared directory once that is the root, in files
+        // the guest writes.
+        let info = sys::read_all(self.proc_self_fd.as_fd(), c"../mountinfo")?;
         for line in info.split(|b| *b == b'\n') {
             let f: Vec<&[u8]> = line.split(|b| *b == b' ').collect();
             if f.len() < 5 || f[0] != root.key.mnt_id.to_string().as_bytes() {
@@ -654,6 +658,7 @@ impl PassthroughFs {
             log::warn!("migration: handle {h} twice in the state");
             error(libc::EBADF)
         })?;
+        node.handles.fetch_add(1, Ordering::Relaxed);
         *node
             .last_open
             .lock()

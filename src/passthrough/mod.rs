@@ -243,8 +243,15 @@ impl PassthroughFs {
         })
     }
 
+    /// The inode `id`; `ESTALE` for one whose file is gone (see [`InodeStore::bury`]), `EBADF`
+    /// for an id the guest does not hold.
     fn inode(&self, id: u64) -> io::Result<Arc<InodeData>> {
-        self.inodes.get(id).ok_or_else(|| error(libc::EBADF))
+        self.inodes
+            .get(id)
+            .ok_or_else(|| match self.inodes.is_dead(id) {
+                true => error(libc::ESTALE),
+                false => error(libc::EBADF),
+            })
     }
 
     fn check_writable(&self) -> io::Result<()> {
@@ -908,6 +915,7 @@ impl PassthroughFs {
 
     /// Registers an open handle of `node`, remembered by the node for when its name is gone.
     fn open_handle(&self, node: &InodeData, data: HandleData) -> u64 {
+        node.handles.fetch_add(1, Ordering::Relaxed);
         let (id, h) = self.handles.insert(data);
         *node
             .last_open
@@ -1057,31 +1065,60 @@ impl PassthroughFs {
     /// is reached by gets its own `O_PATH` descriptor, kept whatever `--inode-file-handles`
     /// says (a file handle would not keep an unlinked file alive), and stays reachable: in
     /// no-open mode any file (the guest may hold it open without the daemon knowing); otherwise
-    /// a file with other links (a node remembers one name, and this one is going).
-    fn keep_reachable(&self, parent: &InodeData, dir: BorrowedFd<'_>, name: &CStr) {
-        let Ok((st, x)) = sys::stat_at_mnt(dir, name) else {
-            return;
-        };
-        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            return;
-        }
+    /// a file with other links (a node remembers one name, and this one is going). Returns the
+    /// known inode when `name` is its last name (a directory, or a file with one link), for
+    /// [`Self::bury_if_unreachable`] once the name is gone.
+    fn keep_reachable(
+        &self,
+        parent: &InodeData,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+    ) -> Option<Arc<InodeData>> {
+        let (st, x) = sys::stat_at_mnt(dir, name).ok()?;
+        let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        let last_name = is_dir || st.st_nlink < 2;
         // Outside no-open mode only a file that keeps other names needs it: a node remembers
         // one name, and this one is going.
-        if !self.no_open() && st.st_nlink < 2 {
-            return;
-        }
-        let Ok(key) = self.key_at(parent, &st, &x, At::Name(dir, name)) else {
-            return;
-        };
-        if let Some(known) = self.inodes.find(&key) {
-            if known.opened_fd().is_some() {
-                return;
-            }
+        let keep = !is_dir && (self.no_open() || !last_name);
+        let key = self.key_at(parent, &st, &x, At::Name(dir, name)).ok()?;
+        let known = self.inodes.find(&key)?;
+        if keep && known.opened_fd().is_none() {
             if let Ok(fd) = sys::openat(dir, name, open_path_flags(), 0) {
                 if self.is_inode(fd.as_fd(), &known).unwrap_or(false) {
                     known.keep_fd(fd);
                 }
             }
+        }
+        last_name.then_some(known)
+    }
+
+    /// After the last name of the file of `node` was removed: when nothing the daemon holds
+    /// can serve it any more (no open handle, no descriptor of its own or for I/O), the node
+    /// is dropped and its id answers `ESTALE` (see [`InodeStore::bury`]). A guest that creates
+    /// and removes files without ever forgetting them then costs nothing.
+    fn bury_if_unreachable(&self, node: &InodeData) {
+        // In no-opendir mode the guest may list a directory it holds without the daemon
+        // knowing (a removed one lists empty, as on the host).
+        if node.is_dir() && self.no_opendir() {
+            return;
+        }
+        if node.id != ROOT_ID
+            && node.handles.load(Ordering::Relaxed) == 0
+            && node.opened_fd().is_none()
+            && !self.io_fds.holds(node.id)
+        {
+            self.inodes.bury(node);
+            // A listing kept for it (no-opendir mode) goes too.
+            self.io_fds.remove(node.id);
+        }
+    }
+
+    /// Counts the release of an open handle of `inode` (see [`InodeData::handles`]).
+    fn released(&self, inode: u64) {
+        if let Some(node) = self.inodes.get(inode) {
+            let _ = node
+                .handles
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         }
     }
 }

@@ -260,15 +260,26 @@ impl FileSystem for PassthroughFs {
         let p = self.inode(parent)?;
         let dir = self.path_fd(&p)?;
         let dir = dir.as_fd();
-        self.keep_reachable(&p, dir, name);
-        sys::unlinkat(dir, name, 0)
+        let gone = self.keep_reachable(&p, dir, name);
+        sys::unlinkat(dir, name, 0)?;
+        if let Some(node) = gone {
+            self.bury_if_unreachable(&node);
+        }
+        Ok(())
     }
 
     fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         self.check_writable()?;
         check_new_name(name)?;
         let p = self.inode(parent)?;
-        sys::unlinkat(self.path_fd(&p)?.as_fd(), name, libc::AT_REMOVEDIR)
+        let dir = self.path_fd(&p)?;
+        let dir = dir.as_fd();
+        let gone = self.keep_reachable(&p, dir, name);
+        sys::unlinkat(dir, name, libc::AT_REMOVEDIR)?;
+        if let Some(node) = gone {
+            self.bury_if_unreachable(&node);
+        }
+        Ok(())
     }
 
     fn rename(
@@ -299,13 +310,15 @@ impl FileSystem for PassthroughFs {
             self.same_file(&node, &key, at).ok()?.then_some(node)
         };
         let moved = known(&old, old_fd, oldname);
-        let swapped = if flags & libc::RENAME_EXCHANGE != 0 {
-            known(&new, new_fd, newname)
+        let (swapped, replaced) = if flags & libc::RENAME_EXCHANGE != 0 {
+            (known(&new, new_fd, newname), None)
         } else {
-            self.keep_reachable(&new, new_fd, newname);
-            None
+            (None, self.keep_reachable(&new, new_fd, newname))
         };
         sys::renameat2(old_fd, oldname, new_fd, newname, flags)?;
+        if let Some(node) = replaced.filter(|r| moved.as_ref().is_none_or(|m| m.id != r.id)) {
+            self.bury_if_unreachable(&node);
+        }
         if flags & libc::RENAME_WHITEOUT != 0 && self.as_root {
             // The whiteout is a new node and belongs to the caller, like any other creation.
             // It is made as root (switching fsuid would drop CAP_MKNOD) and handed over.
@@ -531,7 +544,9 @@ impl FileSystem for PassthroughFs {
             // A file made by CREATE before the first OPEN: its descriptor is the inode's.
             return Ok(());
         }
-        self.handles.remove(handle, inode)
+        self.handles.remove(handle, inode)?;
+        self.released(inode);
+        Ok(())
     }
 
     fn fsync(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
@@ -653,7 +668,9 @@ impl FileSystem for PassthroughFs {
         if handle == 0 && self.no_opendir() {
             return Ok(());
         }
-        self.handles.remove(handle, inode)
+        self.handles.remove(handle, inode)?;
+        self.released(inode);
+        Ok(())
     }
 
     fn fsyncdir(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
@@ -810,15 +827,20 @@ impl FileSystem for PassthroughFs {
     }
 
     fn syncfs(&self, _ctx: &Context, inode: u64) -> io::Result<()> {
-        let data = self.inode(inode)?;
+        // A node whose file is gone syncs the shared directory's file system (Linux sends the
+        // root's node anyway).
+        let data = match self.inode(inode) {
+            Err(e) if e.raw_os_error() == Some(libc::ESTALE) => None,
+            r => Some(r?),
+        };
         // syncfs(2) needs a real descriptor; regular files and directories are safe to open.
-        let opened = match data.key.kind {
-            libc::S_IFDIR => self
-                .open_node(&data, libc::O_RDONLY | libc::O_DIRECTORY)
-                .ok(),
-            libc::S_IFREG => self
-                .open_node(&data, libc::O_RDONLY | libc::O_NONBLOCK)
-                .ok(),
+        let opened = match data.as_ref().map(|d| d.key.kind) {
+            Some(libc::S_IFDIR) => data
+                .as_ref()
+                .and_then(|d| self.open_node(d, libc::O_RDONLY | libc::O_DIRECTORY).ok()),
+            Some(libc::S_IFREG) => data
+                .as_ref()
+                .and_then(|d| self.open_node(d, libc::O_RDONLY | libc::O_NONBLOCK).ok()),
             _ => None,
         };
         let file = match opened {

@@ -84,6 +84,20 @@ impl ProcName {
     }
 }
 
+/// The whole content of the file `name` under `dir` (a small one: a `/proc` file).
+pub fn read_all(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let fd = openat(
+        dir,
+        name,
+        libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+        0,
+    )?;
+    let mut out = Vec::new();
+    std::fs::File::from(fd).read_to_end(&mut out)?;
+    Ok(out)
+}
+
 pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     // SAFETY: `name` is NUL-terminated and outlives the call; the result is checked.
     let fd = unsafe {

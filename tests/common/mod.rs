@@ -68,6 +68,8 @@ pub struct Options {
     pub killpriv_v2: bool,
     /// Bytes all directory listings may hold (`Config::listing_memory`).
     pub listing_memory: usize,
+    /// `--max-nodes` (`None`: the default).
+    pub max_nodes: Option<usize>,
     /// Serve a fresh, small ext4 file system (loop-mounted on the shared directory) instead of
     /// a directory of the temporary file system: one block group, so a freed inode number is
     /// the next one given (needs root).
@@ -104,6 +106,7 @@ impl Default for Options {
             security_label: Negotiate::Never,
             killpriv_v2: false,
             listing_memory: virtiofsd::passthrough::config::DEFAULT_LISTING_MEMORY,
+            max_nodes: None,
             ext4_share: false,
             inode_file_handles: InodeFileHandles::default(),
             share_at: None,
@@ -229,6 +232,12 @@ impl Options {
         self
     }
 
+    /// `--max-nodes`.
+    pub fn max_nodes(mut self, n: usize) -> Self {
+        self.max_nodes = Some(n);
+        self
+    }
+
     /// Bytes all directory listings may hold together.
     pub fn listing_memory(mut self, bytes: usize) -> Self {
         self.listing_memory = bytes;
@@ -314,6 +323,9 @@ impl Daemon {
         fs_cfg.security_label = opts.security_label;
         fs_cfg.killpriv_v2 = opts.killpriv_v2;
         fs_cfg.listing_memory = opts.listing_memory;
+        if let Some(n) = opts.max_nodes {
+            fs_cfg.max_nodes = n;
+        }
         fs_cfg.inode_file_handles = opts.inode_file_handles;
         fs_cfg.migration = opts.migration;
         let cfg = DaemonConfig {
@@ -680,5 +692,28 @@ pub fn run_dirs() -> RunDirs {
         _tmp: tmp,
         share,
         socket,
+    }
+}
+
+/// The process serving for the started `parent`: its only child.
+pub fn serving_child(parent: &std::process::Child) -> u32 {
+    let pid = parent.id();
+    let path = format!("/proc/{pid}/task/{pid}/children");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let children = fs::read_to_string(&path).unwrap_or_default();
+        let pids: Vec<u32> = children
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        match pids.as_slice() {
+            [one] => return *one,
+            [] => assert!(
+                std::time::Instant::now() < deadline,
+                "no serving child of {pid}"
+            ),
+            more => panic!("{pid} has several children: {more:?}"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
