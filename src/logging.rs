@@ -31,6 +31,21 @@ pub fn pid_seen_by_proc() -> u32 {
         .unwrap_or_else(std::process::id)
 }
 
+/// Bytes a guest chose (a name, an attribute name), escaped for a log line: printable ASCII as
+/// it is, anything else (and the backslash) as `\xNN`, so that a name can neither forge a line
+/// (a newline, a terminal escape) nor hide what it is.
+pub fn escaped(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len());
+    for &b in bytes {
+        if (0x20..0x7f).contains(&b) && b != b'\\' {
+            s.push(char::from(b));
+        } else {
+            s.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    s
+}
+
 /// Where syslog listens.
 const DEV_LOG: &str = "/dev/log";
 
@@ -222,6 +237,15 @@ mod tests {
     fn proc_self_names_this_process() {
         // The tests run in the pid namespace of the mounted /proc.
         assert_eq!(pid_seen_by_proc(), std::process::id());
+    }
+
+    #[test]
+    fn guest_bytes_are_escaped_for_a_log_line() {
+        assert_eq!(escaped(b"plain name.txt"), "plain name.txt");
+        assert_eq!(
+            escaped(b"a\nfake [ERROR] line\x1b[2J\\\xff"),
+            "a\\x0afake [ERROR] line\\x1b[2J\\x5c\\xff"
+        );
     }
 
     #[test]

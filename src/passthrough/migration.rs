@@ -103,7 +103,8 @@ fn show(names: &[CString]) -> String {
     let mut s = String::new();
     for n in names {
         s.push('/');
-        s.push_str(&n.to_string_lossy());
+        // Names the guest chose: escaped for the log.
+        s.push_str(&crate::logging::escaped(n.to_bytes()));
     }
     if s.is_empty() {
         s.push('/');
