@@ -206,7 +206,12 @@ fn max_nodes_bounds_the_nodes_a_guest_holds() {
         d.c.create(ROOT_ID, "new", flags, 0o644, 0).unwrap_err(),
         libc::ENFILE
     );
-    assert!(!d.host("new").exists() || std::fs::remove_file(d.host("new")).is_ok());
+    assert!(!d.host("new").exists(), "nothing is made past the limit");
+    assert_eq!(
+        d.c.mkdir(ROOT_ID, "newdir", 0o755, 0).unwrap_err(),
+        libc::ENFILE
+    );
+    assert!(!d.host("newdir").exists());
     // Known nodes are still served; a forgotten one makes room.
     assert_eq!(d.c.getattr(held[0].1, None).unwrap().attr.size, 1);
     d.c.forget(held[0].1, 1);

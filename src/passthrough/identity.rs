@@ -178,18 +178,8 @@ impl PassthroughFs {
 
     /// Whether `fd` refers to the inode `data`.
     pub(super) fn is_inode(&self, fd: BorrowedFd<'_>, data: &InodeData) -> io::Result<bool> {
-        Ok(self.seen_as(fd, data)?.is_some())
-    }
-
-    /// The file `fd` as it was seen, when it is the inode `data`.
-    pub(super) fn seen_as(
-        &self,
-        fd: BorrowedFd<'_>,
-        data: &InodeData,
-    ) -> io::Result<Option<libc::stat64>> {
         let (st, x) = sys::stat_fd_mnt(fd)?;
-        let same = self.same_file(data, &InodeKey::new(&st, &x, data.identity), At::Fd(fd))?;
-        Ok(same.then_some(st))
+        self.same_file(data, &InodeKey::new(&st, &x, data.identity), At::Fd(fd))
     }
 
     /// The inode of the file seen as `st`, `x` at `at` (next to the known inode `near`), with
@@ -260,7 +250,7 @@ impl PassthroughFs {
 
     /// Refuses a new inode once the table holds `--max-nodes` (`ENFILE`, logged once per
     /// thousand refusals): memory stays bounded whatever the guest looks up and never forgets.
-    fn check_node_limit(&self) -> io::Result<()> {
+    pub(super) fn check_node_limit(&self) -> io::Result<()> {
         if self.inodes.len() < self.cfg.max_nodes {
             return Ok(());
         }

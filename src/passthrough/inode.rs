@@ -341,34 +341,45 @@ impl InodeStore {
     /// daemon holds (handle, descriptor) can serve any more: it would cost memory until the
     /// guest forgets it, which a guest need never do. Its id answers `ESTALE` from now on (see
     /// [`InodeStore::is_dead`]) until the guest forgets it.
-    pub fn bury(&self, data: &InodeData) {
+    pub fn bury(&self, data: &InodeData, max_ranges: usize) {
         let removed = {
             let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
             if maps.by_key.get(&data.key) == Some(&data.id) {
                 maps.by_key.remove(&data.key);
             }
-            maps.by_id.remove(&data.id)
+            let removed = maps.by_id.remove(&data.id);
+            if removed.is_some() {
+                // Under the table's lock, so that a FORGET of the id cannot come in between.
+                let mut dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
+                Self::add_dead(&mut dead, data.id);
+                // A guest that interleaves ids it keeps with ids it removes makes a range
+                // each: past `max_ranges` the oldest are forgotten (their ids answer EBADF).
+                while dead.len() > max_ranges.max(1) {
+                    dead.pop_first();
+                }
+            }
+            removed
         };
-        if removed.is_some() {
-            let id = data.id;
-            let mut dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
-            // Joined to the range ending at `id` (the usual case: made and removed in turn).
-            let before = dead.range(..id).next_back().map(|(s, e)| (*s, *e));
-            match before {
-                Some((start, end)) if end == id => {
-                    dead.insert(start, id + 1);
-                }
-                _ => {
-                    dead.insert(id, id + 1);
-                }
-            }
-            if let Some(after_end) = dead.remove(&(id + 1)) {
-                let start = dead.range(..=id).next_back().map(|(s, _)| *s).unwrap_or(id);
-                dead.insert(start, after_end);
-            }
-        }
         // The descriptors it held (none: see the caller) and its name go outside the lock.
         drop(removed);
+    }
+
+    /// Adds `id` to the ranges of buried ids.
+    fn add_dead(dead: &mut BTreeMap<u64, u64>, id: u64) {
+        // Joined to the range ending at `id` (the usual case: made and removed in turn).
+        let before = dead.range(..id).next_back().map(|(s, e)| (*s, *e));
+        match before {
+            Some((start, end)) if end == id => {
+                dead.insert(start, id + 1);
+            }
+            _ => {
+                dead.insert(id, id + 1);
+            }
+        }
+        if let Some(after_end) = dead.remove(&(id + 1)) {
+            let start = dead.range(..=id).next_back().map(|(s, _)| *s).unwrap_or(id);
+            dead.insert(start, after_end);
+        }
     }
 
     /// Whether `id` is the id of a buried inode the guest has not forgotten.
@@ -649,7 +660,7 @@ mod tests {
         }
         // Buried out of order: consecutive ids join into one range.
         for i in [1, 3, 2, 5] {
-            store.bury(&ids[i]);
+            store.bury(&ids[i], 1000);
             assert!(store.get(ids[i].id).is_none());
         }
         assert_eq!(store.dead_ranges(), 2, "{{1,2,3}} and {{5}}");

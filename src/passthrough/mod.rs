@@ -475,12 +475,6 @@ impl PassthroughFs {
     /// Opens `data` for I/O with `flags`: through its parent and name when it has no descriptor
     /// (checking that the name still leads to it), through `/proc/self/fd/N` otherwise.
     fn open_node(&self, data: &InodeData, flags: i32) -> io::Result<OwnedFd> {
-        self.open_node_seen(data, flags).map(|(file, _)| file)
-    }
-
-    /// [`Self::open_node`], with the file as it was seen by the check, just before or after it
-    /// was opened.
-    fn open_node_seen(&self, data: &InodeData, flags: i32) -> io::Result<(OwnedFd, libc::stat64)> {
         // Through the name: an O_PATH descriptor (which opens nothing, whatever the name now
         // leads to) checked to be this inode, then reopened for I/O. Never an open for I/O of
         // a name before the check: a FIFO or device node put there would be opened.
@@ -488,10 +482,8 @@ impl PassthroughFs {
             if let Some((parent, name)) = data.origin().filter(|_| !data.is_stale()) {
                 let pfd = self.path_fd(&parent)?;
                 match sys::openat(pfd.as_fd(), &name, open_path_flags(), 0) {
-                    Ok(path) => {
-                        if let Some(st) = self.seen_as(path.as_fd(), data)? {
-                            return Ok((self.reopen_fd(path.as_fd(), flags)?, st));
-                        }
+                    Ok(path) if self.is_inode(path.as_fd(), data)? => {
+                        return self.reopen_fd(path.as_fd(), flags);
                     }
                     Err(e) if out_of_fds(&e) => return Err(e),
                     _ => {}
@@ -508,7 +500,7 @@ impl PassthroughFs {
             );
             return Err(error(libc::ESTALE));
         }
-        Ok((file, st))
+        Ok(file)
     }
 
     /// Looks up `..` of a directory other than the root. The parent of a directory the guest
@@ -797,6 +789,8 @@ impl PassthroughFs {
     ) -> io::Result<Entry> {
         self.check_writable()?;
         check_new_name(name)?;
+        // Past --max-nodes nothing is made that the guest could not be given.
+        self.check_node_limit()?;
         let p = self.inode(parent)?;
         {
             let _creds = credentials::switch_to(self.as_root, ctx)?;
@@ -882,6 +876,7 @@ impl PassthroughFs {
                 node.keep_file_handle(h);
             }
         }
+        node.handles.fetch_add(1, Ordering::SeqCst);
         let handle = self.open_handle(&node, HandleData::file(entry.inode, file));
         let opened = Opened {
             handle: Some(handle),
@@ -914,8 +909,9 @@ impl PassthroughFs {
     }
 
     /// Registers an open handle of `node`, remembered by the node for when its name is gone.
+    /// Registers the open handle `data` of `node`, which the caller counted in
+    /// [`InodeData::handles`] before it opened the host file (see [`Self::opening`]).
     fn open_handle(&self, node: &InodeData, data: HandleData) -> u64 {
-        node.handles.fetch_add(1, Ordering::Relaxed);
         let (id, h) = self.handles.insert(data);
         *node
             .last_open
@@ -1103,14 +1099,27 @@ impl PassthroughFs {
             return;
         }
         if node.id != ROOT_ID
-            && node.handles.load(Ordering::Relaxed) == 0
+            && node.handles.load(Ordering::SeqCst) == 0
             && node.opened_fd().is_none()
             && !self.io_fds.holds(node.id)
         {
-            self.inodes.bury(node);
+            self.inodes.bury(node, self.cfg.max_nodes);
             // A listing kept for it (no-opendir mode) goes too.
             self.io_fds.remove(node.id);
         }
+    }
+
+    /// Runs `open` (which opens the host file of `node` for a handle) with the handle counted
+    /// in [`InodeData::handles`] from before it starts, so that an UNLINK racing it never finds
+    /// the node unheld once the open has found the file; the count is given back when `open`
+    /// fails.
+    fn opening<T>(&self, node: &InodeData, open: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        node.handles.fetch_add(1, Ordering::SeqCst);
+        let r = open();
+        if r.is_err() {
+            node.handles.fetch_sub(1, Ordering::SeqCst);
+        }
+        r
     }
 
     /// Counts the release of an open handle of `inode` (see [`InodeData::handles`]).
@@ -1118,7 +1127,7 @@ impl PassthroughFs {
         if let Some(node) = self.inodes.get(inode) {
             let _ = node
                 .handles
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         }
     }
 }

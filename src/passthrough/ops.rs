@@ -375,14 +375,30 @@ impl FileSystem for PassthroughFs {
         }
         let data = self.inode(inode)?;
         check_openable(data.key.kind)?;
-        let (file, st) = self.open_node_seen(&data, self.host_open_flags(flags))?;
         let truncating = flags & libc::O_TRUNC != 0;
-        if truncating {
-            self.truncated_on_open(file.as_fd(), fuse_flags)?;
-        }
+        let (file, st) = self.opening(&data, || {
+            let file = self.open_node(&data, self.host_open_flags(flags))?;
+            // What the file is once opened (a network file system checks at open), for
+            // `keep_file_pages`; only `auto` asks.
+            let st = match self.cfg.cache == CacheMode::Auto && !truncating {
+                true => Some(sys::stat_fd(file.as_fd())?),
+                false => None,
+            };
+            if truncating {
+                self.truncated_on_open(file.as_fd(), fuse_flags)?;
+            }
+            Ok((file, st))
+        })?;
         let handle = self.open_handle(&data, HandleData::file(inode, file));
         // Last: nothing may fail once the record of this open is made.
-        let keep = self.keep_file_pages(&data, &st, truncating);
+        let keep = match st {
+            Some(st) => self.keep_file_pages(&data, &st, truncating),
+            None => {
+                // Truncated, or not `auto`: nothing to keep at the next open.
+                *data.served.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                false
+            }
+        };
         Ok(Opened {
             handle: Some(handle),
             open_flags: self.file_open_flags(keep),
@@ -402,6 +418,8 @@ impl FileSystem for PassthroughFs {
     ) -> io::Result<(Entry, Opened)> {
         self.check_writable()?;
         check_new_name(name)?;
+        // Past --max-nodes nothing is made that the guest could not be given.
+        self.check_node_limit()?;
         let p = self.inode(parent)?;
         let flags = flags as i32;
         let direct = self.host_open_flags(flags) & libc::O_DIRECT != 0;
@@ -571,7 +589,9 @@ impl FileSystem for PassthroughFs {
         if !data.is_dir() {
             return Err(error(libc::ENOTDIR));
         }
-        let file = self.open_node(&data, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let file = self.opening(&data, || {
+            self.open_node(&data, libc::O_RDONLY | libc::O_DIRECTORY)
+        })?;
         let open_flags = self.dir_open_flags(&data, file.as_fd());
         let handle = self.open_handle(&data, HandleData::dir(inode, file));
         Ok(Opened {
