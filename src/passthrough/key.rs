@@ -9,6 +9,9 @@ use super::sys::StatExtra;
 /// How old a directory's change time must be for a snapshot of it to be shared.
 pub const SETTLE: Duration = Duration::from_secs(1);
 
+/// How old a file's times must be for the guest to keep its pages across opens (`auto`).
+pub const FILE_SETTLE: Duration = Duration::from_secs(2);
+
 /// What identifies a host file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct InodeKey {
@@ -78,14 +81,21 @@ impl Stamp {
     /// Whether both times lie at least [`SETTLE`] before `now` (seconds, nanoseconds since the
     /// epoch), so that any later change of the directory gives a different stamp.
     pub fn settled(&self, now: (i64, i64)) -> bool {
-        let limit = now.0.saturating_sub(SETTLE.as_secs() as i64);
+        self.settled_for(now, SETTLE)
+    }
+
+    /// Whether both times lie at least `age` before `now`.
+    fn settled_for(&self, now: (i64, i64), age: Duration) -> bool {
+        let limit = now.0.saturating_sub(age.as_secs() as i64);
         let before = |t: (i64, i64)| t < (limit, now.1);
         before(self.ctime) && before(self.mtime)
     }
 
-    /// This stamp, if it is settled now: what a later look at the file can be compared with.
+    /// This stamp of a file's data, if it is settled now: what a later look at the file can be
+    /// compared with. [`FILE_SETTLE`] rather than [`SETTLE`]: a file system with a coarser
+    /// clock than a second (FAT's 2 s modification times) must not hide a change either.
     pub fn if_settled(self) -> Option<Self> {
-        self.settled(now()).then_some(self)
+        self.settled_for(now(), FILE_SETTLE).then_some(self)
     }
 }
 

@@ -1276,6 +1276,11 @@ fn let_settle() {
     std::thread::sleep(key::SETTLE + Duration::from_millis(100));
 }
 
+/// Waits until a file changed now has times settled for keeping its pages (`auto`).
+fn let_file_settle() {
+    std::thread::sleep(key::FILE_SETTLE + Duration::from_millis(100));
+}
+
 fn names_of(list: &[(Vec<u8>, u64, u32)]) -> BTreeSet<Vec<u8>> {
     list.iter().map(|(n, _, _)| n.clone()).collect()
 }
@@ -1395,7 +1400,7 @@ fn auto_open_keeps_the_guest_pages_only_while_the_file_is_unchanged() {
         fopen::NOFLUSH,
         "not settled when last opened"
     );
-    let_settle();
+    let_file_settle();
     assert_eq!(
         open(libc::O_RDONLY),
         fopen::NOFLUSH,
@@ -1407,7 +1412,7 @@ fn auto_open_keeps_the_guest_pages_only_while_the_file_is_unchanged() {
     // Changed on the host, even to the same size: dropped, and not kept at the open after.
     std::fs::write(&path, b"two").unwrap();
     assert_eq!(open(libc::O_RDONLY), fopen::NOFLUSH, "changed");
-    let_settle();
+    let_file_settle();
     assert_eq!(
         open(libc::O_RDONLY),
         fopen::NOFLUSH,
@@ -1417,7 +1422,7 @@ fn auto_open_keeps_the_guest_pages_only_while_the_file_is_unchanged() {
 
     // O_TRUNC changes the file: nothing is kept, by that open or the next.
     assert_eq!(open(libc::O_WRONLY | libc::O_TRUNC), fopen::NOFLUSH);
-    let_settle();
+    let_file_settle();
     assert_eq!(open(libc::O_RDONLY), fopen::NOFLUSH);
 
     // A guest write through a handle changes the stamp like a host write.
