@@ -37,14 +37,20 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// Resident memory of this process (the in-process daemon included), in KiB.
-fn rss_kib() -> u64 {
+/// A `/proc/self/status` field in KiB (`VmRSS`, `RssAnon`): memory of this process, the
+/// in-process daemon included.
+fn status_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
+}
+
+/// Resident memory of this process (the in-process daemon included), in KiB.
+fn rss_kib() -> u64 {
+    status_kib("VmRSS")
 }
 
 #[test]
@@ -102,12 +108,7 @@ fn hundred_thousand_lookup_forget_cycles_keep_descriptors_and_memory_bounded() {
 /// Resident anonymous memory of this process (the in-process daemon included), in KiB: what
 /// the daemon's tables cost, without the page cache of files mapped.
 fn rss_anon_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+    status_kib("RssAnon")
 }
 
 /// A guest that creates a name and removes it, again and again, and never sends FORGET: a node

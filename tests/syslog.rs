@@ -14,7 +14,7 @@ use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::wait_exit;
 use virtiofsd::frontend::FsFrontend;
@@ -82,24 +82,6 @@ fn spawn_with_dev(dev: &Path, args: &[String]) -> Child {
     cmd.spawn().expect("start virtiofsd")
 }
 
-/// The only child of `parent` (the sandbox's serving process).
-fn only_child(parent: u32) -> u32 {
-    let path = format!("/proc/{parent}/task/{parent}/children");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = fs::read_to_string(&path).unwrap_or_default();
-        let pids: Vec<u32> = text
-            .split_whitespace()
-            .map(|p| p.parse().unwrap())
-            .collect();
-        if let [one] = pids.as_slice() {
-            return *one;
-        }
-        assert!(Instant::now() < deadline, "no serving child of {parent}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// Runs one session of a daemon started with `--syslog -f` and `extra`; returns the syslog
 /// lines, the started pid and the serving child's pid (the started one without a sandbox).
 fn session(extra: &[&str]) -> (Vec<Line>, u32, u32) {
@@ -124,7 +106,7 @@ fn session(extra: &[&str]) -> (Vec<Line>, u32, u32) {
     let serving = if extra.contains(&"--sandbox=none") {
         started
     } else {
-        only_child(started)
+        common::serving_child(&child)
     };
     let mut fe = FsFrontend::connect(&socket, 1).expect("connect");
     fe.client(0).unwrap().init().unwrap();

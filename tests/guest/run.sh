@@ -607,6 +607,21 @@ try: print(os.getxattr(sys.argv[1], sys.argv[2]).decode())
 except OSError as e: print("error:", e.strerror)' "$1" "$2"
 }
 
+# requests_between LOGS FROM TO OPCODES WHAT: the requests the daemon logged between the guest's
+# marks FROM and TO whose opcode matches the regex OPCODES: WHAT=count prints their number,
+# WHAT=by-opcode " opN:COUNT, ..." (run.sh took the log's length at each mark)
+requests_between() {
+    local a b lines
+    a="$(cat "$1/loglines-$2.txt")"; b="$(cat "$1/loglines-$3.txt")"
+    lines="$(sed -n "$((a + 1)),${b}p" "$1/daemon.log" | grep -oE "request unique=[0-9]+ opcode=$4 " || true)"
+    if [ "$5" = count ]; then
+        [ -n "$lines" ] && printf '%s\n' "$lines" | wc -l || echo 0
+    else
+        printf '%s\n' "$lines" | sed -n 's/.*opcode=//p' | sort -n | uniq -c |
+            awk '{ printf "%s op%s:%s", sep, $2, $1; sep = "," }'
+    fi
+}
+
 host_checks_main() {
     local k="$1" dir="$2" logs="$3" prefix="${4}host: "
     local w="$dir/share/work" c="$logs/console.log"
@@ -667,11 +682,9 @@ host_checks_main() {
     [ -n "$got" ] && echo "# ${prefix%host: }tar of the 30k tree: $got"
     local name="${prefix}warm re-read of the 30k tree sends no OPEN/FLUSH/RELEASE with --cache always"
     if [ -f "$logs/loglines-warm-start.txt" ] && [ -f "$logs/loglines-warm-end.txt" ]; then
-        local a b counts opens
-        a="$(cat "$logs/loglines-warm-start.txt")"; b="$(cat "$logs/loglines-warm-end.txt")"
-        counts="$(sed -n "$((a + 1)),${b}p" "$logs/daemon.log" | grep -oE 'request unique=[0-9]+ opcode=[0-9]+ ' |
-            sed 's/.*opcode=//' | sort -n | uniq -c | awk '{ printf "%s op%s:%s", sep, $2, $1; sep = "," }')"
-        opens="$(sed -n "$((a + 1)),${b}p" "$logs/daemon.log" | grep -cE 'request unique=[0-9]+ opcode=(14|18|25|27|29) ' || true)"
+        local counts opens
+        counts="$(requests_between "$logs" warm-start warm-end '[0-9]+' by-opcode)"
+        opens="$(requests_between "$logs" warm-start warm-end '(14|18|25|27|29)' count)"
         echo "# ${prefix%host: }requests during the warm tar: ${counts:-none}"
         if [[ " $BOOT_FLAGS " != *" --cache always "* ]]; then
             result skip "$name" "not --cache always; OPEN/RELEASE/FLUSH/OPENDIR/RELEASEDIR: $opens"
@@ -690,11 +703,9 @@ host_checks_main() {
     # at 25 entries of these names each), 100 directories of 13 (1 page), 1,000 of 32 (2).
     name="${prefix}a warm find after the timeout sends a request per listing page, not per file"
     if [ -f "$logs/loglines-findwarm-start.txt" ] && [ -f "$logs/loglines-findwarm-end.txt" ]; then
-        local fa fb fcounts ftotal flimit=$(( (5 + 100 + 2000) + 4 * 1101 ))
-        fa="$(cat "$logs/loglines-findwarm-start.txt")"; fb="$(cat "$logs/loglines-findwarm-end.txt")"
-        fcounts="$(sed -n "$((fa + 1)),${fb}p" "$logs/daemon.log" | grep -oE 'request unique=[0-9]+ opcode=[0-9]+ ' |
-            sed 's/.*opcode=//' | sort -n | uniq -c | awk '{ printf "%s op%s:%s", sep, $2, $1; sep = "," }')"
-        ftotal="$(sed -n "$((fa + 1)),${fb}p" "$logs/daemon.log" | grep -cE 'request unique=[0-9]+ opcode=[0-9]+ ' || true)"
+        local fcounts ftotal flimit=$(( (5 + 100 + 2000) + 4 * 1101 ))
+        fcounts="$(requests_between "$logs" findwarm-start findwarm-end '[0-9]+' by-opcode)"
+        ftotal="$(requests_between "$logs" findwarm-start findwarm-end '[0-9]+' count)"
         echo "# ${prefix%host: }requests during the warm find after the timeout: $ftotal (${fcounts:-none})"
         if [[ " $BOOT_FLAGS " != *" --cache auto "* ]]; then
             result skip "$name" "not --cache auto: $ftotal requests"
