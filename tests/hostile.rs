@@ -213,9 +213,19 @@ fn max_nodes_bounds_the_nodes_a_guest_holds() {
         libc::ENFILE
     );
     assert!(!d.host("newdir").exists());
+    // A listing goes on with names alone (node id 0) for what the table has no room for.
+    let o = d.c.opendir(ROOT_ID, 0).unwrap();
+    let plus = d.c.readdirplus(ROOT_ID, o.fh, 0, 64 * 1024).unwrap();
+    d.c.releasedir(ROOT_ID, o.fh, 0).unwrap();
+    let names: Vec<_> = plus.iter().map(|p| p.dirent.name.clone()).collect();
+    assert!(names.contains(&b"f15".to_vec()), "{names:?}");
+    assert!(plus
+        .iter()
+        .any(|p| p.entry.nodeid == 0 && p.dirent.name.starts_with(b"f")));
     // Known nodes are still served; a forgotten one makes room.
     assert_eq!(d.c.getattr(held[0].1, None).unwrap().attr.size, 1);
-    d.c.forget(held[0].1, 1);
+    // (looked up, then listed: two references)
+    d.c.forget(held[0].1, 2);
     let e = d.c.lookup(ROOT_ID, "f15").unwrap();
     assert_eq!(d.c.getattr(e.nodeid, None).unwrap().attr.size, 1);
     // And so does a removed one.

@@ -641,8 +641,9 @@ impl FileSystem for PassthroughFs {
                 type_,
                 name: e.name,
             };
-            let (dent, entry) = if e.name == b"." || e.name == b".." {
-                // No node id (and no reference) for these: the guest never looks them up.
+            // An entry with no node id (and no reference): the guest lists its name and type and
+            // links nothing.
+            let bare = || {
                 let mut attr = sys::zeroed_stat();
                 attr.st_ino = e.ino;
                 attr.st_mode = sys::dtype_to_mode(e.dtype);
@@ -655,6 +656,10 @@ impl FileSystem for PassthroughFs {
                     entry_timeout: Duration::ZERO,
                 };
                 (dirent(u32::from(e.dtype)), entry)
+            };
+            let (dent, entry) = if e.name == b"." || e.name == b".." {
+                // The guest never looks these up.
+                bare()
             } else {
                 match self.do_lookup(&parent, e.cname) {
                     Ok(entry) => {
@@ -663,6 +668,8 @@ impl FileSystem for PassthroughFs {
                     }
                     // Removed since the listing was read.
                     Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(true),
+                    // Past --max-nodes the listing goes on with names alone.
+                    Err(err) if err.raw_os_error() == Some(libc::ENFILE) => bare(),
                     Err(_) if emitted => return Ok(false),
                     Err(err) => return Err(err),
                 }
