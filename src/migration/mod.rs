@@ -271,16 +271,33 @@ impl<'a> Decoder<'a> {
 
     /// A name: a non-empty byte string without `/` or NUL, other than `.` and `..`.
     pub fn name(&mut self, what: &'static str) -> Result<CString, StateError> {
-        let b = self.bytes(what)?;
-        if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') {
-            return Err(StateError::invalid(what, "not a file name"));
-        }
+        let b = self.plain_name(what)?;
         CString::new(b).map_err(|_| StateError::invalid(what, "contains a NUL byte"))
     }
 
+    /// A name as [`Decoder::name`] checks it, borrowed from the payload.
+    pub fn plain_name(&mut self, what: &'static str) -> Result<&'a [u8], StateError> {
+        let b = self.bytes(what)?;
+        if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') || b.contains(&0) {
+            return Err(StateError::invalid(what, "not a file name"));
+        }
+        Ok(b)
+    }
+
+    /// The bytes not read yet (with [`Decoder::consumed_since`], the raw bytes of fields a
+    /// reader keeps without copying them).
+    pub fn rest(&self) -> &'a [u8] {
+        self.buf
+    }
+
+    /// The bytes read since `rest` was what [`Decoder::rest`] gave.
+    pub fn consumed_since(&self, rest: &'a [u8]) -> &'a [u8] {
+        &rest[..rest.len().saturating_sub(self.buf.len())]
+    }
+
     /// A count of items each at least `min_size` bytes long, refused when the rest of the
-    /// payload cannot hold that many (so no count makes the reader allocate more than the
-    /// payload's size).
+    /// payload cannot hold that many (a reader that keeps decoded items must still bound what
+    /// they cost: an item may take more room decoded than its bytes in the payload).
     pub fn count(&mut self, what: &'static str, min_size: usize) -> Result<usize, StateError> {
         let n = self.u32(what)? as usize;
         if n.saturating_mul(min_size.max(1)) > self.buf.len() {

@@ -164,12 +164,44 @@ impl DirSnapshot {
             }
             self.push_raw(dir, &raw[..n])?;
         }
+        self.shrink_to_fit();
+        Ok(Ok(()))
+    }
+
+    /// Gives the room no record uses back, to the allocator and to the budget.
+    fn shrink_to_fit(&mut self) {
         let before = self.memory_size();
         self.buf.shrink_to_fit();
         self.index.shrink_to_fit();
         self.charge
             .release(before.saturating_sub(self.memory_size()));
-        Ok(Ok(()))
+    }
+
+    /// A snapshot of the records `records` gives (a migration state's listing), charged with
+    /// `reserve` before each allocation as [`DirSnapshot::read`] does; `Ok(Err)` when the
+    /// budget refuses it, `Err` when `records` does.
+    pub(super) fn collect<'n, E>(
+        count: usize,
+        mut records: impl FnMut() -> Result<(u64, u8, &'n [u8]), E>,
+        reserve: &mut Reserve<'_>,
+    ) -> Result<Result<Self, Overflow>, E> {
+        let mut snap = DirSnapshot::new();
+        let empty = snap.memory_size();
+        if let Err(o) = reserve(&mut snap.charge, empty) {
+            return Ok(Err(o));
+        }
+        for _ in 0..count {
+            let (ino, dtype, name) = records()?;
+            if let Err(o) = snap.make_room(HEADER + name.len() + 1, 1, reserve) {
+                return Ok(Err(o));
+            }
+            if snap.push(ino, dtype, name).is_err() {
+                // A name longer than a record holds: not one a directory gives.
+                return Ok(Err(Overflow::TooBig));
+            }
+        }
+        snap.shrink_to_fit();
+        Ok(Ok(snap))
     }
 
     /// Makes room for `bytes` more record bytes and `slots` more records, charging the growth:

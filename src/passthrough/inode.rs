@@ -384,7 +384,13 @@ impl InodeStore {
 
     /// Whether `id` is the id of a buried inode the guest has not forgotten.
     pub fn is_dead(&self, id: u64) -> bool {
-        let dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
+        Self::in_ranges(
+            &self.dead.lock().unwrap_or_else(PoisonError::into_inner),
+            id,
+        )
+    }
+
+    fn in_ranges(dead: &BTreeMap<u64, u64>, id: u64) -> bool {
         dead.range(..=id)
             .next_back()
             .is_some_and(|(_, end)| id < *end)
@@ -511,7 +517,11 @@ impl InodeStore {
     /// the source's nodes); gives `n` back when `id` or its key is taken already.
     pub fn restore(&self, id: u64, n: NewInode, refcount: u64) -> Result<Arc<InodeData>, NewInode> {
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
-        if id == ROOT_ID || maps.by_id.contains_key(&id) || maps.by_key.contains_key(&n.key) {
+        if id == ROOT_ID
+            || maps.by_id.contains_key(&id)
+            || maps.by_key.contains_key(&n.key)
+            || self.is_dead(id)
+        {
             return Err(n);
         }
         let key = n.key;
@@ -524,47 +534,47 @@ impl InodeStore {
         Ok(data)
     }
 
-    /// Adds node `id` as a node that reaches no file: every operation on it fails with `ESTALE`
-    /// until the guest forgets it (a node a migration destination could not find again).
-    /// `false` when `id` is taken.
-    pub fn restore_lost(&self, id: u64, kind: u32, refcount: u64) -> bool {
-        let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
-        if id == ROOT_ID || maps.by_id.contains_key(&id) {
+    /// Adds node `id` as a node that reaches no file (one a migration destination could not
+    /// find again): it answers `ESTALE` until the guest forgets it, as a buried node does, and
+    /// costs what a buried id costs (ids lost in a row share one range). `false` when `id` is
+    /// taken.
+    pub fn restore_lost(&self, id: u64) -> bool {
+        let maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
+        let mut dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
+        if id == ROOT_ID || id == 0 || maps.by_id.contains_key(&id) || Self::in_ranges(&dead, id) {
             return false;
         }
-        let key = InodeKey {
-            dev: 0,
-            ino: 0,
-            mnt_id: 0,
-            kind,
-            btime: None,
-        };
-        let data = InodeData::new(
-            id,
-            NewInode {
-                key,
-                identity: Identity::Pinned,
-                source: Source::Found(Origin {
-                    parent: match maps.by_id.get(&ROOT_ID) {
-                        Some(root) => root.clone(),
-                        None => return false,
-                    },
-                    name: c"lost".into(),
-                }),
-                handle: None,
-                settled: false,
-            },
-        );
-        // Reached by no name (stale), and kept out of the key map.
-        data.stale.store(true, Ordering::Relaxed);
-        data.origin
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        data.refcount.store(refcount.max(1), Ordering::Relaxed);
-        maps.by_id.insert(id, Arc::new(data));
+        Self::add_dead(&mut dead, id);
+        drop(dead);
         drop(maps);
         self.reserve_ids(id.saturating_add(1));
+        true
+    }
+
+    /// The ranges of ids that answer `ESTALE` (buried or lost), `start → end` exclusive, in
+    /// order (for a migration's save).
+    pub fn dead_ranges_list(&self) -> Vec<(u64, u64)> {
+        let dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
+        dead.iter().map(|(s, e)| (*s, *e)).collect()
+    }
+
+    /// Makes the ids `start..end` answer `ESTALE` until the guest forgets each (a migration
+    /// destination taking over the source's buried ids); `false` when the range is empty or
+    /// meets ids taken already.
+    pub fn restore_dead_range(&self, start: u64, end: u64) -> bool {
+        let maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
+        let mut dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
+        let overlaps = dead
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, e)| *e > start);
+        if start <= ROOT_ID || start >= end || overlaps || maps.by_id.contains_key(&start) {
+            return false;
+        }
+        dead.insert(start, end);
+        drop(dead);
+        drop(maps);
+        self.reserve_ids(end);
         true
     }
 
@@ -689,6 +699,37 @@ mod tests {
         assert_eq!(store.dead_ranges(), 0);
         // A live inode is not touched by a forget of a buried neighbour.
         assert_eq!(store.get(ids[4].id).unwrap().refcount(), 1);
+    }
+
+    #[test]
+    fn lost_and_carried_over_ids_are_ranges_that_nothing_else_takes() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        let (store, root) = store_on(tmp.path());
+        let (fd, key) = open_path(root.as_fd(), c"f");
+        let real = store.restore(10, new_inode(key, fd), 1).ok().unwrap();
+        // Lost ids in a row make one range; taken ids and the root are refused.
+        for id in [4, 5, 6] {
+            assert!(store.restore_lost(id));
+        }
+        assert_eq!(store.dead_ranges(), 1);
+        for taken in [0, ROOT_ID, 5, real.id] {
+            assert!(!store.restore_lost(taken), "{taken}");
+        }
+        // Ranges carried over from a source: empty ones and ones meeting a range refused.
+        assert!(store.restore_dead_range(20, 30));
+        for (start, end) in [(7, 7), (8, 5), (6, 8), (25, 40), (15, 21), (ROOT_ID, 3)] {
+            assert!(!store.restore_dead_range(start, end), "{start}..{end}");
+        }
+        assert_eq!(store.dead_ranges_list(), vec![(4, 7), (20, 30)]);
+        assert!(store.is_dead(29) && !store.is_dead(30) && !store.is_dead(7));
+        // A restored node cannot take a dead id; new ids come after them all.
+        std::fs::write(tmp.path().join("g"), b"x").unwrap();
+        let (fd, key2) = open_path(root.as_fd(), c"g");
+        assert!(store.restore(25, new_inode(key2, fd), 1).is_err());
+        let (fd, key2) = open_path(root.as_fd(), c"g");
+        assert!(store.restore(31, new_inode(key2, fd), 1).is_ok());
+        assert!(store.next_id() >= 30);
     }
 
     #[test]

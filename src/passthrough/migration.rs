@@ -33,7 +33,7 @@
 //! the shared directory (its path below the root), or the node is lost.
 
 use std::collections::HashMap;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
@@ -50,6 +50,8 @@ use super::{open_path_flags, PassthroughFs};
 use crate::fuse::abi::ROOT_ID;
 use crate::migration::{Decoder, Encoder, Mode, OnError, StateError};
 
+/// Longest name a path of a state may hold (Linux's `NAME_MAX`).
+const NAME_MAX: usize = 255;
 /// Deepest path sent (a longer parent chain means a loop).
 const MAX_DEPTH: usize = 4096;
 /// Node ids, handle numbers and the counters of both are below this in a state: a counter
@@ -83,13 +85,78 @@ const KEPT_FLAGS: i32 = libc::O_ACCMODE
     | libc::O_SYNC
     | libc::O_DSYNC;
 
-/// A node as read from a state.
-struct SavedNode {
+/// A node as read from a state, borrowing its path from it.
+struct SavedNode<'a> {
     id: u64,
     refcount: u64,
     kind: u32,
-    location: Location,
+    location: SavedLocation<'a>,
     fid: Option<FileHandle>,
+}
+
+/// Where a state says the destination finds a node.
+enum SavedLocation<'a> {
+    Path(SavedPath<'a>),
+    Handle(FileHandle),
+    Lost(i32),
+}
+
+/// A path in a state: the records (a `u32` length, then the name) of its names from the root,
+/// each proven a plain name when it was read. It is the state's own bytes, so a path costs no
+/// allocation however deep, and the path of a node's parent is a prefix of the node's.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct SavedPath<'a>(&'a [u8]);
+
+impl<'a> SavedPath<'a> {
+    fn names(self) -> impl Iterator<Item = &'a [u8]> {
+        let mut rest = self.0;
+        std::iter::from_fn(move || {
+            let (len, tail) = rest.split_first_chunk::<4>()?;
+            let len = u32::from_le_bytes(*len) as usize;
+            let (name, tail) = tail.split_at_checked(len)?;
+            rest = tail;
+            Some(name)
+        })
+    }
+
+    /// The path of the directory holding the last name, and that name (`None` at the root).
+    fn split_last(self) -> Option<(SavedPath<'a>, &'a [u8])> {
+        let last = self.names().last()?;
+        let parent = &self.0[..self.0.len() - 4 - last.len()];
+        Some((SavedPath(parent), last))
+    }
+
+    /// The path as the log shows it, the guest's names escaped, its middle left out when long.
+    fn show(self) -> String {
+        const SHOWN: usize = 200;
+        let mut s = String::new();
+        for n in self.names() {
+            if s.len() > SHOWN {
+                let last = self.names().last().unwrap_or_default();
+                s.push_str("/…/");
+                s.push_str(&crate::logging::escaped(&last[..last.len().min(NAME_MAX)]));
+                break;
+            }
+            s.push('/');
+            s.push_str(&crate::logging::escaped(&n[..n.len().min(NAME_MAX)]));
+        }
+        if s.is_empty() {
+            s.push('/');
+        }
+        s
+    }
+}
+
+/// Fewest bytes a node takes in a state (a lost one).
+const MIN_NODE: usize = 8 + 8 + 4 + 1 + 4 + 1;
+
+/// Lost nodes and handles logged one by one; the rest are only counted (a forged state of
+/// millions of lost nodes must not flood the log).
+const LOGGED_LOSSES: usize = 32;
+
+/// Why a node of a state is not taken, as an error of kind `errno`.
+fn refused(errno: i32, why: impl Into<String>) -> io::Error {
+    io::Error::new(io::Error::from_raw_os_error(errno).kind(), why.into())
 }
 
 fn io_error(what: impl Into<String>, source: io::Error) -> StateError {
@@ -97,19 +164,6 @@ fn io_error(what: impl Into<String>, source: io::Error) -> StateError {
         what: what.into(),
         source,
     }
-}
-
-fn show(names: &[CString]) -> String {
-    let mut s = String::new();
-    for n in names {
-        s.push('/');
-        // Names the guest chose: escaped for the log.
-        s.push_str(&crate::logging::escaped(n.to_bytes()));
-    }
-    if s.is_empty() {
-        s.push('/');
-    }
-    s
 }
 
 impl PassthroughFs {
@@ -125,9 +179,17 @@ impl PassthroughFs {
         out.u64(self.inodes.next_id());
         out.u64(self.handles.next_id());
         out.u32(nodes.len() as u32);
+        let mut located: Vec<(&Arc<InodeData>, Location)> = nodes
+            .iter()
+            .map(|node| (node, self.locate(node, &root)))
+            .collect();
+        // Parents before their children: the destination restores each node as it reads it.
+        located.sort_by_key(|(_, l)| match l {
+            Location::Path(p) => p.len(),
+            _ => 0,
+        });
         let mut lost = 0usize;
-        for node in &nodes {
-            let location = self.locate(node, &root);
+        for (node, location) in located {
             if let Location::Lost(e) = location {
                 let err = io::Error::from_raw_os_error(e);
                 // Out of descriptors or memory says nothing about the file: never a lost node.
@@ -141,10 +203,13 @@ impl PassthroughFs {
                         err,
                     ));
                 }
-                log::warn!(
-                    "migration: node {} is sent as lost ({err}); the guest will get ESTALE on it",
-                    node.id
-                );
+                if lost < LOGGED_LOSSES {
+                    log::warn!(
+                        "migration: node {} is sent as lost ({err}); the guest will get ESTALE \
+                         on it",
+                        node.id
+                    );
+                }
                 lost += 1;
             }
             out.u64(node.id);
@@ -213,6 +278,20 @@ impl PassthroughFs {
             }
             out.bool(data.dir.is_some());
         }
+        // Ids of files gone from the host that the guest has not forgotten: they go on
+        // answering ESTALE. Only when there are some, so that a destination of a release that
+        // knew no such ids takes the others' states.
+        let dead = self.inodes.dead_ranges_list();
+        if !dead.is_empty() {
+            out.u32(dead.len() as u32);
+            for (start, end) in dead {
+                out.u64(start);
+                out.u64(end);
+            }
+        }
+        if lost > LOGGED_LOSSES {
+            log::warn!("migration: {lost} nodes sent as lost in all");
+        }
         log::info!(
             "migration: saved {} nodes ({lost} lost) and {} handles ({})",
             nodes.len(),
@@ -280,7 +359,7 @@ impl PassthroughFs {
 
     /// Whether `names` leads to `node` now.
     fn leads_to(&self, names: &[CString], node: &InodeData) -> io::Result<bool> {
-        match self.open_beneath(names) {
+        match self.open_beneath(names.iter().map(|n| n.to_bytes())) {
             Ok(fd) => self.is_inode(fd.as_fd(), node),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
             Err(e) => Err(e),
@@ -350,14 +429,25 @@ impl PassthroughFs {
 
     /// Opens `names` below the root one name at a time: `O_PATH`, no symlink followed, every
     /// name but the last a directory. `names` come from a state: each is a plain name (the
-    /// decoder refuses `/`, `.` and `..`).
-    fn open_beneath(&self, names: &[CString]) -> io::Result<OwnedFd> {
+    /// decoder refuses `/`, NUL, `.` and `..`).
+    fn open_beneath<'n>(&self, names: impl Iterator<Item = &'n [u8]>) -> io::Result<OwnedFd> {
         let root = self.inode(ROOT_ID)?;
         let root_fd = root.opened_fd().ok_or_else(|| error(libc::EBADF))?;
         let mut cur = sys::openat(root_fd, c".", open_path_flags(), 0)?;
-        for (i, name) in names.iter().enumerate() {
+        let mut buf = [0u8; NAME_MAX + 1];
+        let mut names = names.peekable();
+        while let Some(name) = names.next() {
+            if name.len() > NAME_MAX {
+                return Err(error(libc::ENAMETOOLONG));
+            }
+            if name.contains(&0) {
+                return Err(error(libc::EINVAL));
+            }
+            buf[..name.len()].copy_from_slice(name);
+            buf[name.len()] = 0;
+            let name = CStr::from_bytes_until_nul(&buf).map_err(|_| error(libc::EINVAL))?;
             let next = sys::openat(cur.as_fd(), name, open_path_flags(), 0)?;
-            if i + 1 < names.len()
+            if names.peek().is_some()
                 && sys::stat_fd(next.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFDIR
             {
                 return Err(error(libc::ENOTDIR));
@@ -385,7 +475,7 @@ impl PassthroughFs {
         loaded
     }
 
-    fn load_nodes_and_handles(&self, input: &mut Decoder<'_>) -> Result<(), StateError> {
+    fn load_nodes_and_handles<'a>(&self, input: &mut Decoder<'a>) -> Result<(), StateError> {
         let opts = self.cfg.migration;
         let next_node = input.u64("next node id")?;
         let next_handle = input.u64("next handle")?;
@@ -395,17 +485,18 @@ impl PassthroughFs {
                 "beyond any id a daemon gives",
             ));
         }
-        let n = input.count("nodes", 8 + 8 + 4 + 1 + 1)?;
-        let mut nodes = Vec::new();
-        for _ in 0..n {
-            nodes.push(read_node(input)?);
+        let n = input.count("nodes", MIN_NODE)?;
+        // The root is one of the nodes the limit counts and one of the state's.
+        if n > self.cfg.max_nodes {
+            return Err(StateError::Refused(format!(
+                "the state holds {n} nodes, more than this daemon holds (--max-nodes={})",
+                self.cfg.max_nodes
+            )));
         }
-        // Parents before their children.
-        nodes.sort_by_key(|n| match &n.location {
-            Location::Path(p) => p.len(),
-            _ => 0,
-        });
-        let mut by_path: HashMap<Vec<CString>, Arc<InodeData>> = HashMap::new();
+        // Each node is restored as it is read (the source sends parents first), so what the
+        // state costs beyond its own bytes is the nodes themselves: no node, path or name is
+        // copied out of it first. The directories restored, by path, to find a child's parent.
+        let mut dirs: HashMap<SavedPath<'a>, Arc<InodeData>> = HashMap::new();
         let root_path = self
             .root_path()
             .map_err(|e| io_error("the shared directory's path", e))?;
@@ -421,7 +512,8 @@ impl PassthroughFs {
             }
             Mode::FindPaths => None,
         };
-        for node in nodes {
+        for _ in 0..n {
+            let node = read_node(input)?;
             if node.id == ROOT_ID {
                 continue;
             }
@@ -431,18 +523,18 @@ impl PassthroughFs {
                     format!("{} (ids are 1 to {})", node.id, next_node.saturating_sub(1)),
                 ));
             }
-            let what = match &node.location {
-                Location::Path(p) => show(p),
-                Location::Handle(_) => "(file handle)".into(),
-                Location::Lost(_) => "(lost on the source)".into(),
-            };
-            match self.restore_node(&node, &by_path, mount_fd.as_ref(), &root_path) {
+            match self.restore_node(&node, &dirs, mount_fd.as_ref(), &root_path) {
                 Ok(data) => {
-                    if let Location::Path(p) = node.location {
-                        by_path.insert(p, data);
+                    if let (SavedLocation::Path(p), true) = (&node.location, data.is_dir()) {
+                        dirs.insert(*p, data);
                     }
                 }
                 Err(e) => {
+                    let what = match &node.location {
+                        SavedLocation::Path(p) => p.show(),
+                        SavedLocation::Handle(_) => "(file handle)".into(),
+                        SavedLocation::Lost(_) => "(lost on the source)".into(),
+                    };
                     if opts.on_error == OnError::Abort || super::is_resource_shortage(&e) {
                         return Err(io_error(
                             format!(
@@ -453,17 +545,21 @@ impl PassthroughFs {
                             e,
                         ));
                     }
-                    log::warn!(
-                        "migration: node {} at {what} is lost ({e}); the guest gets ESTALE on it",
-                        node.id
-                    );
-                    if !self.inodes.restore_lost(node.id, node.kind, node.refcount) {
+                    if lost < LOGGED_LOSSES {
+                        log::warn!(
+                            "migration: node {} at {what} is lost ({e}); the guest gets ESTALE \
+                             on it",
+                            node.id
+                        );
+                    }
+                    if !self.inodes.restore_lost(node.id) {
                         return Err(StateError::invalid("node id", format!("{} twice", node.id)));
                     }
                     lost += 1;
                 }
             }
         }
+        drop(dirs);
         self.inodes.reserve_ids(next_node);
         let n = input.count("handles", 8 + 8 + 4 + 1 + 1)?;
         let mut dropped = 0usize;
@@ -477,7 +573,7 @@ impl PassthroughFs {
             let listing = match input.u8("handle's listing")? {
                 LISTING_NONE => None,
                 LISTING_STREAM => Some(Listing::Stream),
-                LISTING_SNAPSHOT => Some(Listing::Snapshot(Arc::new(read_snapshot(input)?))),
+                LISTING_SNAPSHOT => Some(Listing::Snapshot(Arc::new(self.read_snapshot(input)?))),
                 v => return Err(StateError::invalid("handle's listing", v)),
             };
             let is_dir = input.bool("handle is a directory")?;
@@ -490,44 +586,98 @@ impl PassthroughFs {
                     ));
                 }
                 Err(e) => {
-                    log::warn!(
-                        "migration: handle {h} of node {inode} is lost ({e}); the guest gets \
-                         EBADF on it"
-                    );
+                    if dropped < LOGGED_LOSSES {
+                        log::warn!(
+                            "migration: handle {h} of node {inode} is lost ({e}); the guest gets \
+                             EBADF on it"
+                        );
+                    }
                     dropped += 1;
                 }
             }
         }
         self.handles.reserve_ids(next_handle);
+        // Ranges of ids that answer ESTALE, when the source had any.
+        if !input.rest().is_empty() {
+            let n = input.count("stale id ranges", 16)?;
+            if n > self.cfg.max_nodes {
+                return Err(StateError::Refused(format!(
+                    "the state holds {n} ranges of stale ids, more than this daemon holds \
+                     (--max-nodes={})",
+                    self.cfg.max_nodes
+                )));
+            }
+            for _ in 0..n {
+                let start = input.u64("stale ids")?;
+                let end = input.u64("stale ids")?;
+                if end > next_node || !self.inodes.restore_dead_range(start, end) {
+                    return Err(StateError::invalid(
+                        "stale ids",
+                        format!("{start}..{end} (ids taken, or beyond the next id {next_node})"),
+                    ));
+                }
+            }
+        }
+        if lost > LOGGED_LOSSES || dropped > LOGGED_LOSSES {
+            log::warn!("migration: {lost} nodes and {dropped} handles lost in all");
+        }
         log::info!(
             "migration: loaded {} nodes ({lost} lost) and {} handles ({dropped} lost)",
-            self.inodes.all().len(),
+            self.inodes.len(),
             n - dropped
         );
         Ok(())
     }
 
+    /// A listing of a state, charged to the listing budget as the directory's own would be.
+    fn read_snapshot(&self, input: &mut Decoder<'_>) -> Result<DirSnapshot, StateError> {
+        let n = input.count("listing", 8 + 1 + 4 + 1)?;
+        let records = || {
+            let ino = input.u64("listing: inode")?;
+            let dtype = input.u8("listing: type")?;
+            let name = input.bytes("listing: name")?;
+            if name.is_empty() || name.len() > NAME_MAX || name.contains(&b'/') || name.contains(&0)
+            {
+                return Err(StateError::invalid("listing: name", "not a file name"));
+            }
+            Ok((ino, dtype, name))
+        };
+        DirSnapshot::collect(n, records, &mut |c, n| self.dircache.reserve(c, n))?.map_err(|why| {
+            StateError::Refused(format!(
+                "a listing of {n} entries does not fit the listing budget here ({why:?}; {} of \
+                 {} bytes held)",
+                self.dircache.used(),
+                self.dircache.cap()
+            ))
+        })
+    }
+
     /// Finds a saved node again and adds it under its node id.
     fn restore_node(
         &self,
-        node: &SavedNode,
-        by_path: &HashMap<Vec<CString>, Arc<InodeData>>,
+        node: &SavedNode<'_>,
+        dirs: &HashMap<SavedPath<'_>, Arc<InodeData>>,
         mount_fd: Option<&OwnedFd>,
         root_path: &[u8],
     ) -> io::Result<Arc<InodeData>> {
         let root = self.inode(ROOT_ID)?;
         let (fd, parent) = match &node.location {
-            Location::Lost(e) => return Err(io::Error::from_raw_os_error(*e)),
-            Location::Path(names) => {
-                let fd = self.open_beneath(names)?;
-                let parent = match names.split_last() {
-                    Some((name, [])) => Some((root.clone(), name.clone())),
-                    Some((name, dir)) => by_path.get(dir).map(|p| (p.clone(), name.clone())),
+            SavedLocation::Lost(e) => return Err(io::Error::from_raw_os_error(*e)),
+            SavedLocation::Path(path) => {
+                let fd = self.open_beneath(path.names())?;
+                let parent = match path.split_last() {
+                    Some((dir, name)) => {
+                        let name = CString::new(name).map_err(|_| error(libc::EINVAL))?;
+                        match dir.0.is_empty() {
+                            true => Some((root.clone(), name)),
+                            false => dirs.get(&dir).map(|p| (p.clone(), name)),
+                        }
+                    }
                     None => None,
                 };
                 (fd, parent)
             }
-            Location::Handle(h) => {
+            SavedLocation::Handle(h) => {
                 let mount_fd = mount_fd.ok_or_else(|| error(libc::EBADF))?;
                 let fd = h.open(mount_fd.as_fd(), open_path_flags())?;
                 // A handle names any file of the file system, inside the shared directory or not.
@@ -538,25 +688,22 @@ impl PassthroughFs {
                     Ok(names) => {
                         let st = sys::stat_fd(fd.as_fd())?;
                         let there = self
-                            .open_beneath(&names)
+                            .open_beneath(names.iter().map(|n| n.to_bytes()))
                             .and_then(|f| sys::stat_fd(f.as_fd()));
                         if !there.is_ok_and(|t| t.st_dev == st.st_dev && t.st_ino == st.st_ino) {
-                            log::warn!(
-                                "migration: node {}'s file handle names a file outside the shared \
-                                 directory; refused",
-                                node.id
-                            );
-                            return Err(error(libc::EXDEV));
+                            return Err(refused(
+                                libc::EXDEV,
+                                "its file handle names a file outside the shared directory",
+                            ));
                         }
                     }
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                         if !self.share_is_whole_mount(&root, root_path)? {
-                            log::warn!(
-                                "migration: node {} was deleted while open; it is kept only when \
-                                 the shared directory is the root of its file system",
-                                node.id
-                            );
-                            return Err(error(libc::ENOENT));
+                            return Err(refused(
+                                libc::ENOENT,
+                                "it was deleted while open: kept only when the shared directory \
+                                 is the root of its file system",
+                            ));
                         }
                     }
                     Err(e) => return Err(e),
@@ -566,23 +713,22 @@ impl PassthroughFs {
         };
         let (st, x) = sys::stat_fd_mnt(fd.as_fd())?;
         if st.st_mode & libc::S_IFMT != node.kind {
-            log::warn!(
-                "migration: node {} was of type {:o} and is of type {:o} here",
-                node.id,
-                node.kind,
-                st.st_mode & libc::S_IFMT
-            );
-            return Err(error(libc::ESTALE));
+            return Err(refused(
+                libc::ESTALE,
+                format!(
+                    "it was of type {:o} and is of type {:o} here",
+                    node.kind,
+                    st.st_mode & libc::S_IFMT
+                ),
+            ));
         }
         if let Some(want) = &node.fid {
             let here = FileHandle::fid_of_fd(fd.as_fd())?;
             if here.parts() != want.parts() {
-                log::warn!(
-                    "migration: node {} opens another file here than on the source \
-                     (--migration-verify-handles)",
-                    node.id
-                );
-                return Err(error(libc::ESTALE));
+                return Err(refused(
+                    libc::ESTALE,
+                    "it opens another file here than on the source (--migration-verify-handles)",
+                ));
             }
         }
         let identity = self.identity_of(&root, &st, &x, At::Fd(fd.as_fd()))?;
@@ -593,11 +739,10 @@ impl PassthroughFs {
         };
         let n = self.new_inode(key, identity, At::Fd(fd.as_fd()), source)?;
         self.inodes.restore(node.id, n, node.refcount).map_err(|_| {
-            log::warn!(
-                "migration: node {} is a file another node of the state is already",
-                node.id
-            );
-            error(libc::ESTALE)
+            refused(
+                libc::ESTALE,
+                "it is a file another node of the state is already",
+            )
         })
     }
 
@@ -675,7 +820,7 @@ fn read_handle(input: &mut Decoder<'_>, what: &'static str) -> Result<FileHandle
         .ok_or_else(|| StateError::invalid(what, "longer than any handle"))
 }
 
-fn read_node(input: &mut Decoder<'_>) -> Result<SavedNode, StateError> {
+fn read_node<'a>(input: &mut Decoder<'a>) -> Result<SavedNode<'a>, StateError> {
     let id = input.u64("node id")?;
     // A guest holds fewer references than it can make requests.
     let refcount = input.u64("node's references")?.min(MAX_ID);
@@ -684,25 +829,25 @@ fn read_node(input: &mut Decoder<'_>) -> Result<SavedNode, StateError> {
         return Err(StateError::invalid("node's type", format!("{kind:o}")));
     }
     let location = match input.u8("node's location")? {
-        LOC_LOST => Location::Lost(input.i32("node's error")?),
+        LOC_LOST => SavedLocation::Lost(input.i32("node's error")?),
         LOC_PATH => {
             let n = input.count("path", 5)?;
             if n > MAX_DEPTH {
                 return Err(StateError::invalid("path", "too deep"));
             }
-            let mut names = Vec::with_capacity(n);
+            let start = input.rest();
             for _ in 0..n {
-                names.push(input.name("path name")?);
+                input.plain_name("path name")?;
             }
-            if names.is_empty() && id != ROOT_ID {
+            if n == 0 && id != ROOT_ID {
                 return Err(StateError::invalid(
                     "path",
                     format!("node {id} at the root"),
                 ));
             }
-            Location::Path(names)
+            SavedLocation::Path(SavedPath(input.consumed_since(start)))
         }
-        LOC_HANDLE => Location::Handle(read_handle(input, "node's file handle")?),
+        LOC_HANDLE => SavedLocation::Handle(read_handle(input, "node's file handle")?),
         v => return Err(StateError::invalid("node's location", v)),
     };
     let fid = match input.bool("node has an identifying handle")? {
@@ -716,20 +861,4 @@ fn read_node(input: &mut Decoder<'_>) -> Result<SavedNode, StateError> {
         location,
         fid,
     })
-}
-
-fn read_snapshot(input: &mut Decoder<'_>) -> Result<DirSnapshot, StateError> {
-    let n = input.count("listing", 8 + 1 + 4 + 1)?;
-    let mut snap = DirSnapshot::new();
-    for _ in 0..n {
-        let ino = input.u64("listing: inode")?;
-        let dtype = input.u8("listing: type")?;
-        let name = input.bytes("listing: name")?;
-        if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
-            return Err(StateError::invalid("listing: name", "not a file name"));
-        }
-        snap.push(ino, dtype, name)
-            .map_err(|e| io_error("listing too large", e))?;
-    }
-    Ok(snap)
 }
