@@ -446,12 +446,28 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
     );
     let kept = caps::drop_all_but(keep, caps::last_cap()).map_err(DaemonError::DropCaps)?;
     info!("capabilities kept: {kept}");
+    // Kept for a migration's load only: by one thread that serves no request, and only until
+    // a session starts or a state was taken over (the keeper starts with the stop signals
+    // blocked, as every thread does).
+    let load_only = caps::CapSet::of(caps::FILE_HANDLE_CAPS);
+    let keeper = match cfg.fs.inode_file_handles == passthrough::InodeFileHandles::Never
+        && cfg.fs.migration.mode == crate::migration::Mode::FileHandles
+        && kept.contains(caps::CAP_DAC_READ_SEARCH)
+    {
+        true => {
+            block_stop_signals()?;
+            let k = caps::Keeper::start(load_only).map_err(DaemonError::DropCaps)?;
+            info!("capabilities {load_only} kept by one thread, to load a migration state");
+            Some(k)
+        }
+        false => None,
+    };
 
     handle_stop_signals(socket_file.0.clone())?;
     let shown = cfg.fs.root_dir.clone();
     cfg.fs.root_dir = confined.root_dir;
     let seccomp_action = opts.seccomp;
-    let result = serve_with(cfg, confined.proc_self_fd, &shown, move || {
+    let result = serve_with(cfg, confined.proc_self_fd, keeper, &shown, move || {
         // Set-up is done: the shared directory is open, the socket listens, the request
         // threads of --thread-pool-size and the signal thread run (the filter reaches them
         // with TSYNC); the per-queue workers started after accepting inherit it.
@@ -471,7 +487,7 @@ pub fn serve(cfg: DaemonConfig) -> Result<(), DaemonError> {
     let spec = cfg.socket.clone();
     let root = cfg.fs.root_dir.clone();
     let mut socket_file = SocketFile(None);
-    let result = serve_with(cfg, None, &root, || {
+    let result = serve_with(cfg, None, None, &root, || {
         let (l, made) = bind_listener(&spec, None)?;
         if let SocketSpec::Path(p) = &spec {
             socket_file = SocketFile(Some((p.clone(), made)));
@@ -488,6 +504,7 @@ pub fn serve(cfg: DaemonConfig) -> Result<(), DaemonError> {
 fn serve_with(
     cfg: DaemonConfig,
     proc_self_fd: Option<OwnedFd>,
+    keeper: Option<Arc<caps::Keeper>>,
     shown: &Path,
     listener: impl FnOnce() -> Result<Listener, DaemonError>,
 ) -> Result<(), DaemonError> {
@@ -502,8 +519,12 @@ fn serve_with(
     .map_err(shared_dir)?;
     // Always wrapped, so the device has one type; without rules the wrapper only forwards.
     let fs = MappedFs::new(fs, cfg.translate);
-    let backend =
-        Arc::new(FsBackend::new(fs, cfg.tag, cfg.thread_pool_size).map_err(DaemonError::Backend)?);
+    let mut backend =
+        FsBackend::new(fs, cfg.tag, cfg.thread_pool_size).map_err(DaemonError::Backend)?;
+    if let Some(k) = keeper {
+        backend = backend.with_keeper(k);
+    }
+    let backend = Arc::new(backend);
     let mut daemon = VhostUserDaemon::new(
         "virtiofsd".into(),
         backend,

@@ -1118,3 +1118,94 @@ fn ids_of_files_gone_from_the_host_stay_stale_after_the_migration() {
     assert!(new > *gone.iter().max().unwrap(), "new node id {new}");
 }
 
+/// The threads of process `pid` that have capability `cap` in their permitted and in their
+/// effective sets, by name.
+fn threads_with_cap(pid: u32, cap: u32) -> (Vec<String>, Vec<String>) {
+    let (mut permitted, mut effective) = (Vec::new(), Vec::new());
+    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let Ok(status) = fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+                .unwrap()
+        };
+        let name = fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let name = name.trim().to_owned();
+        if field("CapPrm:") & (1 << cap) != 0 {
+            permitted.push(name.clone());
+        }
+        if field("CapEff:") & (1 << cap) != 0 {
+            effective.push(name);
+        }
+    }
+    (permitted, effective)
+}
+
+/// Waits until no thread of `pid` has `cap`.
+fn wait_cap_gone(pid: u32, cap: u32, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let (p, e) = threads_with_cap(pid, cap);
+        if p.is_empty() && e.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: threads {p:?} still have it"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn dac_read_search_is_held_by_one_thread_and_only_until_a_state_or_a_session() {
+    // `--migration-mode=file-handles` needs CAP_DAC_READ_SEARCH to load a state (it opens
+    // handles, which can name any file of the file system). Before, every thread kept it in
+    // its effective set for the daemon's life, on a source too. Now one thread that serves no
+    // request holds it, raised only while it loads, and drops it once a state was taken over
+    // or the guest's session started.
+    if !is_root() {
+        eprintln!("skipped: needs root (a sandbox, CAP_DAC_READ_SEARCH)");
+        return;
+    }
+    const CAP_DAC_READ_SEARCH: u32 = 2;
+    let opts = Options::default().migration(guest_error(handles()));
+    let mut src = source(opts);
+    let a = src.file("a", b"kept by handle");
+    let fh = src.open(a, libc::O_RDONLY);
+    let state = saved(&mut src);
+
+    // A destination: held for the load, then gone.
+    let dir = tempfile::tempdir().unwrap();
+    let (child, mut fe) = sandboxed_destination(&src.share, dir.path());
+    let pid = serving_child(&child);
+    let (permitted, effective) = threads_with_cap(pid, CAP_DAC_READ_SEARCH);
+    assert_eq!(permitted, ["virtiofsd-caps"], "before the load");
+    assert!(effective.is_empty(), "effective in {effective:?}");
+    fe.load_state(&state)
+        .expect("the state loads with the keeper's capability");
+    wait_cap_gone(pid, CAP_DAC_READ_SEARCH, "after the load");
+    let mut c = fe.client(0).unwrap();
+    c.set_init_out(src.init.unwrap());
+    assert_eq!(c.read(a, fh, 0, 20).unwrap(), b"kept by handle");
+    fe.disconnect();
+    let (status, err) = exit_of(child, dir.path());
+    assert_eq!(status.code(), Some(0), "{err}");
+
+    // A daemon that serves a guest from the start (a source): gone at INIT.
+    let dir = tempfile::tempdir().unwrap();
+    let (child, mut fe) = sandboxed_destination(&src.share, dir.path());
+    let pid = serving_child(&child);
+    assert_eq!(threads_with_cap(pid, CAP_DAC_READ_SEARCH).0.len(), 1);
+    let mut c = fe.client(0).unwrap();
+    c.init().unwrap();
+    c.getattr(ROOT_ID, None).unwrap();
+    wait_cap_gone(pid, CAP_DAC_READ_SEARCH, "after INIT");
+    fe.disconnect();
+    let (status, err) = exit_of(child, dir.path());
+    assert_eq!(status.code(), Some(0), "{err}");
+}

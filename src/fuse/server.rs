@@ -330,6 +330,11 @@ impl<F: FileSystem> Server<F> {
         Ok(())
     }
 
+    /// Whether a session is served: the guest's INIT was answered, or a state took one over.
+    pub fn is_initialized(&self) -> bool {
+        self.initialized.load(Ordering::Acquire)
+    }
+
     /// The filesystem behind this server.
     pub fn filesystem(&self) -> &F {
         &self.fs

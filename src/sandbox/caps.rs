@@ -291,6 +291,101 @@ pub fn drop_all_but(keep: CapSet, last: u32) -> io::Result<CapSet> {
     Ok(kept)
 }
 
+/// Drops `caps` from the calling thread's effective and permitted sets.
+pub fn drop_from_thread(caps: CapSet) -> io::Result<()> {
+    let (eff, permitted, inheritable) = current()?;
+    set(
+        CapSet(eff.0 & !caps.0),
+        CapSet(permitted.0 & !caps.0),
+        CapSet(inheritable.0 & !caps.0),
+    )
+}
+
+/// A job a [`Keeper`] runs.
+pub type Job = Box<dyn FnOnce() + Send>;
+
+/// The one thread that keeps some capabilities, to run jobs with them, until it is closed.
+///
+/// A capability one rare job needs (`DAC_READ_SEARCH` for a migration destination's
+/// `open_by_handle_at`) should not be held by the threads that serve the guest. Capabilities
+/// belong to threads: the keeper's thread takes them from the thread that starts it, which then
+/// drops them, before any other thread starts. The keeper holds them in its permitted set
+/// only, raises them into its effective set for the length of each job, and once closed its
+/// thread ends, and the capabilities with it.
+pub struct Keeper {
+    caps: CapSet,
+    jobs: std::sync::Mutex<Option<std::sync::mpsc::Sender<Job>>>,
+    open: std::sync::atomic::AtomicBool,
+}
+
+impl Keeper {
+    /// Starts the keeper's thread with `caps` (which the calling thread has), then drops them
+    /// from the calling thread. Call it before the threads that must not have them start.
+    pub fn start(caps: CapSet) -> io::Result<std::sync::Arc<Keeper>> {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
+        std::thread::Builder::new()
+            .name("virtiofsd-caps".into())
+            .spawn(move || {
+                // Held, not used, between jobs.
+                let lowered = current().and_then(|(eff, p, i)| set(CapSet(eff.0 & !caps.0), p, i));
+                let _ = ready_tx.send(lowered);
+                while let Ok(job) = rx.recv() {
+                    let raised =
+                        current().and_then(|(eff, p, i)| set(CapSet(eff.0 | caps.0), p, i));
+                    if let Err(e) = raised {
+                        log::warn!("cannot raise capabilities {caps} for a job: {e}");
+                    }
+                    job();
+                    if let Ok((eff, p, i)) = current() {
+                        let _ = set(CapSet(eff.0 & !caps.0), p, i);
+                    }
+                }
+            })?;
+        ready_rx
+            .recv()
+            .unwrap_or_else(|_| Err(io::Error::other("the capability keeper did not start")))?;
+        drop_from_thread(caps)?;
+        Ok(std::sync::Arc::new(Keeper {
+            caps,
+            jobs: std::sync::Mutex::new(Some(tx)),
+            open: std::sync::atomic::AtomicBool::new(true),
+        }))
+    }
+
+    /// Runs `job` on the keeper's thread with its capabilities; gives it back when closed.
+    pub fn run(&self, job: Job) -> Result<(), Job> {
+        let jobs = self
+            .jobs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match jobs.as_ref() {
+            Some(tx) => tx.send(job).map_err(|e| e.0),
+            None => Err(job),
+        }
+    }
+
+    /// Ends the keeper: its thread ends once the job under way (if any) is done, and no thread
+    /// of the process has its capabilities any more.
+    pub fn close(&self) {
+        if self.open.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            self.jobs
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            log::info!(
+                "capabilities {} dropped: they were kept only to load a migration state",
+                self.caps
+            );
+        }
+    }
+
+    /// Whether it still runs jobs.
+    pub fn is_open(&self) -> bool {
+        self.open.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,6 +39,7 @@ use crate::error::Chain;
 use crate::filesystem::FileSystem;
 use crate::fuse::server::Server;
 use crate::migration;
+use crate::sandbox::caps::Keeper;
 
 /// Largest virtqueue the device accepts.
 pub const MAX_QUEUE_SIZE: usize = 32768;
@@ -257,7 +258,10 @@ pub struct FsBackend<F: FileSystem + 'static> {
     in_flight: Arc<InFlight>,
     /// The state transfer under way (`SET_DEVICE_STATE_FD`), whose result
     /// `CHECK_DEVICE_STATE` reports.
-    transfer: Mutex<Option<thread::JoinHandle<Result<(), String>>>>,
+    transfer: Mutex<Option<Transfer>>,
+    /// The thread that alone holds the capability a load needs (`--migration-mode=file-handles`),
+    /// until a session is served or a state was taken over.
+    keeper: Option<Arc<Keeper>>,
     /// Most time stopping queues waits for their requests ([`STOP_WAIT`]; shorter in tests).
     stop_wait: Duration,
     /// When a stop last gave up waiting: the queues stopped after it within `stop_wait` do not
@@ -309,9 +313,24 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             pool,
             in_flight,
             transfer: Mutex::new(None),
+            keeper: None,
             stop_wait: STOP_WAIT,
             stop_gave_up: Mutex::new(None),
         })
+    }
+
+    /// The same device, whose state loads run on `keeper`'s thread with its capabilities.
+    pub fn with_keeper(mut self, keeper: Arc<Keeper>) -> Self {
+        self.keeper = Some(keeper);
+        self
+    }
+
+    /// Closes the capability keeper, if any: no state can be loaded from now on (a session is
+    /// served, or a state was taken over).
+    fn close_keeper(&self) {
+        if let Some(k) = &self.keeper {
+            k.close();
+        }
     }
 
     /// The FUSE server shared by every queue.
@@ -393,12 +412,36 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         }
         let server = self.server.clone();
         let job = match direction {
-            VhostTransferStateDirection::SAVE => thread::Builder::new()
-                .name("virtiofsd-save".into())
-                .spawn(move || save_state(&server, file))?,
-            VhostTransferStateDirection::LOAD => thread::Builder::new()
-                .name("virtiofsd-load".into())
-                .spawn(move || load_state(&server, file))?,
+            VhostTransferStateDirection::SAVE => {
+                // A source: no state comes to this daemon now.
+                self.close_keeper();
+                Transfer::Thread(
+                    thread::Builder::new()
+                        .name("virtiofsd-save".into())
+                        .spawn(move || save_state(&server, file))?,
+                )
+            }
+            VhostTransferStateDirection::LOAD => match self.keeper.as_ref().filter(|k| k.is_open())
+            {
+                Some(keeper) => {
+                    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                    let done = Arc::new(AtomicBool::new(false));
+                    let finished = done.clone();
+                    keeper
+                        .run(Box::new(move || {
+                            let result = load_state(&server, file);
+                            finished.store(true, Ordering::Release);
+                            let _ = tx.send(result);
+                        }))
+                        .map_err(|_| io::Error::other("the capability keeper has ended"))?;
+                    Transfer::Kept { result: rx, done }
+                }
+                None => Transfer::Thread(
+                    thread::Builder::new()
+                        .name("virtiofsd-load".into())
+                        .spawn(move || load_state(&server, file))?,
+                ),
+            },
         };
         *slot = Some(job);
         Ok(())
@@ -490,6 +533,38 @@ fn serve_chain<F: FileSystem>(
         Err(e) => {
             warn!("descriptor chain {head} refused: {e}");
             0
+        }
+    }
+}
+
+/// A state transfer under way.
+enum Transfer {
+    /// On a thread of its own.
+    Thread(thread::JoinHandle<Result<(), String>>),
+    /// A load on the capability keeper's thread.
+    Kept {
+        result: std::sync::mpsc::Receiver<Result<(), String>>,
+        done: Arc<AtomicBool>,
+    },
+}
+
+impl Transfer {
+    fn is_finished(&self) -> bool {
+        match self {
+            Transfer::Thread(t) => t.is_finished(),
+            Transfer::Kept { done, .. } => done.load(Ordering::Acquire),
+        }
+    }
+
+    /// Waits for it to end: its result.
+    fn join(self) -> Result<(), String> {
+        match self {
+            Transfer::Thread(t) => t
+                .join()
+                .unwrap_or_else(|_| Err("the state transfer thread panicked".into())),
+            Transfer::Kept { result, .. } => result
+                .recv()
+                .unwrap_or_else(|_| Err("the state load ended without a result".into())),
         }
     }
 }
@@ -651,12 +726,15 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
+        let kept = matches!(job, Some(Transfer::Kept { .. }));
         let result = match job {
             None => Err("no state transfer was started".to_string()),
-            Some(job) => job
-                .join()
-                .unwrap_or_else(|_| Err("the state transfer thread panicked".into())),
+            Some(job) => job.join(),
         };
+        if kept && result.is_ok() {
+            // A state was taken over: no second one is.
+            self.close_keeper();
+        }
         result.map_err(|e| {
             error!("migration: {e}");
             io::Error::other(e)
@@ -716,6 +794,10 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         // The whole pass counts as in flight: with event-index it writes the used ring's
         // avail_event field too, which a stop must not see written after it returned.
         let _pass = Counted::enter(&self.in_flight, thread_id);
+        if self.keeper.as_ref().is_some_and(|k| k.is_open()) && self.server.is_initialized() {
+            // The guest's session started: a state is refused from now on.
+            self.close_keeper();
+        }
         if !vring.get_ref().get_queue().ready() {
             return Ok(());
         }
