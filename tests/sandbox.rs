@@ -736,3 +736,101 @@ fn device_nodes_in_the_share_cannot_be_opened_in_the_sandbox() {
     fe.disconnect();
     finish(parent, &d.socket);
 }
+
+/// A bind mount of a directory onto itself, made a shared mount (mounts made under it later
+/// propagate to its copies, as on a systemd host), detached when dropped.
+struct SharedBind(std::ffi::CString);
+
+impl SharedBind {
+    fn make(at: &Path) -> SharedBind {
+        let c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: the path is NUL-terminated and outlives both calls.
+        let rc = unsafe {
+            libc::mount(
+                c.as_ptr(),
+                c.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
+        let bind = SharedBind(c);
+        // SAFETY: as above.
+        let rc = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                bind.0.as_ptr(),
+                std::ptr::null(),
+                libc::MS_SHARED,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "make shared: {}", std::io::Error::last_os_error());
+        bind
+    }
+}
+
+impl Drop for SharedBind {
+    fn drop(&mut self) {
+        // SAFETY: the path is NUL-terminated; detaching our own test mount.
+        unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[test]
+fn a_mount_the_host_adds_under_the_share_later_serves_no_device_either() {
+    // The sandbox's mounts are slaves of the host's, so that a volume the host mounts under the
+    // share after start (Kata hot-plugs them so) reaches the guest; such a mount arrives
+    // without `nodev`. The daemon never opens a device node, FIFO or socket on the host,
+    // whatever mount it is on: it is served to the guest (which opens it in its own kernel)
+    // and refused to any open or truncate.
+    if !is_root() {
+        eprintln!("skipped: mounting needs root");
+        return;
+    }
+    let d = dirs();
+    let _share = SharedBind::make(&d.share);
+    let parent = command("namespace", &d.share, &d.socket, &[])
+        .spawn()
+        .unwrap();
+    let child = serving_child(&parent);
+    let mut fe = FsFrontend::connect(&d.socket, 1).expect("connect");
+    let mut c = fe.client(0).unwrap();
+    c.init().unwrap();
+
+    let late = Tmpfs::mount(&d.share.join("late"));
+    mknod_null(&d.share.join("late/null"));
+    fs::write(d.share.join("late/file"), b"late data").unwrap();
+    let m = mounts(child);
+    let opts = m
+        .iter()
+        .find(|(p, _)| p == "/late")
+        .unwrap_or_else(|| panic!("the late mount did not reach the sandbox: {m:?}"))
+        .1
+        .clone();
+    assert!(
+        !opts.contains(&"nodev".into()),
+        "the kernel made it nodev: the test shows nothing ({m:?})"
+    );
+
+    let dir = c.lookup(ROOT_ID, "late").unwrap();
+    let f = c.lookup(dir.nodeid, "file").unwrap();
+    let fh = c.open(f.nodeid, libc::O_RDONLY as u32).unwrap().fh;
+    assert_eq!(c.read(f.nodeid, fh, 0, 100).unwrap(), b"late data");
+    let null = c.lookup(dir.nodeid, "null").unwrap();
+    assert_eq!(null.attr.mode & libc::S_IFMT, libc::S_IFCHR);
+    for flags in [libc::O_RDONLY, libc::O_WRONLY, libc::O_RDWR] {
+        assert_eq!(
+            c.open(null.nodeid, flags as u32).unwrap_err(),
+            libc::ENXIO,
+            "open {flags}"
+        );
+    }
+    let mut sa = setattr_in(fattr::SIZE);
+    sa.size = 0;
+    assert_eq!(c.setattr(null.nodeid, &sa).unwrap_err(), libc::EINVAL);
+    fe.disconnect();
+    finish(parent, &d.socket);
+    drop(late);
+}

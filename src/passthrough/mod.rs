@@ -473,8 +473,18 @@ impl PassthroughFs {
     }
 
     /// Opens `data` for I/O with `flags`: through its parent and name when it has no descriptor
-    /// (checking that the name still leads to it), through `/proc/self/fd/N` otherwise.
+    /// (checking that the name still leads to it), through `/proc/self/fd/N` otherwise. Only a
+    /// regular file or a directory: a device node, FIFO or socket is never opened on the host,
+    /// whatever mount it is on (the guest opens those in its own kernel). Every open of a node
+    /// comes here, so this holds for mounts the host adds under the share after the sandbox was
+    /// made `nodev` too (doc/security.md).
     fn open_node(&self, data: &InodeData, flags: i32) -> io::Result<OwnedFd> {
+        if !matches!(data.key.kind, libc::S_IFREG | libc::S_IFDIR) {
+            return Err(error(match data.key.kind {
+                libc::S_IFLNK => libc::ELOOP,
+                _ => libc::ENXIO,
+            }));
+        }
         // Through the name: an O_PATH descriptor (which opens nothing, whatever the name now
         // leads to) checked to be this inode, then reopened for I/O. Never an open for I/O of
         // a name before the check: a FIFO or device node put there would be opened.

@@ -2119,3 +2119,24 @@ fn other_lookup_errors_are_never_negative_entries() {
     assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"a/b")), libc::EINVAL);
     assert_eq!(errno(fs.lookup(&ctx(), 9999, c"x")), libc::EBADF);
 }
+
+#[test]
+fn the_one_funnel_of_opens_opens_only_regular_files_and_directories() {
+    // Every open of a node for I/O goes through `open_node`: a FIFO or device node is refused
+    // before anything is opened, whatever the caller checked and whatever mount the node is on
+    // (a mount the host adds under the share after start is not `nodev` in the sandbox).
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    fs.mknod(&ctx(), ROOT_ID, c"fifo", libc::S_IFIFO | 0o666, 0, 0, &[])
+        .unwrap();
+    std::os::unix::fs::symlink("fifo", tmp.path().join("link")).unwrap();
+    for (name, want) in [("fifo", libc::ENXIO), ("link", libc::ELOOP)] {
+        let e = lookup(&fs, name);
+        let data = fs.inode(e.inode).unwrap();
+        assert_eq!(
+            errno(fs.open_node(&data, libc::O_RDONLY | libc::O_NONBLOCK)),
+            want,
+            "{name}"
+        );
+    }
+}
