@@ -21,6 +21,8 @@
 
 #[path = "virtiofsd-bench/daemon.rs"]
 mod daemon;
+#[path = "virtiofsd-bench/latency.rs"]
+mod latency;
 #[path = "virtiofsd-bench/report.rs"]
 mod report;
 #[path = "virtiofsd-bench/tree.rs"]
@@ -123,6 +125,12 @@ struct Args {
     /// here (timings are then meaningless)
     #[arg(long, value_name = "DIR")]
     strace_dir: Option<PathBuf>,
+
+    /// Instead of the workloads: round-trip latency, N requests of each kind one at a time
+    /// (p50, p99, daemon CPU per request) beside the floor, the same system calls made
+    /// directly by one thread
+    #[arg(long, value_name = "N")]
+    latency: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -282,6 +290,21 @@ fn run(args: &Args) -> Result<(), String> {
 
     let machine = Machine::probe();
     eprintln!("machine: {}", machine.summary());
+    if let Some(n) = args.latency {
+        let out = run_latency(args, &specs, &tree_dir, &run_dir, n.max(10));
+        let _ = fs::remove_dir_all(&run_dir);
+        let table = out?;
+        println!("# Round-trip latency, one request in flight");
+        println!();
+        println!("Machine: {}", machine.summary());
+        println!();
+        for s in &specs {
+            println!("- {}: `{}`", s.label, s.command_line(&args.cache));
+        }
+        println!();
+        print!("{table}");
+        return Ok(());
+    }
     let mut results = Results::new(&selected, &specs);
     let outcome = (|| {
         for round in 1..=args.rounds {
@@ -333,6 +356,99 @@ fn run(args: &Args) -> Result<(), String> {
         print!("{}", results.text(&header));
     }
     Ok(())
+}
+
+/// The `--latency` comparison: every round, each daemon in turn, then the floor; the table.
+fn run_latency(
+    args: &Args,
+    specs: &[DaemonSpec],
+    tree_dir: &Path,
+    run_dir: &Path,
+    n: usize,
+) -> Result<String, String> {
+    let kinds = latency::KINDS.len();
+    // Per column (each daemon, then the floor), per kind: every round's samples.
+    let mut cols: Vec<Vec<latency::Sample>> =
+        vec![vec![Default::default(); kinds]; specs.len() + 1];
+    let merge = |col: &mut Vec<latency::Sample>, got: Vec<latency::Sample>| {
+        for (acc, s) in col.iter_mut().zip(got) {
+            acc.times.extend(s.times);
+            acc.cpu += s.cpu;
+        }
+    };
+    for round in 1..=args.rounds {
+        for (i, spec) in specs.iter().enumerate() {
+            let socket = run_dir.join(format!("{}-{round}.sock", spec.label));
+            let log = run_dir.join(format!("{}-{round}.log", spec.label));
+            let mut d = Running::spawn(spec, &socket, tree_dir, &args.cache, &log)?;
+            d.wait_for_socket(&socket, Duration::from_secs(10))?;
+            let config = FrontendConfig {
+                queue_size: args.queue_size,
+                timeout: Duration::from_secs(args.reply_timeout.max(1)),
+                connect_timeout: Duration::from_secs(10),
+                ..Default::default()
+            };
+            let fe = FsFrontend::connect_with(&socket, 1, &config)
+                .map_err(|e| format!("{}: vhost-user setup failed: {e}", spec.label))?;
+            let mut session = Session::new(fe).map_err(|e| format!("{}: {e}", spec.label))?;
+            let got = latency::measure(&mut session, &d, n).map_err(|e| {
+                let alive = d.check_alive().err().unwrap_or_default();
+                format!("{} round {round}: {e}\n{alive}", spec.label)
+            })?;
+            eprintln!("round {round}/{} {}: done", args.rounds, spec.label);
+            merge(&mut cols[i], got);
+            session.fe.disconnect();
+            drop(session);
+            d.wait_exit(Duration::from_secs(10))?;
+        }
+        let got = latency::floor(tree_dir, n)?;
+        merge(&mut cols[specs.len()], got);
+    }
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let mut names: Vec<&str> = specs.iter().map(|s| s.label).collect();
+    names.push("floor");
+    let mut t = String::from("| request |");
+    for name in &names {
+        t.push_str(&format!(" {name} p50 µs | {name} p99 µs |"));
+    }
+    for name in &names {
+        t.push_str(&format!(" {name} CPU µs/req |"));
+    }
+    if specs.len() > 1 {
+        t.push_str(" p50 ours/ref |");
+    }
+    t.push_str("\n|---|");
+    for _ in 0..names.len() * 3 + usize::from(specs.len() > 1) {
+        t.push_str("---:|");
+    }
+    t.push('\n');
+    for (k, kind) in latency::KINDS.iter().enumerate() {
+        t.push_str(&format!("| {kind} |"));
+        let mut p50s = Vec::new();
+        for col in cols.iter_mut() {
+            let s = &mut col[k];
+            let p50 = latency::quantile(&mut s.times, 0.5);
+            let p99 = latency::quantile(&mut s.times, 0.99);
+            p50s.push(p50);
+            t.push_str(&format!(" {:.1} | {:.1} |", us(p50), us(p99)));
+        }
+        for col in cols.iter() {
+            let s = &col[k];
+            let per = s.cpu.as_secs_f64() * 1e6 / s.times.len().max(1) as f64;
+            t.push_str(&format!(" {per:.1} |"));
+        }
+        if specs.len() > 1 {
+            let r = p50s[0].as_secs_f64() / p50s[1].as_secs_f64().max(1e-9);
+            t.push_str(&format!(" {r:.2} |"));
+        }
+        t.push('\n');
+    }
+    t.push_str(&format!(
+        "\n{} requests of each kind per round, {} rounds, --cache={}; the floor is the same \
+         system calls made by one thread of the benchmark.\n",
+        n, args.rounds, args.cache
+    ));
+    Ok(t)
 }
 
 fn absolute(p: &Path) -> Result<PathBuf, String> {

@@ -245,7 +245,7 @@ impl Session {
 }
 
 /// Turns a [`FuseResult`] into a value or a message naming the request.
-fn fuse<T>(r: FuseResult<T>, what: impl FnOnce() -> String) -> Result<T, String> {
+pub fn fuse<T>(r: FuseResult<T>, what: impl FnOnce() -> String) -> Result<T, String> {
     match r {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(errno)) => Err(format!(
