@@ -44,6 +44,9 @@ pub struct DaemonConfig {
     pub socket: SocketSpec,
     pub tag: Option<String>,
     pub thread_pool_size: usize,
+    /// Most time a queue's thread polls for the guest's next request (`--poll-window`; zero:
+    /// never).
+    pub poll_window: std::time::Duration,
     /// uid/gid translation between guest and host (`--translate-uid`, `--translate-gid`);
     /// empty translates nothing.
     pub translate: Translation,
@@ -524,6 +527,7 @@ fn serve_with(
     if let Some(k) = keeper {
         backend = backend.with_keeper(k);
     }
+    backend = backend.with_poll_window(cfg.poll_window);
     let backend = Arc::new(backend);
     let mut daemon = VhostUserDaemon::new(
         "virtiofsd".into(),

@@ -459,6 +459,7 @@ fn config(share: &Path, socket: &Path) -> DaemonConfig {
         socket: SocketSpec::Path(socket.to_path_buf()),
         tag: None,
         thread_pool_size: 0,
+        poll_window: std::time::Duration::ZERO,
         translate: Default::default(),
         uid_map: Vec::new(),
         gid_map: Vec::new(),

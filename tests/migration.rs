@@ -1209,3 +1209,27 @@ fn dac_read_search_is_held_by_one_thread_and_only_until_a_state_or_a_session() {
     let (status, err) = exit_of(child, dir.path());
     assert_eq!(status.code(), Some(0), "{err}");
 }
+
+#[test]
+fn with_polling_on_the_queues_stop_at_once_and_the_state_is_whole() {
+    // A queue's thread that polls its ring holds the queue's pass open: a stop (GET_VRING_BASE)
+    // must end the polling at once, not wait out the window or be refused for a request in
+    // flight.
+    let window = std::time::Duration::from_millis(5);
+    let opts = Options::default().poll_window(window);
+    let mut src = source(opts.clone());
+    let held = hold(&mut src);
+    // Requests right before the stop, so that the window is open when it comes.
+    for _ in 0..50 {
+        src.c.getattr(ROOT_ID, None).unwrap();
+    }
+    let t = std::time::Instant::now();
+    let (mut dst, loaded) = migrate(&mut src, opts);
+    loaded.unwrap();
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(2),
+        "the switch-over took {:?}",
+        t.elapsed()
+    );
+    check_held(&mut dst, &held);
+}

@@ -331,3 +331,95 @@ fn forgets_on_the_high_priority_queue_race_with_lookups() {
     }
     d.finish();
 }
+
+/// Requests one at a time on `c`, each after a pause that sweeps across `window` (none, then
+/// about the window itself, then past it): a request made as a polling window ends must be
+/// answered like any other (the frontend waits at most its reply timeout).
+fn requests_around_the_window(c: &mut FuseClient, window: std::time::Duration, rounds: u32) {
+    for i in 0..rounds {
+        // 0, ~window/4 ... ~2x window, in 16 steps, then again.
+        let pause = window * (i % 16) / 8;
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+        c.getattr(ROOT_ID, None)
+            .unwrap_or_else(|e| panic!("request {i} after {pause:?}: errno {e}"));
+    }
+}
+
+fn polling_never_loses_a_request(pool: usize) {
+    let window = std::time::Duration::from_micros(400);
+    let mut d = Daemon::with(Options::default().queues(2).pool(pool).poll_window(window));
+    let mut c1 = d.client(1);
+    let t1 = std::thread::spawn(move || requests_around_the_window(&mut c1, window, 400));
+    requests_around_the_window(&mut d.c, window, 400);
+    t1.join().expect("queue 1");
+    // And a burst of pipelined work still completes with polling on.
+    check_polled_churn(&mut d);
+    d.finish();
+}
+
+#[test]
+fn with_polling_an_idle_guest_costs_the_daemon_no_cpu() {
+    // The binary, so that its CPU time is its own: busy, then idle.
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("share");
+    fs::create_dir(&share).unwrap();
+    let socket = dir.path().join("vfs.sock");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_virtiofsd"))
+        .arg(format!("--shared-dir={}", share.display()))
+        .arg(format!("--socket-path={}", socket.display()))
+        .args(["--sandbox=none", "--poll-window=400", "--log-level=error"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut fe = virtiofsd::frontend::FsFrontend::connect(&socket, 1).unwrap();
+    let mut c = fe.client(0).unwrap();
+    c.init().unwrap();
+    let window = std::time::Duration::from_micros(400);
+    requests_around_the_window(&mut c, window, 200);
+    std::thread::sleep(window * 4);
+    let before = process_cpu(child.id());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let idle = process_cpu(child.id()) - before;
+    assert!(
+        idle < std::time::Duration::from_millis(2),
+        "the daemon used {idle:?} of CPU in 500 ms while the guest sent nothing"
+    );
+    fe.disconnect();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+/// CPU time of every thread of process `pid`, as the scheduler counts it.
+fn process_cpu(pid: u32) -> std::time::Duration {
+    let mut ns = 0u64;
+    for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        if let Ok(s) = fs::read_to_string(t.path().join("schedstat")) {
+            ns += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    std::time::Duration::from_nanos(ns)
+}
+
+fn check_polled_churn(d: &mut Daemon) {
+    let n = churn(&mut d.c, "polled", 20);
+    assert!(n >= 100, "{n} requests");
+    check_churn(d, "polled", 20);
+}
+
+#[test]
+fn with_polling_a_request_made_as_the_window_ends_is_answered() {
+    polling_never_loses_a_request(0);
+}
+
+#[test]
+fn with_polling_and_a_thread_pool_no_request_is_lost() {
+    polling_never_loses_a_request(2);
+}

@@ -34,6 +34,7 @@ use vmm_sys_util::event::{
 };
 
 use super::descriptor::{split_chain, DirtyLog, GuestMem, GuestMemory};
+use super::poll::{Poll, Polled};
 pub use super::vring::Vring;
 use crate::error::Chain;
 use crate::filesystem::FileSystem;
@@ -262,6 +263,8 @@ pub struct FsBackend<F: FileSystem + 'static> {
     /// The thread that alone holds the capability a load needs (`--migration-mode=file-handles`),
     /// until a session is served or a state was taken over.
     keeper: Option<Arc<Keeper>>,
+    /// Adaptive polling of the available rings after a pass (`--poll-window`).
+    poll: Poll,
     /// Most time stopping queues waits for their requests ([`STOP_WAIT`]; shorter in tests).
     stop_wait: Duration,
     /// When a stop last gave up waiting: the queues stopped after it within `stop_wait` do not
@@ -314,9 +317,17 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             in_flight,
             transfer: Mutex::new(None),
             keeper: None,
+            poll: Poll::new(Duration::ZERO, num_queues),
             stop_wait: STOP_WAIT,
             stop_gave_up: Mutex::new(None),
         })
+    }
+
+    /// The same device, whose queue workers look at their available ring for up to `max` after
+    /// each pass before they sleep (see [`super::poll`]; zero: never).
+    pub fn with_poll_window(mut self, max: Duration) -> Self {
+        self.poll = Poll::new(max, self.num_queues);
+        self
     }
 
     /// The same device, whose state loads run on `keeper`'s thread with its capabilities.
@@ -804,7 +815,10 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         if self.event_idx.load(Ordering::Relaxed) {
             // Keep draining until the guest has added nothing new since the last pass. A queue
             // left for a full pool is kicked again once the pool has drained to half of it, and
-            // drained then.
+            // drained then. With polling, the ring is looked at for a while before the guest is
+            // asked to kick again (its notifications stay off meanwhile).
+            let queue = usize::from(device_event);
+            self.poll.woken(queue);
             loop {
                 vring
                     .disable_notification()
@@ -812,13 +826,22 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
                 if self.process_queue(vring, thread_id)? == Pass::Stalled {
                     break;
                 }
+                let polled = self.poll.wait(queue, vring);
+                if polled == Polled::More {
+                    continue;
+                }
+                // Turned back on, then the ring read once more: a chain made available as the
+                // polling ended is served now, not left without a kick. (A queue that stopped
+                // meanwhile gets its notifications back as it would have without polling, and is
+                // left: a stop takes no more chains.)
                 let more = vring
                     .enable_notification()
                     .map_err(|e| io::Error::other(format!("enable_notification: {e}")))?;
-                if !more {
+                if !more || polled == Polled::Stopped {
                     break;
                 }
             }
+            self.poll.pass_ended(queue);
         } else {
             self.process_queue(vring, thread_id)?;
         }

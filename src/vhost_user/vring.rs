@@ -27,6 +27,20 @@ type Mem = GuestMemoryAtomic<GuestMemory>;
 #[derive(Clone)]
 pub struct Vring(VringRwLock<Mem>, Mem);
 
+impl Vring {
+    /// Whether the driver has made chains available that were not taken yet; `None` when the
+    /// queue is not running (a stop came: whoever polls it stops too).
+    pub fn pending(&self) -> Option<bool> {
+        let state = self.0.get_ref();
+        let queue = state.get_queue();
+        if !queue.ready() {
+            return None;
+        }
+        let avail = queue.avail_idx(&*self.1.memory(), Ordering::Acquire).ok()?;
+        Some(avail.0 != queue.next_avail())
+    }
+}
+
 impl<'a> VringStateGuard<'a, Mem> for Vring {
     type G = RwLockReadGuard<'a, VringState<Mem>>;
 }

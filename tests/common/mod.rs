@@ -70,6 +70,8 @@ pub struct Options {
     pub listing_memory: usize,
     /// `--max-nodes` (`None`: the default).
     pub max_nodes: Option<usize>,
+    /// `--poll-window` (zero: no polling, the daemon's default).
+    pub poll_window: std::time::Duration,
     /// Serve a fresh, small ext4 file system (loop-mounted on the shared directory) instead of
     /// a directory of the temporary file system: one block group, so a freed inode number is
     /// the next one given (needs root).
@@ -107,6 +109,7 @@ impl Default for Options {
             killpriv_v2: false,
             listing_memory: virtiofsd::passthrough::config::DEFAULT_LISTING_MEMORY,
             max_nodes: None,
+            poll_window: std::time::Duration::ZERO,
             ext4_share: false,
             inode_file_handles: InodeFileHandles::default(),
             share_at: None,
@@ -233,6 +236,11 @@ impl Options {
     }
 
     /// `--max-nodes`.
+    pub fn poll_window(mut self, w: std::time::Duration) -> Self {
+        self.poll_window = w;
+        self
+    }
+
     pub fn max_nodes(mut self, n: usize) -> Self {
         self.max_nodes = Some(n);
         self
@@ -333,6 +341,7 @@ impl Daemon {
             socket: SocketSpec::Path(socket.clone()),
             tag: opts.tag.clone(),
             thread_pool_size: opts.thread_pool_size,
+            poll_window: opts.poll_window,
             translate: opts.translate.clone(),
             uid_map: Vec::new(),
             gid_map: Vec::new(),
