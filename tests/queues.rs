@@ -385,7 +385,7 @@ fn with_polling_an_idle_guest_costs_the_daemon_no_cpu() {
     std::thread::sleep(std::time::Duration::from_millis(500));
     let idle = process_cpu(child.id()) - before;
     assert!(
-        idle < std::time::Duration::from_millis(2),
+        idle < std::time::Duration::from_millis(10),
         "the daemon used {idle:?} of CPU in 500 ms while the guest sent nothing"
     );
     fe.disconnect();

@@ -71,11 +71,15 @@ impl Poll {
     /// The worker of `queue` was woken by the guest's kick: the window follows the gap since
     /// the last pass.
     pub fn woken(&self, queue: usize) {
+        self.woken_at(queue, Instant::now());
+    }
+
+    fn woken_at(&self, queue: usize, now: Instant) {
         let Some(mut s) = self.state(queue) else {
             return;
         };
         if let Some(last) = s.last_end {
-            let gap = last.elapsed();
+            let gap = now.saturating_duration_since(last);
             s.window = if gap <= self.max {
                 s.window.max(gap + gap / 2).min(self.max)
             } else {
@@ -112,8 +116,12 @@ impl Poll {
 
     /// A pass of `queue` ended (its worker goes to sleep).
     pub fn pass_ended(&self, queue: usize) {
+        self.pass_ended_at(queue, Instant::now());
+    }
+
+    fn pass_ended_at(&self, queue: usize, now: Instant) {
         if let Some(mut s) = self.state(queue) {
-            s.last_end = Some(Instant::now());
+            s.last_end = Some(now);
         }
     }
 
@@ -130,26 +138,35 @@ mod tests {
 
     #[test]
     fn the_window_grows_with_the_gaps_it_would_catch_and_shrinks_when_idle() {
-        let p = Poll::new(Duration::from_millis(5), 2);
+        // Times given, not slept: the rule, whatever the machine's load.
+        let ms = Duration::from_millis;
+        let p = Poll::new(ms(5), 2);
+        let t0 = Instant::now();
         assert_eq!(p.window(0), Duration::ZERO, "nothing learnt yet");
-        p.pass_ended(0);
-        std::thread::sleep(Duration::from_millis(1));
-        p.woken(0);
-        let w = p.window(0);
-        assert!(
-            w >= Duration::from_micros(1500) && w <= Duration::from_millis(5),
-            "{w:?}"
+        p.pass_ended_at(0, t0);
+        p.woken_at(0, t0 + ms(1));
+        assert_eq!(
+            p.window(0),
+            Duration::from_micros(1500),
+            "1.5 times the gap"
         );
         assert_eq!(p.window(1), Duration::ZERO, "per queue");
+        // A longer gap within the maximum grows it, up to the maximum.
+        p.pass_ended_at(0, t0 + ms(2));
+        p.woken_at(0, t0 + ms(6));
+        assert_eq!(p.window(0), ms(5));
         // A gap past the maximum halves it.
-        p.pass_ended(0);
-        std::thread::sleep(Duration::from_millis(6));
-        p.woken(0);
-        assert_eq!(p.window(0), w / 2);
+        p.pass_ended_at(0, t0 + ms(10));
+        p.woken_at(0, t0 + ms(20));
+        assert_eq!(p.window(0), Duration::from_micros(2500));
+        // A shorter gap does not shrink it.
+        p.pass_ended_at(0, t0 + ms(21));
+        p.woken_at(0, t0 + ms(21) + Duration::from_micros(10));
+        assert_eq!(p.window(0), Duration::from_micros(2500));
         // Off: no state, no window.
         let off = Poll::new(Duration::ZERO, 1);
-        off.pass_ended(0);
-        off.woken(0);
+        off.pass_ended_at(0, t0);
+        off.woken_at(0, t0 + ms(1));
         assert_eq!(off.window(0), Duration::ZERO);
     }
 }
