@@ -634,7 +634,13 @@ impl FileSystem for PassthroughFs {
         let parent = self.inode(inode)?;
         let chunk = dir::stream_chunk(size, true);
         let mut emitted = false;
+        // Bytes of the reply used so far: an entry that cannot fit is not looked up (a node
+        // made for it would be dropped again at once, at every page's end).
+        let mut used = 0usize;
         self.list(&parent, handle, offset, chunk, &mut |e, next| {
+            if emitted && used + crate::fuse::abi::direntplus_size(e.name.len()) > size as usize {
+                return Ok(false);
+            }
             let dirent = |type_: u32| DirEntry {
                 ino: e.ino,
                 offset: next,
@@ -678,6 +684,7 @@ impl FileSystem for PassthroughFs {
             match add_entry(dent, entry) {
                 Ok(n) if n > 0 => {
                     emitted = true;
+                    used += n;
                     Ok(true)
                 }
                 res => {
