@@ -61,21 +61,63 @@ impl FileHandle {
     /// their files by handle may still give one that identifies them (overlayfs without
     /// `nfs_export`). On older kernels, which refuse the flag, a plain handle.
     fn fid(dir: BorrowedFd<'_>, name: &std::ffi::CStr, flags: i32) -> io::Result<FileHandle> {
+        let (raw, mnt_id) = Self::raw_fid(dir, name, flags)?;
+        Ok(Self::from_raw(&raw, mnt_id))
+    }
+
+    /// Whether the identifying handle of `name` in `dir` (`AT_EMPTY_PATH` in `flags`: of `dir`
+    /// itself) is this handle. Taken on the stack: checking a file's identity allocates nothing.
+    pub fn is_fid_at(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+        flags: i32,
+    ) -> io::Result<bool> {
+        let (raw, mnt_id) = Self::raw_fid(dir, name, flags)?;
+        let len = (raw.handle_bytes as usize).min(MAX_HANDLE_SZ);
+        Ok(self.mnt_id == mnt_id
+            && self.handle_type == raw.handle_type
+            && *self.bytes == raw.f_handle[..len])
+    }
+
+    fn raw_fid(
+        dir: BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+        flags: i32,
+    ) -> io::Result<(RawHandle, u64)> {
         /// `AT_HANDLE_FID` (not in every libc).
         const AT_HANDLE_FID: i32 = 0x200;
         static FID_REFUSED: AtomicBool = AtomicBool::new(false);
         if !FID_REFUSED.load(Ordering::Relaxed) {
-            match Self::of(dir, name, flags | AT_HANDLE_FID) {
+            match Self::raw_of(dir, name, flags | AT_HANDLE_FID) {
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     FID_REFUSED.store(true, Ordering::Relaxed);
                 }
                 r => return r,
             }
         }
-        Self::of(dir, name, flags)
+        Self::raw_of(dir, name, flags)
+    }
+
+    fn from_raw(raw: &RawHandle, mnt_id: u64) -> FileHandle {
+        let len = (raw.handle_bytes as usize).min(MAX_HANDLE_SZ);
+        FileHandle {
+            mnt_id,
+            handle_type: raw.handle_type,
+            bytes: raw.f_handle[..len].into(),
+        }
     }
 
     fn of(dir: BorrowedFd<'_>, name: &std::ffi::CStr, flags: i32) -> io::Result<FileHandle> {
+        let (raw, mnt_id) = Self::raw_of(dir, name, flags)?;
+        Ok(Self::from_raw(&raw, mnt_id))
+    }
+
+    fn raw_of(
+        dir: BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+        flags: i32,
+    ) -> io::Result<(RawHandle, u64)> {
         let mut raw = RawHandle {
             handle_bytes: MAX_HANDLE_SZ as libc::c_uint,
             handle_type: 0,
@@ -97,12 +139,7 @@ impl FileHandle {
         if ret < 0 {
             return Err(io::Error::last_os_error());
         }
-        let len = (raw.handle_bytes as usize).min(MAX_HANDLE_SZ);
-        Ok(FileHandle {
-            mnt_id: mnt_id as u32 as u64,
-            handle_type: raw.handle_type,
-            bytes: raw.f_handle[..len].into(),
-        })
+        Ok((raw, mnt_id as u32 as u64))
     }
 
     /// The handle's type and bytes, as a migration sends them.

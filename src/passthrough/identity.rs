@@ -49,6 +49,14 @@ impl At<'_> {
         }
     }
 
+    /// Whether the identifying handle of what is there now is `h` (nothing allocated).
+    fn is_handle(self, h: &FileHandle) -> io::Result<bool> {
+        match self {
+            At::Name(dir, name) => h.is_fid_at(dir, name, 0),
+            At::Fd(fd) => h.is_fid_at(fd, c"", libc::AT_EMPTY_PATH),
+        }
+    }
+
     /// An `O_PATH` descriptor of what is there now (a descriptor stands for itself).
     fn open_path(self, fs: &PassthroughFs) -> io::Result<OwnedFd> {
         match self {
@@ -167,7 +175,7 @@ impl PassthroughFs {
         let Some(h) = data.ident_handle() else {
             return Ok(false);
         };
-        if at.handle()? != *h {
+        if !at.is_handle(h)? {
             return Ok(false);
         }
         if data.key.btime.is_some_and(settled) {

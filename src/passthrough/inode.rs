@@ -155,10 +155,12 @@ impl InodeData {
         self.stale.load(Ordering::Relaxed)
     }
 
-    /// Where the inode was last found by name.
-    pub fn origin(&self) -> Option<(Arc<InodeData>, CString)> {
+    /// Where the inode was last found by name (the name copied, on the stack when it fits: a
+    /// request that reaches a file through its name allocates nothing for it).
+    pub fn origin(&self) -> Option<(Arc<InodeData>, OriginName)> {
         let o = self.origin.lock().unwrap_or_else(PoisonError::into_inner);
-        o.as_ref().map(|o| (o.parent.clone(), o.name.clone()))
+        o.as_ref()
+            .map(|o| (o.parent.clone(), OriginName::new(o.name.as_c_str())))
     }
 
     /// Records that the inode was found as `name` in `parent` (an inode without a descriptor
@@ -220,6 +222,46 @@ impl InodeData {
     /// References the guest holds on this node.
     pub fn refcount(&self) -> u64 {
         self.refcount.load(Ordering::Relaxed)
+    }
+}
+
+/// A name copied out of an inode's [`Origin`]: inline up to `NAME_MAX` bytes (on the stack of
+/// the request), on the heap past that (a file system that allows longer names).
+pub struct OriginName {
+    buf: [u8; 256],
+    len: u16,
+    heap: Option<CString>,
+}
+
+impl OriginName {
+    fn new(name: &CStr) -> Self {
+        let bytes = name.to_bytes_with_nul();
+        let mut n = OriginName {
+            buf: [0u8; 256],
+            len: 0,
+            heap: None,
+        };
+        match u16::try_from(bytes.len()).ok().filter(|&l| l <= 256) {
+            Some(len) => {
+                n.buf[..bytes.len()].copy_from_slice(bytes);
+                n.len = len;
+            }
+            None => n.heap = Some(name.to_owned()),
+        }
+        n
+    }
+}
+
+impl std::ops::Deref for OriginName {
+    type Target = CStr;
+
+    fn deref(&self) -> &CStr {
+        match &self.heap {
+            Some(c) => c,
+            None => {
+                CStr::from_bytes_with_nul(&self.buf[..usize::from(self.len)]).unwrap_or_default()
+            }
+        }
     }
 }
 

@@ -380,7 +380,7 @@ impl PassthroughFs {
                 return Err(error(libc::ESTALE));
             }
             if let Some((parent, name)) = cur.origin() {
-                names.push(name);
+                names.push(name.to_owned());
                 cur = parent;
                 continue;
             }
