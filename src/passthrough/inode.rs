@@ -271,6 +271,41 @@ struct Maps {
     by_key: HashMap<InodeKey, u64>,
 }
 
+/// Returns the allocator's free pages to the system (glibc keeps freed small blocks in its
+/// arenas otherwise).
+fn give_back_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases memory the allocator holds free; it has no
+    // precondition.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Tables smaller than this many slots are left as they are.
+const SHRINK_FLOOR: usize = 4096;
+
+impl Maps {
+    /// Gives the tables' room back once a quarter of it is used (the guest forgot most of what
+    /// it held): to twice what is left, so that forgetting stays amortised O(1) and the memory
+    /// of a walk the guest has forgotten goes back to the system (a big table is a mapping of
+    /// its own, unmapped when it is reallocated smaller).
+    /// Whether it shrank.
+    fn shrink_when_sparse(&mut self) -> bool {
+        let sparse = |cap: usize, len: usize| cap > SHRINK_FLOOR && len.saturating_mul(4) < cap;
+        let mut shrank = false;
+        if sparse(self.by_id.capacity(), self.by_id.len()) {
+            self.by_id.shrink_to(self.by_id.len() * 2);
+            shrank = true;
+        }
+        if sparse(self.by_key.capacity(), self.by_key.len()) {
+            self.by_key.shrink_to(self.by_key.len() * 2);
+            shrank = true;
+        }
+        shrank
+    }
+}
+
 /// A new inode for [`InodeStore::insert`].
 pub struct NewInode {
     pub key: InodeKey,
@@ -530,10 +565,18 @@ impl InodeStore {
             if maps.by_key.get(&key) == Some(&id) {
                 maps.by_key.remove(&key);
             }
-            maps.by_id.remove(&id)
+            let removed = maps.by_id.remove(&id);
+            let shrank = maps.shrink_when_sparse();
+            (removed, shrank)
         };
         // The descriptor closes outside the lock (when the last `Arc` goes).
+        let (removed, shrank) = removed;
         drop(removed);
+        if shrank {
+            // The nodes forgotten since the last shrink (three quarters of the table) are free
+            // in the allocator's arenas, in pages it keeps: give those back too.
+            give_back_free_memory();
+        }
     }
 
     /// Every inode, by node id (for a migration's save).
@@ -638,6 +681,7 @@ impl InodeStore {
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
         drop(old);
+        give_back_free_memory();
     }
 
     /// How many inodes the table holds.
@@ -741,6 +785,48 @@ mod tests {
         assert_eq!(store.dead_ranges(), 0);
         // A live inode is not touched by a forget of a buried neighbour.
         assert_eq!(store.get(ids[4].id).unwrap().refcount(), 1);
+    }
+
+    #[test]
+    fn the_tables_give_their_room_back_when_the_guest_forgets() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        let (store, root) = store_on(tmp.path());
+        let (fd, base) = open_path(root.as_fd(), c"f");
+        drop(fd);
+        let n = 50_000u64;
+        let mut ids = Vec::new();
+        for i in 0..n {
+            // Keys of files that need not exist: the table only compares them.
+            let key = InodeKey {
+                ino: base.ino + 1_000_000 + i,
+                ..base
+            };
+            let n = NewInode {
+                key,
+                identity: Identity::Birth,
+                source: Source::Found(Origin {
+                    parent: store.get(ROOT_ID).unwrap(),
+                    name: c"f".into(),
+                }),
+                handle: None,
+                settled: true,
+            };
+            ids.push(store.insert(n).ok().unwrap().id);
+        }
+        let full = store.maps.read().unwrap().by_id.capacity();
+        assert!(full >= n as usize);
+        for id in &ids[..ids.len() - 10] {
+            store.forget(*id, 1);
+        }
+        let maps = store.maps.read().unwrap();
+        assert_eq!(maps.by_id.len(), 11);
+        assert!(
+            maps.by_id.capacity() <= SHRINK_FLOOR * 2 && maps.by_key.capacity() <= SHRINK_FLOOR * 2,
+            "{} and {} slots for 11 nodes (were {full})",
+            maps.by_id.capacity(),
+            maps.by_key.capacity()
+        );
     }
 
     #[test]
