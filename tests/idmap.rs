@@ -342,11 +342,6 @@ fn bad_rules_stop_the_daemon_with_status_2_and_the_expected_form() {
             "unknown rule type 'squash'",
         ),
         (
-            "--translate-uid",
-            "guest:0:1000:0",
-            "count must be at least 1",
-        ),
-        (
             "--translate-gid",
             "map:4294967295:0:1",
             "runs past 4294967294",

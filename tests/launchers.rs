@@ -180,3 +180,34 @@ fn kubevirt_command_line() {
         None,
     );
 }
+
+#[test]
+fn incus_command_line() {
+    // Incus (plain VM share): the socket comes at descriptor 3.
+    launch(
+        "Incus",
+        &["--fd=3", "--cache=never", "--shared-dir={dir}"],
+        Some(3),
+    );
+}
+
+#[test]
+fn incus_idmapped_command_line() {
+    // Incus (idmapped VM share): its rules include empty forbid-guest ranges (count 0), which
+    // the reference accepts and which name no id.
+    launch(
+        "Incus (idmapped)",
+        &[
+            "--fd=3",
+            "--cache=never",
+            "--shared-dir={dir}",
+            "--translate-uid=map:0:1000000:1000000000",
+            "--translate-uid=forbid-guest:0:0",
+            "--translate-gid=map:0:1000000:1000000000",
+            "--translate-gid=forbid-guest:0:0",
+            "--translate-uid=forbid-guest:1000000000:3294967295",
+            "--translate-gid=forbid-guest:1000000000:3294967295",
+        ],
+        Some(3),
+    );
+}

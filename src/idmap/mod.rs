@@ -40,7 +40,7 @@ pub const MAX_ID: u32 = u32::MAX - 1;
 /// The accepted forms, quoted in every refusal.
 pub const EXPECTED_FORM: &str = "<type>:<source base>:<target base>:<count> with type guest, \
      host, map, squash-guest or squash-host, or forbid-guest:<guest base>:<count> \
-     (ids 0 to 4294967294, count at least 1)";
+     (ids 0 to 4294967294; a count of 0 names no id)";
 
 /// The kind of a rule: which way it translates and how.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -113,8 +113,6 @@ pub enum RuleError {
     },
     /// A field is not a decimal number in range.
     BadNumber(String),
-    /// `count` is 0.
-    ZeroCount,
     /// A range runs past [`MAX_ID`] (or a squash target is above it).
     Overflow { what: &'static str, first: u32 },
     /// The rule covers ids an earlier rule already translates in the same direction.
@@ -140,7 +138,6 @@ impl fmt::Display for RuleError {
                 kind.name()
             ),
             RuleError::BadNumber(s) => write!(f, "'{s}' is not an id or count"),
-            RuleError::ZeroCount => f.write_str("the count must be at least 1"),
             RuleError::Overflow { what, first } => {
                 write!(f, "the {what} starting at {first} runs past {MAX_ID}")
             }
@@ -214,15 +211,17 @@ impl FromStr for Rule {
         } else {
             (number(fields[2])?, number(fields[3])?)
         };
-        if count == 0 {
-            return Err(RuleError::ZeroCount);
-        }
         let rule = Rule {
             kind,
             source,
             target,
             count,
         };
+        if count == 0 {
+            // An empty range: it names no id and changes nothing (as in the reference, which
+            // Incus relies on: it passes `forbid-guest:0:0`).
+            return Ok(rule);
+        }
         let (src_name, dst_name) = if kind.source_is_host() {
             ("host range", "guest range")
         } else {
@@ -353,6 +352,10 @@ impl IdMap {
     pub fn add(&mut self, r: Rule) -> Result<(), RuleError> {
         // Re-check the rule's own ranges: a `Rule` may have been built by hand.
         let checked: Rule = r.to_string().parse()?;
+        if checked.count == 0 {
+            // Covers no id.
+            return Ok(());
+        }
         let span = |first: u32, action: Action| Span {
             first,
             last: last_of(first, checked.count).unwrap_or(first),

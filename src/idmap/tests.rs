@@ -92,8 +92,6 @@ fn malformed_rules_are_refused_with_the_reason_and_the_expected_form() {
         ("map: 1:2:3", "' 1' is not an id or count"),
         ("map:0x10:2:3", "'0x10' is not an id or count"),
         ("map:1:2:4294967296", "'4294967296' is not an id or count"),
-        ("guest:1:2:0", "the count must be at least 1"),
-        ("forbid-guest:5:0", "the count must be at least 1"),
     ] {
         let e = refusal(&[spec]);
         assert!(
@@ -234,7 +232,10 @@ fn a_refused_rule_leaves_the_map_unchanged() {
         target: 0,
         count: 0,
     };
-    assert_eq!(m.add(bad), Err(RuleError::ZeroCount));
+    // An empty range changes nothing, wherever it starts.
+    let snapshot = m.clone();
+    assert_eq!(m.add(bad), Ok(()));
+    assert_eq!(m, snapshot);
     let bad = Rule { count: 2, ..bad };
     assert!(matches!(m.add(bad), Err(RuleError::Overflow { .. })));
 }
@@ -1061,4 +1062,27 @@ fn the_invalid_id_is_never_translated() {
     };
     fs.mkdir(&ctx, 1, &cs("n"), 0, 0, &[]).unwrap();
     assert_eq!(fs.inner().calls()[0].1, ctx);
+}
+
+#[test]
+fn a_count_of_zero_names_no_id_and_is_accepted() {
+    // As the reference: Incus passes forbid-guest:0:0 among its rules.
+    let map = IdMap::parse(
+        "--translate-uid",
+        &[
+            "map:0:1000000:1000000000",
+            "forbid-guest:0:0",
+            "forbid-guest:1000000000:3294967295",
+            "guest:5:6:0",
+            "squash-host:7:8:0",
+        ],
+    )
+    .unwrap();
+    assert_eq!(map.to_host(0), Ok(1_000_000));
+    assert_eq!(map.to_host(5), Ok(1_000_005));
+    assert_eq!(map.to_host(1_000_000_000), Err(Forbidden));
+    assert_eq!(map.to_guest(1_000_007), 7);
+    let empty = IdMap::parse("--translate-gid", &["forbid-guest:0:0", "map:4:4:0"]).unwrap();
+    assert!(empty.is_empty());
+    assert_eq!(empty.to_host(0), Ok(0));
 }
