@@ -1593,7 +1593,7 @@ mod tests {
     fn bad_translate_rules_are_refused_naming_the_flag_and_the_form() {
         for (args, flag) in [
             (&["--translate-uid=map:0:1000"][..], "--translate-uid"),
-            (&["--translate-gid=guest:0:1000:0"][..], "--translate-gid"),
+            (&["--translate-gid=guest:0:1000:x"][..], "--translate-gid"),
             (
                 &["--translate-gid=guest:4294967290:0:10"][..],
                 "--translate-gid",
