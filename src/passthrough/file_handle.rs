@@ -29,6 +29,13 @@ struct RawHandle {
     f_handle: [u8; MAX_HANDLE_SZ],
 }
 
+impl RawHandle {
+    /// The handle's bytes, as the kernel filled them.
+    fn bytes(&self) -> &[u8] {
+        &self.f_handle[..(self.handle_bytes as usize).min(MAX_HANDLE_SZ)]
+    }
+}
+
 /// A file handle of an inode and the id of the mount it was taken on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileHandle {
@@ -74,10 +81,9 @@ impl FileHandle {
         flags: i32,
     ) -> io::Result<bool> {
         let (raw, mnt_id) = Self::raw_fid(dir, name, flags)?;
-        let len = (raw.handle_bytes as usize).min(MAX_HANDLE_SZ);
         Ok(self.mnt_id == mnt_id
             && self.handle_type == raw.handle_type
-            && *self.bytes == raw.f_handle[..len])
+            && *self.bytes == *raw.bytes())
     }
 
     fn raw_fid(
@@ -100,11 +106,10 @@ impl FileHandle {
     }
 
     fn from_raw(raw: &RawHandle, mnt_id: u64) -> FileHandle {
-        let len = (raw.handle_bytes as usize).min(MAX_HANDLE_SZ);
         FileHandle {
             mnt_id,
             handle_type: raw.handle_type,
-            bytes: raw.f_handle[..len].into(),
+            bytes: raw.bytes().into(),
         }
     }
 
