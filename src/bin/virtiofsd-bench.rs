@@ -21,6 +21,8 @@
 
 #[path = "virtiofsd-bench/daemon.rs"]
 mod daemon;
+#[path = "virtiofsd-bench/hold.rs"]
+mod hold;
 #[path = "virtiofsd-bench/latency.rs"]
 mod latency;
 #[path = "virtiofsd-bench/report.rs"]
@@ -131,6 +133,17 @@ struct Args {
     /// directly by one thread
     #[arg(long, value_name = "N")]
     latency: Option<usize>,
+
+    /// Instead of the workloads: memory per node. The guest walks a tree of N files with
+    /// READDIRPLUS holding every node, then forgets them all (anonymous memory idle, holding
+    /// and after FORGET, bytes per node, descriptors, walk time). Use with --cache always
+    #[arg(long, value_name = "N")]
+    hold: Option<usize>,
+
+    /// The tree of --hold (generated if missing or empty; default: the --tree path with
+    /// ".hold-N" appended)
+    #[arg(long, value_name = "DIR")]
+    hold_tree: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -248,6 +261,10 @@ fn run(args: &Args) -> Result<(), String> {
     };
     if let Some(d) = &args.strace_dir {
         fs::create_dir_all(d).map_err(|e| format!("--strace-dir {}: {e}", d.display()))?;
+    }
+
+    if let Some(n) = args.hold {
+        return run_hold(args, &specs, n.max(1));
     }
 
     // The tree, and warm host caches.
@@ -449,6 +466,106 @@ fn run_latency(
         n, args.rounds, args.cache
     ));
     Ok(t)
+}
+
+/// The `--hold` comparison: every round, each daemon walks the hold tree holding every node.
+fn run_hold(args: &Args, specs: &[DaemonSpec], n: usize) -> Result<(), String> {
+    let dir = match &args.hold_tree {
+        Some(d) => absolute(d)?,
+        None => {
+            let mut p = absolute(&args.tree)?.into_os_string();
+            p.push(format!(".hold-{n}"));
+            PathBuf::from(p)
+        }
+    };
+    eprintln!("hold tree: {}", dir.display());
+    if hold::ensure(&dir, n)? {
+        eprintln!("  generated");
+    }
+    // Entries below the root: the files, their directories and the marker.
+    let expected = (n + n.div_ceil(hold::PER_DIR) + 1) as u64;
+    // Warm the host's dentry and inode caches alike for every daemon.
+    let mut seen = 1u64;
+    for d in fs::read_dir(&dir).map_err(|e| e.to_string())?.flatten() {
+        if d.path().is_dir() {
+            seen += 1 + fs::read_dir(d.path()).map_err(|e| e.to_string())?.count() as u64;
+            for f in fs::read_dir(d.path()).map_err(|e| e.to_string())?.flatten() {
+                let _ = f.metadata();
+            }
+        }
+    }
+    if seen != expected {
+        return Err(format!(
+            "--hold-tree {}: {seen} entries, expected {expected}",
+            dir.display()
+        ));
+    }
+    let run_dir = std::env::temp_dir().join(format!("virtiofsd-bench.{}", std::process::id()));
+    fs::create_dir_all(&run_dir).map_err(|e| format!("create {}: {e}", run_dir.display()))?;
+    let machine = Machine::probe();
+    eprintln!("machine: {}", machine.summary());
+    let mut rows: Vec<(String, hold::Held)> = Vec::new();
+    for round in 1..=args.rounds {
+        for spec in specs {
+            let socket = run_dir.join(format!("{}-{round}.sock", spec.label));
+            let log = run_dir.join(format!("{}-{round}.log", spec.label));
+            let mut d = Running::spawn(spec, &socket, &dir, &args.cache, &log)?;
+            d.wait_for_socket(&socket, Duration::from_secs(10))?;
+            let config = FrontendConfig {
+                queue_size: args.queue_size,
+                timeout: Duration::from_secs(args.reply_timeout.max(1)),
+                connect_timeout: Duration::from_secs(10),
+                ..Default::default()
+            };
+            let fe = FsFrontend::connect_with(&socket, 1, &config)
+                .map_err(|e| format!("{}: vhost-user setup failed: {e}", spec.label))?;
+            let mut session = Session::new(fe).map_err(|e| format!("{}: {e}", spec.label))?;
+            let got = hold::measure(&mut session, &d, expected).map_err(|e| {
+                let alive = d.check_alive().err().unwrap_or_default();
+                format!("{} round {round}: {e}\n{alive}", spec.label)
+            })?;
+            eprintln!(
+                "round {round}/{} {}: {:.0} B/node",
+                args.rounds,
+                spec.label,
+                got.bytes_per_node()
+            );
+            rows.push((spec.label.to_string(), got));
+            session.fe.disconnect();
+            drop(session);
+            d.wait_exit(Duration::from_secs(30))?;
+        }
+    }
+    let _ = fs::remove_dir_all(&run_dir);
+    println!("# Memory per node: {n} files held");
+    println!();
+    println!("Machine: {}", machine.summary());
+    println!();
+    for s in specs {
+        println!("- {}: `{}`", s.label, s.command_line(&args.cache));
+    }
+    println!();
+    println!(
+        "| daemon | nodes | RssAnon idle MiB | holding MiB | B/node | after FORGET MiB | \
+         fds idle | fds holding | slab growth MiB | walk s |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mib = |k: u64| k as f64 / 1024.0;
+    for (label, h) in &rows {
+        println!(
+            "| {label} | {} | {:.1} | {:.1} | {:.0} | {:.1} | {} | {} | {:.1} | {:.2} |",
+            h.nodes,
+            mib(h.idle_kib),
+            mib(h.holding_kib),
+            h.bytes_per_node(),
+            mib(h.after_forget_kib),
+            h.fds_idle,
+            h.fds_holding,
+            h.slab_kib as f64 / 1024.0,
+            h.walk.as_secs_f64()
+        );
+    }
+    Ok(())
 }
 
 fn absolute(p: &Path) -> Result<PathBuf, String> {

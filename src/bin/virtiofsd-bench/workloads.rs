@@ -263,9 +263,14 @@ fn name_str(n: &[u8]) -> String {
 
 /// Lookup counts the daemon handed out, to be forgotten.
 #[derive(Debug, Default)]
-struct Refs(HashMap<u64, u64>);
+pub struct Refs(HashMap<u64, u64>);
 
 impl Refs {
+    /// Nodes held.
+    pub fn nodes(&self) -> usize {
+        self.0.len()
+    }
+
     fn add(&mut self, nodeid: u64) {
         *self.0.entry(nodeid).or_insert(0) += 1;
     }
@@ -273,7 +278,7 @@ impl Refs {
 
 /// Sends one FORGET per node (the virtio-fs driver does not batch) on the high-priority queue,
 /// [`FORGET_WINDOW`] at a time, and waits until the device returned them all.
-fn forget_all(hp: &mut FuseClient, refs: Refs) -> Result<(), String> {
+pub fn forget_all(hp: &mut FuseClient, refs: Refs) -> Result<(), String> {
     let err = |e: virtiofsd::frontend::Error| format!("FORGET on the high-priority queue: {e}");
     let mut in_flight = 0;
     for (nodeid, nlookup) in refs.0 {
@@ -342,7 +347,7 @@ fn walk(
 
 /// Lists one directory: records the references and nodes received and pushes subdirectories on
 /// `stack`. Returns the entries seen (without `.` and `..`).
-fn list_dir(
+pub fn list_dir(
     c: &mut FuseClient,
     dir: u64,
     plus: bool,
