@@ -219,6 +219,12 @@ pub struct Args {
     #[arg(long = "max-nodes", value_name = "N", value_parser = max_nodes)]
     pub max_nodes: Option<usize>,
 
+    /// With --cache=always, where the guest reads and writes files it never opened, descriptors
+    /// kept for them; past it the least recently used is closed (and reopened at its next use).
+    /// Never more than half the open-files limit [default: 1024]
+    #[arg(long = "max-data-fds", value_name = "N", value_parser = max_data_fds)]
+    pub max_data_fds: Option<usize>,
+
     /// After serving a queue, keep looking for the guest's next request for up to USEC
     /// microseconds before sleeping, the guest told not to notify meanwhile; the window tunes
     /// itself to the gaps between requests, and an idle guest costs nothing. 0 never polls
@@ -619,6 +625,13 @@ fn poll_window(v: &str) -> Result<u64, String> {
     }
 }
 
+fn max_data_fds(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("expected a whole number of at least 1".into()),
+    }
+}
+
 fn max_nodes(v: &str) -> Result<usize, String> {
     match v.parse::<usize>() {
         Ok(n) if n >= 16 => Ok(n),
@@ -928,6 +941,9 @@ impl Args {
         fs.readdirplus = !self.no_readdirplus;
         if let Some(n) = self.max_nodes {
             fs.max_nodes = n;
+        }
+        if let Some(n) = self.max_data_fds {
+            fs.max_data_fds = n;
         }
         fs.writeback = self.writeback;
         // On unless turned off (clap keeps only the last of the pair).

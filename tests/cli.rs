@@ -214,7 +214,7 @@ fn help_flags() -> Vec<String> {
 }
 
 /// Flags of this daemon that the reference does not have (each documented as such).
-const OWN_FLAGS: &[&str] = &["--max-nodes", "--poll-window"];
+const OWN_FLAGS: &[&str] = &["--max-data-fds", "--max-nodes", "--poll-window"];
 
 #[test]
 fn help_lists_exactly_the_reference_flags_and_our_own() {
@@ -430,6 +430,7 @@ fn numbers_and_socket_paths_are_refused_saying_what_is_expected() {
         ("--rlimit-nofile=-5", number),
         ("--max-nodes=15", "at least 16"),
         ("--max-nodes=many", "at least 16"),
+        ("--max-data-fds=0", "at least 1"),
         ("--poll-window=10001", "from 0 to 10000"),
         ("--poll-window=-1", "from 0 to 10000"),
         ("--fd=abc", number),

@@ -111,6 +111,11 @@ impl FromStr for Negotiate {
 /// Default of [`Config::listing_memory`].
 pub const DEFAULT_LISTING_MEMORY: usize = 64 << 20;
 
+/// The default of `--max-data-fds`: descriptors kept for the guest's reads and writes without
+/// an open handle (no-open mode). Each pins a few KiB of the host kernel's memory; reopening a
+/// file that lost its descriptor costs one `open`.
+pub const DEFAULT_MAX_DATA_FDS: usize = 1024;
+
 /// Bytes of the host's memory per node [`default_max_nodes`] allows: a node held by a walk
 /// costs some 500 bytes, so the nodes together take at most a quarter of the memory.
 pub const MEMORY_PER_NODE: u64 = 2048;
@@ -173,6 +178,10 @@ pub struct Config {
     /// Nodes the guest may hold at once (`--max-nodes`); a new one past it is refused with
     /// `ENFILE`.
     pub max_nodes: usize,
+    /// Descriptors kept for READ and WRITE without an open handle (`--max-data-fds`, no-open
+    /// mode of `--cache=always`), least recently used closed first; never more than half the
+    /// open-files limit.
+    pub max_data_fds: usize,
     /// Entry timeout; defaults from `cache`.
     pub entry_timeout: Duration,
     /// Attribute timeout; defaults from `cache`.
@@ -202,6 +211,7 @@ impl Config {
             killpriv_v2: false,
             listing_memory: DEFAULT_LISTING_MEMORY,
             max_nodes: default_max_nodes(),
+            max_data_fds: DEFAULT_MAX_DATA_FDS,
             entry_timeout: cache.timeout(),
             attr_timeout: cache.timeout(),
             migration: crate::migration::Options::default(),

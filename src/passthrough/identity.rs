@@ -178,7 +178,7 @@ impl PassthroughFs {
         if !at.is_handle(h)? {
             return Ok(false);
         }
-        if data.key.btime.is_some_and(settled) {
+        if data.key.btime().is_some_and(settled) {
             data.settle();
         }
         Ok(true)
@@ -293,7 +293,7 @@ impl PassthroughFs {
         // A held descriptor keeps the number from being reused, on local file systems; on a
         // mount told apart by handles (a network file system may reuse it all the same) the
         // handle is taken too.
-        if (held && identity != Identity::Handle) || key.btime.is_some_and(settled) {
+        if (held && identity != Identity::Handle) || key.btime().is_some_and(settled) {
             return Ok(new(source, None, true));
         }
         if identity != Identity::Pinned {

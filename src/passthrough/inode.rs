@@ -19,8 +19,11 @@
 //! inode, and the old one is retired: it keeps its node id until forgotten but is reached by no
 //! name any more ([`InodeStore::retire`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
+use std::hash::{BuildHasher, RandomState};
+
+use hashbrown::HashTable;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
@@ -37,7 +40,53 @@ use crate::fuse::abi::ROOT_ID;
 #[derive(Debug)]
 pub struct Origin {
     pub parent: Arc<InodeData>,
-    pub name: CString,
+    name: StoredName,
+}
+
+impl Origin {
+    pub fn new(parent: Arc<InodeData>, name: &CStr) -> Self {
+        Origin {
+            parent,
+            name: StoredName::new(name),
+        }
+    }
+
+    pub fn name(&self) -> &CStr {
+        self.name.as_c_str()
+    }
+}
+
+/// Bytes of a name (its NUL included) kept inside the node: most names in a tree are shorter.
+const INLINE_NAME: usize = 22;
+
+/// A name kept by a node: inside it when short (no allocation of its own), on the heap else.
+#[derive(Debug)]
+enum StoredName {
+    Inline { len: u8, bytes: [u8; INLINE_NAME] },
+    Heap(Box<CStr>),
+}
+
+impl StoredName {
+    fn new(name: &CStr) -> Self {
+        let b = name.to_bytes_with_nul();
+        match u8::try_from(b.len()) {
+            Ok(len) if b.len() <= INLINE_NAME => {
+                let mut bytes = [0u8; INLINE_NAME];
+                bytes[..b.len()].copy_from_slice(b);
+                StoredName::Inline { len, bytes }
+            }
+            _ => StoredName::Heap(name.into()),
+        }
+    }
+
+    fn as_c_str(&self) -> &CStr {
+        match self {
+            StoredName::Inline { len, bytes } => {
+                CStr::from_bytes_with_nul(&bytes[..usize::from(*len)]).unwrap_or_default()
+            }
+            StoredName::Heap(c) => c,
+        }
+    }
 }
 
 /// How a new inode is reached.
@@ -81,30 +130,38 @@ impl AsFd for PathFd<'_> {
 pub struct InodeData {
     pub id: u64,
     pub key: InodeKey,
+    refcount: AtomicU64,
+    /// `O_PATH | O_NOFOLLOW` descriptor of the file, once opened and kept.
+    fd: OnceLock<OwnedFd>,
+    /// Open handles of this inode (OPEN, OPENDIR, CREATE not yet released).
+    pub handles: AtomicU32,
     /// How this inode's mount tells files apart.
     pub identity: Identity,
-    /// The file handle taken when the inode was added, for an inode whose key alone does not
-    /// prove it is the same file (see [`InodeData::proven_by_key`]).
-    ident_handle: Option<FileHandle>,
     /// The key alone proves identity: the birth time was settled when last checked.
     settled: AtomicBool,
     /// Another file has this inode's key now (see [`InodeStore::retire`]).
     stale: AtomicBool,
-    /// `O_PATH | O_NOFOLLOW` descriptor of the file, once opened and kept.
-    fd: OnceLock<OwnedFd>,
+    /// The file handle taken when the inode was added, for an inode whose key alone does not
+    /// prove it is the same file (see [`InodeData::proven_by_key`]).
+    ident_handle: Option<Box<FileHandle>>,
     /// File handle of the file, once taken (file handle modes only).
-    handle: OnceLock<FileHandle>,
+    handle: OnceLock<Box<FileHandle>>,
     /// Parent and name, for inodes found by name (updated when found again by another name).
     origin: Mutex<Option<Origin>>,
+    /// What only opened inodes need, made at the first open (most nodes of a walk are never
+    /// opened: they do not pay for it).
+    opened: Mutex<Option<Box<Opened>>>,
+}
+
+/// The part of a node that only opens use.
+#[derive(Debug, Default)]
+struct Opened {
     /// The handle this inode was last opened with, to stat it after its name is gone.
-    pub last_open: Mutex<Weak<HandleData>>,
+    last_open: Weak<HandleData>,
     /// The settled stamp of what the guest was last given: for a directory, of the last listing
     /// served from offset 0; for a file, of the file at the last OPEN. Lets OPENDIR and OPEN
     /// tell the guest that the listing or pages it cached are still the file's.
-    pub served: Mutex<Option<Stamp>>,
-    /// Open handles of this inode (OPEN, OPENDIR, CREATE not yet released).
-    pub handles: AtomicU32,
-    refcount: AtomicU64,
+    served: Option<Stamp>,
 }
 
 impl InodeData {
@@ -116,18 +173,69 @@ impl InodeData {
         InodeData {
             id,
             key: n.key,
+            refcount: AtomicU64::new(1),
+            fd,
+            handles: AtomicU32::new(0),
             identity: n.identity,
-            ident_handle: n.handle,
             settled: AtomicBool::new(n.settled),
             stale: AtomicBool::new(false),
-            fd,
+            ident_handle: n.handle.map(Box::new),
             handle: OnceLock::new(),
             origin: Mutex::new(origin),
-            last_open: Mutex::new(Weak::new()),
-            served: Mutex::new(None),
-            handles: AtomicU32::new(0),
-            refcount: AtomicU64::new(1),
+            opened: Mutex::new(None),
         }
+    }
+
+    fn opened(&self) -> std::sync::MutexGuard<'_, Option<Box<Opened>>> {
+        self.opened.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The handle this inode was last opened with, if it is still open.
+    pub fn last_open(&self) -> Option<Arc<HandleData>> {
+        self.opened().as_ref().and_then(|o| o.last_open.upgrade())
+    }
+
+    /// Records `h` as the handle this inode was last opened with.
+    pub fn set_last_open(&self, h: &Arc<HandleData>) {
+        self.opened().get_or_insert_with(Default::default).last_open = Arc::downgrade(h);
+    }
+
+    /// The settled stamp of what the guest was last given (see [`Opened::served`]).
+    pub fn served(&self) -> Option<Stamp> {
+        self.opened().as_ref().and_then(|o| o.served)
+    }
+
+    /// Records the stamp of what the guest was given now (`None`: nothing it may keep).
+    pub fn set_served(&self, stamp: Option<Stamp>) {
+        let mut o = self.opened();
+        match (o.as_mut(), stamp) {
+            (Some(o), _) => o.served = stamp,
+            (None, None) => {}
+            (None, Some(_)) => {
+                *o = Some(Box::new(Opened {
+                    served: stamp,
+                    ..Default::default()
+                }))
+            }
+        }
+    }
+
+    /// Sets the served stamp to `f(current)` under one lock; returns what `f` returned.
+    pub fn update_served<R>(&self, f: impl FnOnce(&mut Option<Stamp>) -> R) -> R {
+        let mut o = self.opened();
+        let mut cur = o.as_ref().and_then(|o| o.served);
+        let r = f(&mut cur);
+        match (o.as_mut(), cur) {
+            (Some(o), _) => o.served = cur,
+            (None, None) => {}
+            (None, Some(_)) => {
+                *o = Some(Box::new(Opened {
+                    served: cur,
+                    ..Default::default()
+                }))
+            }
+        }
+        r
     }
 
     /// Whether a file with this inode's key is this inode without further proof: its birth
@@ -142,7 +250,7 @@ impl InodeData {
 
     /// The file handle that proves identity, for an inode whose key does not.
     pub fn ident_handle(&self) -> Option<&FileHandle> {
-        self.ident_handle.as_ref()
+        self.ident_handle.as_deref()
     }
 
     /// Records that the key alone proves identity from now on.
@@ -160,7 +268,7 @@ impl InodeData {
     pub fn origin(&self) -> Option<(Arc<InodeData>, OriginName)> {
         let o = self.origin.lock().unwrap_or_else(PoisonError::into_inner);
         o.as_ref()
-            .map(|o| (o.parent.clone(), OriginName::new(o.name.as_c_str())))
+            .map(|o| (o.parent.clone(), OriginName::new(o.name())))
     }
 
     /// Records that the inode was found as `name` in `parent` (an inode without a descriptor
@@ -172,12 +280,9 @@ impl InodeData {
         let mut o = self.origin.lock().unwrap_or_else(PoisonError::into_inner);
         let same = o
             .as_ref()
-            .is_some_and(|o| Arc::ptr_eq(&o.parent, parent) && o.name.as_c_str() == name);
+            .is_some_and(|o| Arc::ptr_eq(&o.parent, parent) && o.name() == name);
         if !same {
-            *o = Some(Origin {
-                parent: parent.clone(),
-                name: name.to_owned(),
-            });
+            *o = Some(Origin::new(parent.clone(), name));
         }
     }
 
@@ -203,12 +308,12 @@ impl InodeData {
 
     /// The file handle, if one was taken.
     pub fn file_handle(&self) -> Option<&FileHandle> {
-        self.handle.get()
+        self.handle.get().map(|h| &**h)
     }
 
     /// Keeps `h` as this inode's file handle (unless one is kept already).
     pub fn keep_file_handle(&self, h: FileHandle) {
-        let _ = self.handle.set(h);
+        let _ = self.handle.set(Box::new(h));
     }
 
     pub fn is_dir(&self) -> bool {
@@ -265,10 +370,85 @@ impl std::ops::Deref for OriginName {
     }
 }
 
-#[derive(Default)]
+/// The two indexes of the inodes: by node id and by key. Each slot is one pointer to the
+/// inode, which holds its id and key: a node costs the tables 2 × 9 bytes a slot, not a copy of
+/// its key.
 struct Maps {
-    by_id: HashMap<u64, Arc<InodeData>>,
-    by_key: HashMap<InodeKey, u64>,
+    /// Node id → inode.
+    by_id: HashTable<Arc<InodeData>>,
+    /// Key → the inode that key leads to now (a retired inode is in `by_id` only).
+    by_key: HashTable<Arc<InodeData>>,
+    /// Keyed hashing of keys: the host's inode numbers are not chosen by the daemon.
+    keys: RandomState,
+}
+
+impl Default for Maps {
+    fn default() -> Self {
+        Maps {
+            by_id: HashTable::new(),
+            by_key: HashTable::new(),
+            keys: RandomState::new(),
+        }
+    }
+}
+
+/// Hash of a node id. Ids are the daemon's own, given in order: an odd multiplier spreads them
+/// over every slot (the low bits choose the slot) and mixes the high bits (the table's tags).
+fn id_hash(id: u64) -> u64 {
+    id.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+impl Maps {
+    fn key_hash(&self, key: &InodeKey) -> u64 {
+        self.keys.hash_one(key)
+    }
+
+    fn get_id(&self, id: u64) -> Option<&Arc<InodeData>> {
+        self.by_id.find(id_hash(id), |d| d.id == id)
+    }
+
+    fn get_key(&self, key: &InodeKey) -> Option<&Arc<InodeData>> {
+        self.by_key.find(self.key_hash(key), |d| d.key == *key)
+    }
+
+    fn has_id(&self, id: u64) -> bool {
+        self.get_id(id).is_some()
+    }
+
+    /// Adds `data` under its id, and under its key unless `by_id_only`.
+    fn add(&mut self, data: Arc<InodeData>, by_id_only: bool) {
+        if !by_id_only {
+            let keys = &self.keys;
+            let h = keys.hash_one(data.key);
+            self.by_key
+                .insert_unique(h, data.clone(), |d| keys.hash_one(d.key));
+        }
+        self.by_id
+            .insert_unique(id_hash(data.id), data, |d| id_hash(d.id));
+    }
+
+    /// Removes the inode `id` from both indexes (from the key index only if its key still
+    /// leads to it).
+    fn remove(&mut self, id: u64) -> Option<Arc<InodeData>> {
+        let data = match self.by_id.find_entry(id_hash(id), |d| d.id == id) {
+            Ok(e) => e.remove().0,
+            Err(_) => return None,
+        };
+        self.unkey(&data);
+        Some(data)
+    }
+
+    /// Removes `data` from the key index, if its key leads to it.
+    fn unkey(&mut self, data: &InodeData) {
+        let h = self.key_hash(&data.key);
+        if let Ok(e) = self.by_key.find_entry(h, |d| d.id == data.id) {
+            e.remove();
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.by_id.len()
+    }
 }
 
 /// Returns the allocator's free pages to the system (glibc keeps freed small blocks in its
@@ -295,11 +475,14 @@ impl Maps {
         let sparse = |cap: usize, len: usize| cap > SHRINK_FLOOR && len.saturating_mul(4) < cap;
         let mut shrank = false;
         if sparse(self.by_id.capacity(), self.by_id.len()) {
-            self.by_id.shrink_to(self.by_id.len() * 2);
+            self.by_id
+                .shrink_to(self.by_id.len() * 2, |d| id_hash(d.id));
             shrank = true;
         }
         if sparse(self.by_key.capacity(), self.by_key.len()) {
-            self.by_key.shrink_to(self.by_key.len() * 2);
+            let keys = &self.keys;
+            self.by_key
+                .shrink_to(self.by_key.len() * 2, |d| keys.hash_one(d.key));
             shrank = true;
         }
         shrank
@@ -358,20 +541,19 @@ impl InodeStore {
             },
         ));
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
-        maps.by_key.insert(key, ROOT_ID);
-        maps.by_id.insert(ROOT_ID, data);
+        maps.add(data, false);
     }
 
     /// The inode with node id `id`.
     pub fn get(&self, id: u64) -> Option<Arc<InodeData>> {
         let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
-        maps.by_id.get(&id).cloned()
+        maps.get_id(id).cloned()
     }
 
     /// Adds one reference on `id`, if it is known.
     pub fn add_ref(&self, id: u64) -> bool {
         let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
-        match maps.by_id.get(&id) {
+        match maps.get_id(id) {
             Some(data) => {
                 data.refcount.fetch_add(1, Ordering::Relaxed);
                 true
@@ -384,18 +566,16 @@ impl InodeStore {
     /// its key is known already (the caller then checks that inode: see `InodeData`).
     pub fn insert(&self, n: NewInode) -> Result<Arc<InodeData>, NewInode> {
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
-        if maps.by_key.contains_key(&n.key) {
+        if maps.get_key(&n.key).is_some() {
             return Err(n);
         }
         // Ids restored by a migration may lie ahead of the counter: never give one twice.
         let mut id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        while maps.by_id.contains_key(&id) || id == 0 {
+        while maps.has_id(id) || id == 0 {
             id = self.next_id.fetch_add(1, Ordering::Relaxed);
         }
-        let key = n.key;
         let data = Arc::new(InodeData::new(id, n));
-        maps.by_key.insert(key, id);
-        maps.by_id.insert(id, data.clone());
+        maps.add(data.clone(), false);
         Ok(data)
     }
 
@@ -404,9 +584,7 @@ impl InodeStore {
     pub fn retire(&self, data: &InodeData) {
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
         data.stale.store(true, Ordering::Relaxed);
-        if maps.by_key.get(&data.key) == Some(&data.id) {
-            maps.by_key.remove(&data.key);
-        }
+        maps.unkey(data);
         log::debug!(
             "node {} retired: its inode number {} now names another file",
             data.id,
@@ -421,10 +599,7 @@ impl InodeStore {
     pub fn bury(&self, data: &InodeData, max_ranges: usize) {
         let removed = {
             let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
-            if maps.by_key.get(&data.key) == Some(&data.id) {
-                maps.by_key.remove(&data.key);
-            }
-            let removed = maps.by_id.remove(&data.id);
+            let removed = maps.remove(data.id);
             if removed.is_some() {
                 // Under the table's lock, so that a FORGET of the id cannot come in between.
                 let mut dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
@@ -503,24 +678,17 @@ impl InodeStore {
     /// The inode identified by `key`, if known (no reference is taken).
     pub fn find(&self, key: &InodeKey) -> Option<Arc<InodeData>> {
         let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
-        let id = maps.by_key.get(key)?;
-        maps.by_id.get(id).cloned()
+        maps.get_key(key).cloned()
     }
 
     /// Adds one reference on the inode identified by `key`, if it is known, and returns it.
     pub fn ref_known(&self, key: &InodeKey) -> Option<Arc<InodeData>> {
         let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
-        let id = Self::ref_existing(&maps, key)?;
-        maps.by_id.get(&id).cloned()
-    }
-
-    fn ref_existing(maps: &Maps, key: &InodeKey) -> Option<u64> {
-        let id = *maps.by_key.get(key)?;
-        let data = maps.by_id.get(&id)?;
+        let data = maps.get_key(key)?;
         // Counts only drop to zero (and entries go away) under the write lock, so an entry seen
         // under any lock is live and taking a reference on it is enough.
         data.refcount.fetch_add(1, Ordering::Relaxed);
-        Some(id)
+        Some(data.clone())
     }
 
     /// Drops `count` references on `id`; at zero the inode is removed and its descriptor closed
@@ -531,7 +699,7 @@ impl InodeStore {
         }
         {
             let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
-            let Some(data) = maps.by_id.get(&id) else {
+            let Some(data) = maps.get_id(id) else {
                 drop(maps);
                 self.forget_dead(id);
                 return;
@@ -552,7 +720,7 @@ impl InodeStore {
         }
         let removed = {
             let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
-            let Some(data) = maps.by_id.get(&id) else {
+            let Some(data) = maps.get_id(id) else {
                 return;
             };
             // Under the write lock nobody else changes counts.
@@ -561,11 +729,7 @@ impl InodeStore {
             if left > 0 {
                 return;
             }
-            let key = data.key;
-            if maps.by_key.get(&key) == Some(&id) {
-                maps.by_key.remove(&key);
-            }
-            let removed = maps.by_id.remove(&id);
+            let removed = maps.remove(id);
             let shrank = maps.shrink_when_sparse();
             (removed, shrank)
         };
@@ -582,7 +746,7 @@ impl InodeStore {
     /// Every inode, by node id (for a migration's save).
     pub fn all(&self) -> Vec<Arc<InodeData>> {
         let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
-        let mut v: Vec<_> = maps.by_id.values().cloned().collect();
+        let mut v: Vec<_> = maps.by_id.iter().cloned().collect();
         v.sort_by_key(|d| d.id);
         v
     }
@@ -602,18 +766,12 @@ impl InodeStore {
     /// the source's nodes); gives `n` back when `id` or its key is taken already.
     pub fn restore(&self, id: u64, n: NewInode, refcount: u64) -> Result<Arc<InodeData>, NewInode> {
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
-        if id == ROOT_ID
-            || maps.by_id.contains_key(&id)
-            || maps.by_key.contains_key(&n.key)
-            || self.is_dead(id)
-        {
+        if id == ROOT_ID || maps.has_id(id) || maps.get_key(&n.key).is_some() || self.is_dead(id) {
             return Err(n);
         }
-        let key = n.key;
         let data = Arc::new(InodeData::new(id, n));
         data.refcount.store(refcount.max(1), Ordering::Relaxed);
-        maps.by_key.insert(key, id);
-        maps.by_id.insert(id, data.clone());
+        maps.add(data.clone(), false);
         drop(maps);
         self.reserve_ids(id.saturating_add(1));
         Ok(data)
@@ -626,7 +784,7 @@ impl InodeStore {
     pub fn restore_lost(&self, id: u64) -> bool {
         let maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
         let mut dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
-        if id == ROOT_ID || id == 0 || maps.by_id.contains_key(&id) || Self::in_ranges(&dead, id) {
+        if id == ROOT_ID || id == 0 || maps.has_id(id) || Self::in_ranges(&dead, id) {
             return false;
         }
         Self::add_dead(&mut dead, id);
@@ -653,7 +811,7 @@ impl InodeStore {
             .range(..end)
             .next_back()
             .is_some_and(|(_, e)| *e > start);
-        if start <= ROOT_ID || start >= end || overlaps || maps.by_id.contains_key(&start) {
+        if start <= ROOT_ID || start >= end || overlaps || maps.has_id(start) {
             return false;
         }
         dead.insert(start, end);
@@ -667,12 +825,11 @@ impl InodeStore {
     pub fn clear(&self) {
         let old = {
             let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
-            let root = maps.by_id.remove(&ROOT_ID);
+            let root = maps.remove(ROOT_ID);
             let old = std::mem::take(&mut *maps);
             if let Some(root) = root {
                 root.refcount.store(1, Ordering::Relaxed);
-                maps.by_key.insert(root.key, ROOT_ID);
-                maps.by_id.insert(ROOT_ID, root);
+                maps.add(root, false);
             }
             old
         };
@@ -689,7 +846,6 @@ impl InodeStore {
         self.maps
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .by_id
             .len()
     }
 }
@@ -798,17 +954,12 @@ mod tests {
         let mut ids = Vec::new();
         for i in 0..n {
             // Keys of files that need not exist: the table only compares them.
-            let key = InodeKey {
-                ino: base.ino + 1_000_000 + i,
-                ..base
-            };
+            let mut key = base;
+            key.ino = base.ino + 1_000_000 + i;
             let n = NewInode {
                 key,
                 identity: Identity::Birth,
-                source: Source::Found(Origin {
-                    parent: store.get(ROOT_ID).unwrap(),
-                    name: c"f".into(),
-                }),
+                source: Source::Found(Origin::new(store.get(ROOT_ID).unwrap(), c"f")),
                 handle: None,
                 settled: true,
             };
@@ -887,16 +1038,11 @@ mod tests {
         std::fs::write(tmp.path().join("f"), b"x").unwrap();
         let (_store, root) = store_on(tmp.path());
         let (_fd, key) = open_path(root.as_fd(), c"f");
-        let other_kind = InodeKey {
-            kind: libc::S_IFCHR,
-            ..key
-        };
-        let other_birth = InodeKey {
-            btime: key.btime.map(|(s, ns)| (s, ns ^ 1)),
-            ..key
-        };
+        let mut other_kind = key;
+        other_kind.kind = libc::S_IFCHR;
+        let other_birth = key.with_btime(key.btime().map(|(s, ns)| (s, ns ^ 1)));
         assert_ne!(key, other_kind);
-        if key.btime.is_some() {
+        if key.btime().is_some() {
             assert_ne!(key, other_birth);
         }
     }
@@ -921,5 +1067,26 @@ mod tests {
         assert!(store.get(id).is_none());
         assert!(store.get(ROOT_ID).is_some());
         assert_eq!(store.len(), 1);
+    }
+
+    /// What a node held by a walk costs: the node (152 bytes and the `Arc`'s counts: a
+    /// 176-byte block), its name inside it, and a pointer in each index. A field added to every
+    /// node shows here first; what only opened nodes need goes in `Opened`.
+    #[test]
+    fn a_node_of_a_walk_is_one_block_with_its_name_inside() {
+        assert!(
+            std::mem::size_of::<InodeData>() <= 152,
+            "{} bytes",
+            std::mem::size_of::<InodeData>()
+        );
+        assert_eq!(std::mem::size_of::<InodeKey>(), 40);
+        let short = StoredName::new(c"a-name-of-21-bytes.rs");
+        assert!(matches!(short, StoredName::Inline { .. }));
+        assert_eq!(short.as_c_str(), c"a-name-of-21-bytes.rs");
+        let long = StoredName::new(c"a-name-of-22-bytes.rsx");
+        assert!(matches!(long, StoredName::Heap(_)));
+        assert_eq!(long.as_c_str(), c"a-name-of-22-bytes.rsx");
+        let empty = StoredName::new(c"");
+        assert_eq!(empty.as_c_str(), c"");
     }
 }

@@ -349,12 +349,8 @@ impl PassthroughFs {
     /// Whether the file the guest last opened `node` with has no name left (deleted while
     /// open: no path reaches it).
     fn unlinked_while_open(&self, node: &InodeData) -> bool {
-        let open = node
-            .last_open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .upgrade();
-        open.is_some_and(|h| sys::stat_fd(h.fd()).is_ok_and(|st| st.st_nlink == 0))
+        node.last_open()
+            .is_some_and(|h| sys::stat_fd(h.fd()).is_ok_and(|st| st.st_nlink == 0))
     }
 
     /// Whether `names` leads to `node` now.
@@ -734,7 +730,7 @@ impl PassthroughFs {
         let identity = self.identity_of(&root, &st, &x, At::Fd(fd.as_fd()))?;
         let key = InodeKey::new(&st, &x, identity);
         let source = match parent {
-            Some((parent, name)) => Source::Found(Origin { parent, name }),
+            Some((parent, name)) => Source::Found(Origin::new(parent, &name)),
             None => Source::Fd(sys::dup(fd.as_fd())?),
         };
         let n = self.new_inode(key, identity, At::Fd(fd.as_fd()), source)?;
@@ -805,10 +801,7 @@ impl PassthroughFs {
             error(libc::EBADF)
         })?;
         node.handles.fetch_add(1, Ordering::Relaxed);
-        *node
-            .last_open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&data);
+        node.set_last_open(&data);
         Ok(())
     }
 }

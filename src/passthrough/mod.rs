@@ -291,10 +291,7 @@ impl PassthroughFs {
         let (st, x) = sys::stat_at_mnt(pfd.as_fd(), name)?;
         let at = At::Name(pfd.as_fd(), name);
         let (node, new) = self.find_or_add(parent, &st, &x, at, || {
-            Ok(Source::Found(Origin {
-                parent: parent.clone(),
-                name: name.to_owned(),
-            }))
+            Ok(Source::Found(Origin::new(parent.clone(), name)))
         })?;
         if !new {
             node.found_at(parent, name);
@@ -396,12 +393,7 @@ impl PassthroughFs {
     /// An `O_PATH` descriptor of `data` through the handle it was last opened with, which
     /// still reaches it when its name is gone; `ESTALE` when it has none open.
     fn last_open_fd(&self, data: &InodeData) -> io::Result<OwnedFd> {
-        let open = data
-            .last_open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .upgrade();
-        let h = open.ok_or_else(|| error(libc::ESTALE))?;
+        let h = data.last_open().ok_or_else(|| error(libc::ESTALE))?;
         self.reopen_path(h.fd())
     }
 
@@ -621,10 +613,11 @@ impl PassthroughFs {
             return false;
         }
         let stamp = Stamp::of(st);
-        let mut served = data.served.lock().unwrap_or_else(PoisonError::into_inner);
-        let keep = !truncating && *served == Some(stamp);
-        *served = if truncating { None } else { stamp.if_settled() };
-        keep
+        data.update_served(|served| {
+            let keep = !truncating && *served == Some(stamp);
+            *served = if truncating { None } else { stamp.if_settled() };
+            keep
+        })
     }
 
     /// OPENDIR flags. `always` lets the guest keep listings. `metadata` lets it cache them and
@@ -638,7 +631,7 @@ impl PassthroughFs {
         match self.cfg.cache {
             CacheMode::Always => fopen::CACHE_DIR | fopen::KEEP_CACHE,
             CacheMode::Metadata => {
-                let served = *data.served.lock().unwrap_or_else(PoisonError::into_inner);
+                let served = data.served();
                 let unchanged = served
                     .is_some_and(|stamp| sys::stat_fd(dir).is_ok_and(|st| Stamp::of(&st) == stamp));
                 if unchanged {
@@ -700,7 +693,7 @@ impl PassthroughFs {
     /// Records whether the listing just started for `data` was a settled snapshot of `stamp`,
     /// which lets a later OPENDIR keep the guest's cached listing (`dir_open_flags`).
     fn served_listing(&self, data: &InodeData, stamp: Stamp, settled: bool) {
-        *data.served.lock().unwrap_or_else(PoisonError::into_inner) = settled.then_some(stamp);
+        data.set_served(settled.then_some(stamp));
     }
 
     /// Serves the entries of the directory `data` from `offset` for a READDIR on `handle` to
@@ -853,10 +846,7 @@ impl PassthroughFs {
         };
         let (node, new) =
             self.find_or_add(parent, &st, &x, At::Fd(file.as_fd()), || match name {
-                Some(name) => Ok(Source::Found(Origin {
-                    parent: parent.clone(),
-                    name: name.to_owned(),
-                })),
+                Some(name) => Ok(Source::Found(Origin::new(parent.clone(), name))),
                 None => self.reopen_path(file.as_fd()).map(Source::Fd),
             })?;
         if let (false, Some(name)) = (new, name) {
@@ -923,10 +913,7 @@ impl PassthroughFs {
     /// [`InodeData::handles`] before it opened the host file (see [`Self::opening`]).
     fn open_handle(&self, node: &InodeData, data: HandleData) -> u64 {
         let (id, h) = self.handles.insert(data);
-        *node
-            .last_open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&h);
+        node.set_last_open(&h);
         id
     }
 

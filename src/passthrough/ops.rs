@@ -47,7 +47,8 @@ impl FileSystem for PassthroughFs {
             want &= !init::ATOMIC_O_TRUNC;
         }
         if no_open || no_opendir {
-            self.io_fds.set_capacity(IoFds::capacity_from_rlimit());
+            self.io_fds
+                .set_capacity(IoFds::capacity_from_rlimit().min(self.cfg.max_data_fds));
         }
         if self.cfg.announce_submounts {
             want |= init::SUBMOUNTS;
@@ -395,7 +396,7 @@ impl FileSystem for PassthroughFs {
             Some(st) => self.keep_file_pages(&data, &st, truncating),
             None => {
                 // Truncated, or not `auto`: nothing to keep at the next open.
-                *data.served.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                data.set_served(None);
                 false
             }
         };

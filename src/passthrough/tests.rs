@@ -1891,9 +1891,17 @@ fn no_open_descriptor_cache_is_bounded_and_forget_drops_entries() {
     for i in 0..20 {
         std::fs::write(tmp.path().join(format!("f{i}")), format!("content {i}")).unwrap();
     }
-    let fs = no_open_fs(tmp.path(), |_| {});
-    assert!(fs.io_fds.capacity() >= 8, "derived from RLIMIT_NOFILE");
-    fs.io_fds.set_capacity(4);
+    let fs = no_open_fs(tmp.path(), |c| c.max_data_fds = 4);
+    assert_eq!(
+        fs.io_fds.capacity(),
+        4,
+        "--max-data-fds, below the open-files limit"
+    );
+    let default = no_open_fs(tmp.path(), |_| {});
+    assert_eq!(
+        default.io_fds.capacity(),
+        crate::passthrough::config::DEFAULT_MAX_DATA_FDS.min(IoFds::capacity_from_rlimit())
+    );
     let nodes: Vec<Entry> = (0..20).map(|i| lookup(&fs, &format!("f{i}"))).collect();
     for round in 0..2 {
         for (i, e) in nodes.iter().enumerate() {
