@@ -184,6 +184,13 @@ impl<K: Hash + Eq + Copy> DirCache<K> {
         victim.is_some()
     }
 
+    /// Drops the snapshot of `key`, if one is cached (the guest forgot the directory: it drops
+    /// what it cached of it too, and a walk it forgot keeps no memory here).
+    pub fn forget(&self, key: &K) {
+        let old = self.lock().remove(key);
+        drop(old);
+    }
+
     /// Drops every snapshot the cache holds.
     pub fn clear(&self) {
         let old = {

@@ -692,17 +692,18 @@ impl InodeStore {
     }
 
     /// Drops `count` references on `id`; at zero the inode is removed and its descriptor closed
-    /// (once no request still uses it). Unknown ids and the root are ignored.
-    pub fn forget(&self, id: u64, count: u64) {
+    /// (once no request still uses it). Unknown ids and the root are ignored. Returns the key of
+    /// a directory that went (what was cached of its listings may go too).
+    pub fn forget(&self, id: u64, count: u64) -> Option<InodeKey> {
         if id == ROOT_ID || count == 0 {
-            return;
+            return None;
         }
         {
             let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
             let Some(data) = maps.get_id(id) else {
                 drop(maps);
                 self.forget_dead(id);
-                return;
+                return None;
             };
             // Fast path: the count stays above zero.
             let mut cur = data.refcount.load(Ordering::Relaxed);
@@ -713,7 +714,7 @@ impl InodeStore {
                     Ordering::Relaxed,
                     Ordering::Relaxed,
                 ) {
-                    Ok(_) => return,
+                    Ok(_) => return None,
                     Err(now) => cur = now,
                 }
             }
@@ -721,13 +722,13 @@ impl InodeStore {
         let removed = {
             let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
             let Some(data) = maps.get_id(id) else {
-                return;
+                return None;
             };
             // Under the write lock nobody else changes counts.
             let left = data.refcount.load(Ordering::Relaxed).saturating_sub(count);
             data.refcount.store(left, Ordering::Relaxed);
             if left > 0 {
-                return;
+                return None;
             }
             let removed = maps.remove(id);
             let shrank = maps.shrink_when_sparse();
@@ -735,12 +736,14 @@ impl InodeStore {
         };
         // The descriptor closes outside the lock (when the last `Arc` goes).
         let (removed, shrank) = removed;
+        let dir = removed.as_ref().filter(|d| d.is_dir()).map(|d| d.key);
         drop(removed);
         if shrank {
             // The nodes forgotten since the last shrink (three quarters of the table) are free
             // in the allocator's arenas, in pages it keeps: give those back too.
             give_back_free_memory();
         }
+        dir
     }
 
     /// Every inode, by node id (for a migration's save).

@@ -125,7 +125,9 @@ impl FileSystem for PassthroughFs {
     }
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
-        self.inodes.forget(inode, count);
+        if let Some(dir) = self.inodes.forget(inode, count) {
+            self.dircache.forget(&dir);
+        }
         // Node ids are never reused: once gone, the inode's descriptors can go too.
         if (self.no_open() || self.no_opendir()) && self.inodes.get(inode).is_none() {
             self.io_fds.remove(inode);
