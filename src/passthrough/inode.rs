@@ -721,9 +721,7 @@ impl InodeStore {
         }
         let removed = {
             let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
-            let Some(data) = maps.get_id(id) else {
-                return None;
-            };
+            let data = maps.get_id(id)?;
             // Under the write lock nobody else changes counts.
             let left = data.refcount.load(Ordering::Relaxed).saturating_sub(count);
             data.refcount.store(left, Ordering::Relaxed);
