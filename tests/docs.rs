@@ -268,12 +268,42 @@ fn the_vhost_user_descriptor_lists_the_features_the_binary_prints() {
     );
 }
 
-/// The reference release the version says this daemon matches: `MAJOR.MINOR`.
+/// What `virtiofsd --version` prints after `virtiofsd `.
+fn version() -> String {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.trim()
+        .strip_prefix("virtiofsd ")
+        .unwrap_or_else(|| panic!("--version: {text}"))
+        .to_owned()
+}
+
+/// The reference release the version says this daemon matches: `MAJOR.MINOR`. The version is
+/// `RELEASE+PACKAGE.PACKAGE_VERSION` (README.md, "Version"): the reference release, then this
+/// package's name and its own version as build metadata.
 fn reference_level() -> String {
-    let v = env!("CARGO_PKG_VERSION");
-    let (release, build) = v.split_once('+').expect("a +rs.N part");
-    let n = build.strip_prefix("rs.").expect("build metadata rs.N");
-    assert!(n.parse::<u32>().is_ok_and(|n| n >= 1), "{v}");
+    let v = version();
+    let (release, build) = v.split_once('+').expect("a +PACKAGE.VERSION part");
+    let own = build
+        .strip_prefix(concat!(env!("CARGO_PKG_NAME"), "."))
+        .unwrap_or_else(|| panic!("{v}: the build metadata does not name the package"));
+    assert_eq!(own, env!("CARGO_PKG_VERSION"), "{v}");
+    assert_ne!(
+        env!("CARGO_PKG_NAME"),
+        "virtiofsd",
+        "the reference's crate name"
+    );
+    assert_ne!(
+        own, release,
+        "{v}: the package's version is its own, not the reference's"
+    );
+    // Build metadata: dot-separated identifiers of ASCII letters, digits and hyphens.
+    assert!(
+        build
+            .split('.')
+            .all(|i| !i.is_empty() && i.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')),
+        "{v}: not semantic-versioning build metadata"
+    );
     let parts: Vec<u32> = release.split('.').map(|p| p.parse().unwrap()).collect();
     assert_eq!(parts.len(), 3, "{v}");
     assert!(parts[0] >= 1, "{v}: below the reference's 1.x");
@@ -283,11 +313,6 @@ fn reference_level() -> String {
 #[test]
 fn the_version_names_the_reference_release_the_documents_name() {
     let level = reference_level();
-    let out = Command::new(BIN).arg("--version").output().unwrap();
-    assert_eq!(
-        String::from_utf8(out.stdout).unwrap().trim(),
-        format!("virtiofsd {}", env!("CARGO_PKG_VERSION"))
-    );
     let mut wrong = Vec::new();
     let mut named = 0;
     for doc in documents() {
@@ -319,9 +344,14 @@ fn the_version_names_the_reference_release_the_documents_name() {
         "the version says reference {level}:\n{}",
         wrong.join("\n")
     );
+    // The man page's .TH names the package and its version, as a distribution's pages do.
     assert!(
-        read("doc/virtiofsd.1").contains(&format!("\"virtiofsd {}\"", env!("CARGO_PKG_VERSION"))),
-        "the man page's .TH line names another version"
+        read("doc/virtiofsd.1").contains(&format!(
+            "\"{} {}\"",
+            env!("CARGO_PKG_NAME"),
+            env!("CARGO_PKG_VERSION")
+        )),
+        "the man page's .TH line names another package or version"
     );
 }
 
