@@ -5,10 +5,11 @@
 //! - a document that says a flag, or a value of one, does not exist ("has no `--x`", "is not
 //!   available", ...; libvirt's `<sandbox mode='...'/>` stands for `--sandbox=...`) is checked
 //!   by starting the binary with it: the claim holds only if the binary refuses it;
-//! - the vhost-user descriptor `packaging/50-virtiofsd.json` lists the features
+//! - the vhost-user descriptor `packaging/50-qemu-virtiofsd.json` lists the features
 //!   `--print-capabilities` prints;
 //! - the version has the form `README.md` explains, and every document naming the reference
-//!   release this daemon matches names the one the version says;
+//!   release this daemon matches names the one the version says; the Debian package
+//!   (`debian/`) carries the crate's name and version and provides that release;
 //! - every document `doc/launchers.md` says a launcher's test lives in exists.
 
 use std::collections::BTreeSet;
@@ -261,10 +262,10 @@ fn the_vhost_user_descriptor_lists_the_features_the_binary_prints() {
         printed.contains(&"separate-options".to_owned()),
         "{printed:?}"
     );
-    let listed = features(&read("packaging/50-virtiofsd.json"));
+    let listed = features(&read("packaging/50-qemu-virtiofsd.json"));
     assert_eq!(
         listed, printed,
-        "packaging/50-virtiofsd.json and --print-capabilities disagree"
+        "packaging/50-qemu-virtiofsd.json and --print-capabilities disagree"
     );
 }
 
@@ -353,6 +354,38 @@ fn the_version_names_the_reference_release_the_documents_name() {
         )),
         "the man page's .TH line names another package or version"
     );
+}
+
+/// The Debian package carries the crate's name and version, and provides the reference release
+/// the version says this daemon matches.
+#[test]
+fn the_debian_package_names_the_crate_version_and_the_reference_release() {
+    let changelog = read("debian/changelog");
+    let first = changelog.lines().next().unwrap_or_default();
+    let want = format!("{} ({}-", env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"));
+    assert!(
+        first.starts_with(&want),
+        "debian/changelog: {first:?}, expected {want}N)"
+    );
+    let control = read("debian/control");
+    let v = version();
+    let release = v.split_once('+').unwrap().0;
+    for line in [
+        format!("Source: {}", env!("CARGO_PKG_NAME")),
+        format!("Package: {}", env!("CARGO_PKG_NAME")),
+        format!("Provides: virtiofsd (= {release})"),
+        "Conflicts: virtiofsd".to_owned(),
+    ] {
+        assert!(
+            control.lines().any(|l| l == line),
+            "debian/control has no line {line:?}"
+        );
+    }
+    // The copyright file states Cargo.toml's license.
+    assert!(read("Cargo.toml").contains("license = \"Apache-2.0 OR BSD-3-Clause\""));
+    assert!(read("debian/copyright")
+        .lines()
+        .any(|l| l == "License: Apache-2.0 or BSD-3-Clause"));
 }
 
 #[test]
