@@ -1,35 +1,42 @@
 #!/usr/bin/env bash
-# Builds virtiofsd in release mode and installs it with its host integration files:
+# Builds virtiofsd in release mode and installs it with its host integration files, in the
+# layout of the Debian package (debian/, built by tests/packaging.sh), for systems without it:
 #
-#   PREFIX/lib/virtiofsd                              the daemon
-#   PREFIX/libexec/virtiofsd -> ../lib/virtiofsd      where Fedora's and Debian's packages put it
-#   PREFIX/lib/qemu/virtiofsd -> ../virtiofsd         where older QEMU packages put it
-#   PREFIX/share/qemu/vhost-user/50-virtiofsd.json    QEMU/libvirt vhost-user backend descriptor
-#   PREFIX/lib/systemd/system/virtiofsd@.service      one daemon per share, socket-activated
-#   PREFIX/lib/systemd/system/virtiofsd@.socket       /run/virtiofsd/INSTANCE.sock
-#   PREFIX/share/man/man1/virtiofsd.1.gz              the manual page (doc/virtiofsd.1)
-#   PREFIX/share/doc/virtiofsd/example.conf           sample /etc/virtiofsd/INSTANCE.conf
+#   PREFIX/libexec/virtiofsd                             the daemon (where Debian and Fedora put it)
+#   PREFIX/lib/qemu/virtiofsd -> ../../libexec/virtiofsd where older QEMU packages put it
+#   PREFIX/share/qemu/vhost-user/50-qemu-virtiofsd.json  QEMU/libvirt vhost-user backend descriptor
+#   PREFIX/lib/systemd/system/virtiofsd@.service         one daemon per share, socket-activated
+#   PREFIX/lib/systemd/system/virtiofsd@.socket          /run/virtiofsd/INSTANCE.sock
+#   PREFIX/share/man/man1/virtiofsd.1.gz                 the manual page (doc/virtiofsd.1)
+#   PREFIX/share/doc/virtiofsd-dropin/                   copyright, example.conf (a sample
+#                                                        /etc/virtiofsd/INSTANCE.conf),
+#                                                        README.md and doc/*.md
 #
 # Usage: packaging/install.sh [--prefix DIR] [--destdir DIR] [--no-build]
-#                             [--compat-links yes|no]
+#                             [--compat-links yes|no] [--force]
 #   --prefix DIR          installation prefix (default /usr); the unit files and the JSON
-#                         descriptor name PREFIX/lib/virtiofsd
+#                         descriptor name PREFIX/libexec/virtiofsd
 #   --destdir DIR         stage everything under DIR (as DESTDIR does for make install);
 #                         the environment variable DESTDIR works too
-#   --no-build            install the existing target/release/virtiofsd without cargo build
-#   --compat-links MODE   yes (default): also make the two links above, so that domain XML
-#                         and scripts naming the distributions' paths start this daemon; a
-#                         file already there that is not a link (another package's daemon) is
-#                         left alone, with a warning. no: only PREFIX/lib/virtiofsd.
-#                         (--libexec-link auto|yes|no is the old name: auto means yes.)
+#   --no-build            install the existing release binary without cargo build
+#                         (CARGO_TARGET_DIR/release/virtiofsd, default target/release/virtiofsd)
+#   --compat-links MODE   yes (default): also make the PREFIX/lib/qemu/virtiofsd link, so that
+#                         domain XML and scripts naming that path start this daemon. no: leave
+#                         it out. (--libexec-link auto|yes|no is the old name: auto means yes.)
+#   --force               install over files that an installed package (dpkg or rpm) owns
+# Without DESTDIR, a file of an installed package (a distribution's virtiofsd, or the
+# virtiofsd-dropin .deb) at one of these paths stops the installation (exit 1) before anything
+# is written: remove the package, install the .deb instead, or use --prefix /usr/local.
 # Nothing outside DESTDIR+PREFIX is touched; run systemctl daemon-reload yourself afterwards.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+PKG=virtiofsd-dropin
 PREFIX=/usr
 DESTDIR="${DESTDIR:-}"
 BUILD=1
 LINKS=yes
+FORCE=0
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
@@ -41,6 +48,7 @@ while [ $# -gt 0 ]; do
         --no-build) BUILD=0; shift ;;
         --compat-links|--libexec-link) LINKS="$2"; shift 2 ;;
         --compat-links=*|--libexec-link=*) LINKS="${1#*=}"; shift ;;
+        --force) FORCE=1; shift ;;
         -h|--help) usage 0 ;;
         *) echo "install.sh: unknown option $1" >&2; usage 2 ;;
     esac
@@ -56,46 +64,68 @@ case "$LINKS" in
 esac
 DESTDIR="${DESTDIR%/}"
 
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+case "$TARGET" in /*) ;; *) TARGET="$ROOT/$TARGET" ;; esac
 if [ "$BUILD" = 1 ]; then
     (cd "$ROOT" && cargo build --release --locked --bin virtiofsd)
 fi
-BIN="$ROOT/target/release/virtiofsd"
+BIN="$TARGET/release/virtiofsd"
 [ -x "$BIN" ] || { echo "install.sh: $BIN is missing (build it or drop --no-build)" >&2; exit 1; }
 
 D="$DESTDIR$PREFIX"
-DAEMON="$PREFIX/lib/virtiofsd"   # the path the installed files name
+DAEMON="$PREFIX/libexec/virtiofsd"   # the path the installed files name
+DOC="share/doc/$PKG"
 
-install -d -m 0755 "$D/lib" "$D/share/qemu/vhost-user" "$D/lib/systemd/system" \
-    "$D/share/man/man1" "$D/share/doc/virtiofsd"
-install -m 0755 "$BIN" "$D/lib/virtiofsd"
-# link PATH TARGET: PATH (under D) becomes a relative symlink to TARGET, unless a file that is
-# not a symlink is there already (another package's daemon): that one is left alone.
-link() {
-    if [ -e "$D/$1" ] && [ ! -L "$D/$1" ]; then
-        echo "install.sh: warning: $PREFIX/$1 exists and is not a link; left alone (it, not this daemon, runs under that name)" >&2
-        return 0
+# Every path installed, relative to PREFIX.
+FILES=(libexec/virtiofsd share/qemu/vhost-user/50-qemu-virtiofsd.json
+       lib/systemd/system/virtiofsd@.service lib/systemd/system/virtiofsd@.socket
+       share/man/man1/virtiofsd.1.gz "$DOC/copyright" "$DOC/example.conf" "$DOC/README.md")
+for f in "$ROOT"/doc/*.md; do FILES+=("$DOC/${f##*/}"); done
+[ "$LINKS" = yes ] && FILES+=(lib/qemu/virtiofsd)
+
+# A package's file is not overwritten behind the package manager's back.
+if [ -z "$DESTDIR" ] && [ "$FORCE" = 0 ]; then
+    owned=""
+    for f in "${FILES[@]}"; do
+        p="$D/$f"
+        [ -e "$p" ] || [ -L "$p" ] || continue
+        o=""
+        if command -v dpkg-query >/dev/null; then
+            o="$(dpkg-query -S "$p" 2>/dev/null | sed -n '1s/: .*//p')"
+        fi
+        if [ -z "$o" ] && command -v rpm >/dev/null; then
+            o="$(rpm -qf "$p" 2>/dev/null)" || o=""
+        fi
+        [ -n "$o" ] && owned+="  $p (package $o)"$'\n'
+    done
+    if [ -n "$owned" ]; then
+        printf 'install.sh: these files belong to an installed package:\n%s' "$owned" >&2
+        echo "install.sh: nothing installed; remove that package, or use --prefix /usr/local, or --force" >&2
+        exit 1
     fi
-    install -d -m 0755 "$(dirname "$D/$1")"
-    ln -sfn "$2" "$D/$1"
-}
-if [ "$LINKS" = yes ]; then
-    link libexec/virtiofsd ../lib/virtiofsd
-    link lib/qemu/virtiofsd ../virtiofsd
 fi
 
-# The files name /usr/lib/virtiofsd; another prefix is substituted in.
-subst() { sed "s|/usr/lib/virtiofsd|$DAEMON|g" "$1"; }
-subst "$ROOT/packaging/50-virtiofsd.json" > "$D/share/qemu/vhost-user/50-virtiofsd.json"
-subst "$ROOT/packaging/virtiofsd@.service" > "$D/lib/systemd/system/virtiofsd@.service"
+install -d -m 0755 "$D/libexec" "$D/share/qemu/vhost-user" "$D/lib/systemd/system" \
+    "$D/share/man/man1" "$D/$DOC"
+install -m 0755 "$BIN" "$D/libexec/virtiofsd"
+if [ "$LINKS" = yes ]; then
+    install -d -m 0755 "$D/lib/qemu"
+    ln -sfn ../../libexec/virtiofsd "$D/lib/qemu/virtiofsd"
+fi
+
+# The files name /usr/libexec/virtiofsd; another prefix is substituted in.
+subst() { sed "s|/usr/libexec/virtiofsd|$DAEMON|g" "$1" > "$2" && chmod 0644 "$2"; }
+subst "$ROOT/packaging/50-qemu-virtiofsd.json" "$D/share/qemu/vhost-user/50-qemu-virtiofsd.json"
+subst "$ROOT/packaging/virtiofsd@.service" "$D/lib/systemd/system/virtiofsd@.service"
 install -m 0644 "$ROOT/packaging/virtiofsd@.socket" "$D/lib/systemd/system/virtiofsd@.socket"
-chmod 0644 "$D/share/qemu/vhost-user/50-virtiofsd.json" "$D/lib/systemd/system/virtiofsd@.service"
-install -m 0644 "$ROOT/packaging/example.conf" "$D/share/doc/virtiofsd/example.conf"
 # -n: no name or time stamp in the header, so that the output is reproducible.
 gzip -9n -c "$ROOT/doc/virtiofsd.1" > "$D/share/man/man1/virtiofsd.1.gz"
 chmod 0644 "$D/share/man/man1/virtiofsd.1.gz"
+install -m 0644 "$ROOT/debian/copyright" "$ROOT/packaging/example.conf" "$ROOT/README.md" \
+    "$ROOT"/doc/*.md "$D/$DOC/"
 
-echo "installed virtiofsd under ${DESTDIR:-/} with prefix $PREFIX (compatibility links: $LINKS)"
+echo "installed virtiofsd under ${DESTDIR:-/} with prefix $PREFIX (compatibility link: $LINKS)"
 if [ -z "$DESTDIR" ]; then
-    echo "next: mkdir -p /etc/virtiofsd; cp $D/share/doc/virtiofsd/example.conf /etc/virtiofsd/NAME.conf;"
+    echo "next: mkdir -p /etc/virtiofsd; cp $D/$DOC/example.conf /etc/virtiofsd/NAME.conf;"
     echo "      systemctl daemon-reload; systemctl enable --now virtiofsd@NAME.socket"
 fi

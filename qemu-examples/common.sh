@@ -3,7 +3,7 @@
 #
 # Environment (every variable has a default):
 #   VIRTIOFSD      the daemon (default: the tree's target/release/virtiofsd, then
-#                  /usr/lib/virtiofsd, /usr/libexec/virtiofsd, virtiofsd on PATH)
+#                  /usr/libexec/virtiofsd, /usr/lib/qemu/virtiofsd, virtiofsd on PATH)
 #   SOCKET         vhost-user socket path (default: a fresh temporary directory's vfs.sock)
 #   TAG            mount tag the guest uses: mount -t virtiofs $TAG /mnt (default: share)
 #   MEM            guest memory size, e.g. 1G (default 1G)
@@ -28,7 +28,7 @@ find_virtiofsd() {
         [ -x "$VIRTIOFSD" ] || die "VIRTIOFSD=$VIRTIOFSD is not executable"
         return
     fi
-    for c in "$TREE/target/release/virtiofsd" /usr/lib/virtiofsd /usr/libexec/virtiofsd \
+    for c in "$TREE/target/release/virtiofsd" /usr/libexec/virtiofsd /usr/lib/qemu/virtiofsd \
              "$(command -v virtiofsd 2>/dev/null)"; do
         if [ -n "$c" ] && [ -x "$c" ]; then VIRTIOFSD="$c"; return; fi
     done

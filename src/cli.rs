@@ -21,12 +21,35 @@ use crate::sandbox::seccomp;
 use crate::sandbox::userns::{self, IdMapRange};
 use crate::sandbox::{caps, SandboxMode};
 
+/// The reference `virtiofsd` release whose command line and behaviour this daemon matches. It
+/// moves only when this daemon catches up with a later reference release.
+macro_rules! reference_release {
+    () => {
+        "1.14.0"
+    };
+}
+
+/// The reference `virtiofsd` release whose command line this daemon matches.
+pub const REFERENCE_RELEASE: &str = reference_release!();
+
+/// What `--version` prints after `virtiofsd `: the reference release this daemon matches, then
+/// this package's name and version as semantic-versioning build metadata, which version
+/// comparisons ignore (`1.14.0+virtiofsd-dropin.0.2.0`). Scripts that compare the version with
+/// the reference's decide as they would for that reference release.
+pub const VERSION: &str = concat!(
+    reference_release!(),
+    "+",
+    env!("CARGO_PKG_NAME"),
+    ".",
+    env!("CARGO_PKG_VERSION")
+);
+
 /// vhost-user virtio-fs daemon: serves a host directory to a guest.
 #[derive(Debug, Parser)]
 #[command(
     name = "virtiofsd",
-    version,
-    about,
+    version = VERSION,
+    about = "A vhost-user virtio-fs daemon: serves a host directory to a Linux guest",
     args_override_self = true,
     override_usage = "virtiofsd --shared-dir=DIR --socket-path=PATH [OPTIONS]"
 )]

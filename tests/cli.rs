@@ -651,12 +651,22 @@ fn version_names_the_package_version() {
     let out = run(&["--version".to_string()]);
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8(out.stdout).unwrap();
+    // The reference release it matches, then this package's name and version as build metadata.
     assert_eq!(
         text.trim(),
-        format!("virtiofsd {}", env!("CARGO_PKG_VERSION"))
+        format!(
+            "virtiofsd 1.14.0+{}.{}",
+            env!("CARGO_PKG_NAME"),
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+    assert_eq!(
+        text.trim(),
+        format!("virtiofsd {}", virtiofsd::cli::VERSION)
     );
     let out = run(&["-V".to_string()]);
     assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), text);
 }
 
 #[test]

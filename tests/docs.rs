@@ -5,10 +5,11 @@
 //! - a document that says a flag, or a value of one, does not exist ("has no `--x`", "is not
 //!   available", ...; libvirt's `<sandbox mode='...'/>` stands for `--sandbox=...`) is checked
 //!   by starting the binary with it: the claim holds only if the binary refuses it;
-//! - the vhost-user descriptor `packaging/50-virtiofsd.json` lists the features
+//! - the vhost-user descriptor `packaging/50-qemu-virtiofsd.json` lists the features
 //!   `--print-capabilities` prints;
 //! - the version has the form `README.md` explains, and every document naming the reference
-//!   release this daemon matches names the one the version says;
+//!   release this daemon matches names the one the version says; the Debian package
+//!   (`debian/`) carries the crate's name and version and provides that release;
 //! - every document `doc/launchers.md` says a launcher's test lives in exists.
 
 use std::collections::BTreeSet;
@@ -261,19 +262,49 @@ fn the_vhost_user_descriptor_lists_the_features_the_binary_prints() {
         printed.contains(&"separate-options".to_owned()),
         "{printed:?}"
     );
-    let listed = features(&read("packaging/50-virtiofsd.json"));
+    let listed = features(&read("packaging/50-qemu-virtiofsd.json"));
     assert_eq!(
         listed, printed,
-        "packaging/50-virtiofsd.json and --print-capabilities disagree"
+        "packaging/50-qemu-virtiofsd.json and --print-capabilities disagree"
     );
 }
 
-/// The reference release the version says this daemon matches: `MAJOR.MINOR`.
+/// What `virtiofsd --version` prints after `virtiofsd `.
+fn version() -> String {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.trim()
+        .strip_prefix("virtiofsd ")
+        .unwrap_or_else(|| panic!("--version: {text}"))
+        .to_owned()
+}
+
+/// The reference release the version says this daemon matches: `MAJOR.MINOR`. The version is
+/// `RELEASE+PACKAGE.PACKAGE_VERSION` (README.md, "Version"): the reference release, then this
+/// package's name and its own version as build metadata.
 fn reference_level() -> String {
-    let v = env!("CARGO_PKG_VERSION");
-    let (release, build) = v.split_once('+').expect("a +rs.N part");
-    let n = build.strip_prefix("rs.").expect("build metadata rs.N");
-    assert!(n.parse::<u32>().is_ok_and(|n| n >= 1), "{v}");
+    let v = version();
+    let (release, build) = v.split_once('+').expect("a +PACKAGE.VERSION part");
+    let own = build
+        .strip_prefix(concat!(env!("CARGO_PKG_NAME"), "."))
+        .unwrap_or_else(|| panic!("{v}: the build metadata does not name the package"));
+    assert_eq!(own, env!("CARGO_PKG_VERSION"), "{v}");
+    assert_ne!(
+        env!("CARGO_PKG_NAME"),
+        "virtiofsd",
+        "the reference's crate name"
+    );
+    assert_ne!(
+        own, release,
+        "{v}: the package's version is its own, not the reference's"
+    );
+    // Build metadata: dot-separated identifiers of ASCII letters, digits and hyphens.
+    assert!(
+        build
+            .split('.')
+            .all(|i| !i.is_empty() && i.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')),
+        "{v}: not semantic-versioning build metadata"
+    );
     let parts: Vec<u32> = release.split('.').map(|p| p.parse().unwrap()).collect();
     assert_eq!(parts.len(), 3, "{v}");
     assert!(parts[0] >= 1, "{v}: below the reference's 1.x");
@@ -283,11 +314,6 @@ fn reference_level() -> String {
 #[test]
 fn the_version_names_the_reference_release_the_documents_name() {
     let level = reference_level();
-    let out = Command::new(BIN).arg("--version").output().unwrap();
-    assert_eq!(
-        String::from_utf8(out.stdout).unwrap().trim(),
-        format!("virtiofsd {}", env!("CARGO_PKG_VERSION"))
-    );
     let mut wrong = Vec::new();
     let mut named = 0;
     for doc in documents() {
@@ -319,10 +345,47 @@ fn the_version_names_the_reference_release_the_documents_name() {
         "the version says reference {level}:\n{}",
         wrong.join("\n")
     );
+    // The man page's .TH names the package and its version, as a distribution's pages do.
     assert!(
-        read("doc/virtiofsd.1").contains(&format!("\"virtiofsd {}\"", env!("CARGO_PKG_VERSION"))),
-        "the man page's .TH line names another version"
+        read("doc/virtiofsd.1").contains(&format!(
+            "\"{} {}\"",
+            env!("CARGO_PKG_NAME"),
+            env!("CARGO_PKG_VERSION")
+        )),
+        "the man page's .TH line names another package or version"
     );
+}
+
+/// The Debian package carries the crate's name and version, and provides the reference release
+/// the version says this daemon matches.
+#[test]
+fn the_debian_package_names_the_crate_version_and_the_reference_release() {
+    let changelog = read("debian/changelog");
+    let first = changelog.lines().next().unwrap_or_default();
+    let want = format!("{} ({}-", env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"));
+    assert!(
+        first.starts_with(&want),
+        "debian/changelog: {first:?}, expected {want}N)"
+    );
+    let control = read("debian/control");
+    let v = version();
+    let release = v.split_once('+').unwrap().0;
+    for line in [
+        format!("Source: {}", env!("CARGO_PKG_NAME")),
+        format!("Package: {}", env!("CARGO_PKG_NAME")),
+        format!("Provides: virtiofsd (= {release})"),
+        "Conflicts: virtiofsd".to_owned(),
+    ] {
+        assert!(
+            control.lines().any(|l| l == line),
+            "debian/control has no line {line:?}"
+        );
+    }
+    // The copyright file states Cargo.toml's license.
+    assert!(read("Cargo.toml").contains("license = \"Apache-2.0 OR BSD-3-Clause\""));
+    assert!(read("debian/copyright")
+        .lines()
+        .any(|l| l == "License: Apache-2.0 or BSD-3-Clause"));
 }
 
 #[test]

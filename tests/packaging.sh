@@ -7,35 +7,61 @@
 # way virtiofsd@.socket does, and talks vhost-user to it. Also checks the qemu-examples scripts
 # with bash -n and shellcheck.
 #
+# Then the Debian package (debian/): builds it with dpkg-buildpackage in a copy of the tree,
+# checks it with lintian, installs it with `apt-get install ./virtiofsd-dropin_*.deb`, checks
+# what it put on the host (the layout install.sh makes, the version, the man page, the
+# descriptor, the units), has libvirt launch the installed daemon for a guest through the
+# package's vhost-user descriptor (tests/libvirt/run.sh --descriptor), and purges the package
+# again. That part needs root and dpkg, installs debhelper, dpkg-dev and lintian when missing,
+# and refuses to start (a failed check) on a host where the package or Debian's virtiofsd is
+# installed, or where files the package would take over exist: the host is left as found.
+#
 # Prints one "ok N name" / "not ok N name" line per check and a last line "N passed, N failed";
 # exits non-zero when a check failed.
 #
-# Usage: tests/packaging.sh [--no-build] [--no-install-tools] [-v]
-#   --no-build          use the existing target/release/virtiofsd (install.sh --no-build)
+# Usage: tests/packaging.sh [--no-build] [--no-install-tools] [--no-deb] [--no-libvirt] [-v]
+#   --no-build          use the existing release binary (install.sh --no-build); the .deb is
+#                       always built (in CARGO_TARGET_DIR/deb, default target/deb)
 #   --no-install-tools  do not apt-get install the missing tools (packages systemd, groff-base,
-#                       man-db and the shell linter); checks that need them fail instead
+#                       man-db, the shell linter, debhelper, dpkg-dev, lintian); checks that need
+#                       them fail instead
+#   --no-deb            leave out the Debian package
+#   --no-libvirt        leave out the libvirt boot with the installed package (it needs QEMU,
+#                       the guest kernel and libvirt: tests/libvirt/run.sh installs them)
 #   -v, --verbose       also print the diagnostics of passing checks
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD=1
 TOOLS=1
+DEB=1
+LIBVIRT=1
 VERBOSE=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --no-build) BUILD=0; shift ;;
         --no-install-tools) TOOLS=0; shift ;;
+        --no-deb) DEB=0; shift ;;
+        --no-libvirt) LIBVIRT=0; shift ;;
         -v|--verbose) VERBOSE=1; shift ;;
         -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "packaging.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
 
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+case "$TARGET" in /*) ;; *) TARGET="$ROOT/$TARGET" ;; esac
+PKG=virtiofsd-dropin
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-packaging.XXXXXX")"
 PIDS=()
+PURGE=0   # 1 while this script's package is installed
 cleanup() {
     local p
     for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null; done
+    if [ "$PURGE" = 1 ]; then
+        echo "# purging $PKG (the run ended early)"
+        DEBIAN_FRONTEND=noninteractive apt-get purge -y "$PKG" >/dev/null 2>&1
+    fi
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -54,10 +80,11 @@ result() {
         printf '%s\n' "$3" | sed 's/^/# /'
     fi
 }
-# check NAME COMMAND...: ok when COMMAND succeeds; its output is the diagnostic
+# check NAME COMMAND...: ok when COMMAND succeeds; its output is the diagnostic. COMMAND runs in
+# a subshell (its variables do not last); check's status is COMMAND's.
 check() {
     local name="$1" out; shift
-    if out="$("$@" 2>&1)"; then result ok "$name" "$out"; else result fail "$name" "$out"; fi
+    if out="$("$@" 2>&1)"; then result ok "$name" "$out"; else result fail "$name" "$out"; return 1; fi
 }
 finish() {
     echo "$PASSED passed, $FAILED failed"
@@ -89,79 +116,74 @@ if ! out="$("$ROOT/packaging/install.sh" "${flags[@]}" --destdir "$DEST" 2>&1)";
 fi
 result ok "install.sh --destdir into an empty directory" "$out"
 
-BIN="$DEST/usr/lib/virtiofsd"
+BIN="$DEST/usr/libexec/virtiofsd"
 UNITS="$DEST/usr/lib/systemd/system"
-JSON="$DEST/usr/share/qemu/vhost-user/50-virtiofsd.json"
+JSON="$DEST/usr/share/qemu/vhost-user/50-qemu-virtiofsd.json"
 MAN="$DEST/usr/share/man/man1/virtiofsd.1.gz"
-CONF="$DEST/usr/share/doc/virtiofsd/example.conf"
+DOCDIR="usr/share/doc/$PKG"
+CONF="$DEST/$DOCDIR/example.conf"
+
+# The files install.sh installs (relative to /, with their modes), and the Debian package too.
+LAYOUT=("usr/libexec/virtiofsd 755" "usr/lib/systemd/system/virtiofsd@.service 644"
+        "usr/lib/systemd/system/virtiofsd@.socket 644"
+        "usr/share/qemu/vhost-user/50-qemu-virtiofsd.json 644"
+        "usr/share/man/man1/virtiofsd.1.gz 644" "$DOCDIR/copyright 644" "$DOCDIR/example.conf 644"
+        "$DOCDIR/README.md 644")
+for f in "$ROOT"/doc/*.md; do LAYOUT+=("$DOCDIR/${f##*/} 644"); done
 
 layout() {
     local f want got bad=""
-    for f in "usr/lib/virtiofsd 755" "usr/lib/systemd/system/virtiofsd@.service 644" \
-             "usr/lib/systemd/system/virtiofsd@.socket 644" \
-             "usr/share/qemu/vhost-user/50-virtiofsd.json 644" \
-             "usr/share/man/man1/virtiofsd.1.gz 644" "usr/share/doc/virtiofsd/example.conf 644"; do
+    for f in "${LAYOUT[@]}"; do
         want="${f#* }"; f="${f% *}"
-        if [ ! -f "$DEST/$f" ]; then bad+="missing: /$f"$'\n'; continue; fi
+        if [ ! -f "$DEST/$f" ] || [ -L "$DEST/$f" ]; then bad+="missing: /$f"$'\n'; continue; fi
         got="$(stat -c %a "$DEST/$f")"
         [ "$got" = "$want" ] || bad+="/$f: mode $got, expected $want"$'\n'
     done
-    # nothing else: every regular file or link installed is one of the above
+    # nothing else: every regular file or link installed is one of the above, or the link
     got="$(cd "$DEST" && find . ! -type d | sort | tr '\n' ' ')"
-    want="./usr/lib/qemu/virtiofsd ./usr/lib/systemd/system/virtiofsd@.service ./usr/lib/systemd/system/virtiofsd@.socket ./usr/lib/virtiofsd ./usr/libexec/virtiofsd ./usr/share/doc/virtiofsd/example.conf ./usr/share/man/man1/virtiofsd.1.gz ./usr/share/qemu/vhost-user/50-virtiofsd.json "
+    want="$( { printf './%s\n' "${LAYOUT[@]% *}"; echo ./usr/lib/qemu/virtiofsd; } | sort | tr '\n' ' ')"
     [ "$got" = "$want" ] || bad+="installed files: $got"$'\n'"expected: $want"$'\n'
+    cmp -s "$DEST/$DOCDIR/copyright" "$ROOT/debian/copyright" || bad+="copyright is not debian/copyright"$'\n'
     [ -z "$bad" ] || { printf '%s' "$bad"; return 1; }
     echo "$got"
 }
 check "layout: files, modes, nothing else" layout
 
 check "installed binary runs (--version)" "$BIN" --version
-check "installed binary is target/release/virtiofsd" cmp "$BIN" "$ROOT/target/release/virtiofsd"
+check "installed binary is the release build ($TARGET/release/virtiofsd)" cmp "$BIN" "$TARGET/release/virtiofsd"
 
-# The paths distributions install the daemon at, and the links that make them this daemon: each
-# is a relative symlink that resolves inside the temporary root to usr/lib/virtiofsd, and runs.
+# /usr/lib/qemu/virtiofsd, where older QEMU packages put the daemon: a relative symlink that
+# resolves inside the temporary root to usr/libexec/virtiofsd, and runs.
 compat_paths() {
-    local p real
-    for p in usr/libexec/virtiofsd usr/lib/qemu/virtiofsd; do
-        [ -L "$DEST/$p" ] || { echo "/$p is not a symlink"; return 1; }
-        case "$(readlink "$DEST/$p")" in /*) echo "/$p is an absolute link"; return 1 ;; esac
-        real="$(cd "$DEST" && realpath --relative-to=. "$p")"
-        [ "$real" = usr/lib/virtiofsd ] || { echo "/$p resolves to $real"; return 1; }
-        "$DEST/$p" --version || return 1
-        [ "$("$DEST/$p" --print-capabilities)" = "$("$BIN" --print-capabilities)" ] ||
-            { echo "/$p --print-capabilities differs"; return 1; }
-    done
-    # --compat-links no: only /usr/lib/virtiofsd.
+    local p=usr/lib/qemu/virtiofsd real
+    [ -L "$DEST/$p" ] || { echo "/$p is not a symlink"; return 1; }
+    case "$(readlink "$DEST/$p")" in /*) echo "/$p is an absolute link"; return 1 ;; esac
+    real="$(cd "$DEST" && realpath --relative-to=. "$p")"
+    [ "$real" = usr/libexec/virtiofsd ] || { echo "/$p resolves to $real"; return 1; }
+    "$DEST/$p" --version || return 1
+    [ "$("$DEST/$p" --print-capabilities)" = "$("$BIN" --print-capabilities)" ] ||
+        { echo "/$p --print-capabilities differs"; return 1; }
+    # --compat-links no: only /usr/libexec/virtiofsd.
     "$ROOT/packaging/install.sh" --no-build --destdir "$WORK/nolinks" --compat-links no >/dev/null ||
         return 1
-    [ ! -e "$WORK/nolinks/usr/libexec" ] && [ ! -e "$WORK/nolinks/usr/lib/qemu" ] ||
-        { echo "--compat-links no made links"; return 1; }
-    # A distribution's daemon already at one of the paths is left alone, with a warning.
-    local d="$WORK/distro" out
-    mkdir -p "$d/usr/libexec" && printf '#!/bin/sh\necho distro\n' > "$d/usr/libexec/virtiofsd"
-    chmod 755 "$d/usr/libexec/virtiofsd"
-    out="$("$ROOT/packaging/install.sh" --no-build --destdir "$d" 2>&1)" || return 1
-    [ ! -L "$d/usr/libexec/virtiofsd" ] && [ "$("$d/usr/libexec/virtiofsd")" = distro ] ||
-        { echo "the distribution's /usr/libexec/virtiofsd was replaced"; return 1; }
-    printf '%s\n' "$out" | grep -q 'usr/libexec/virtiofsd exists and is not a link' ||
-        { echo "no warning: $out"; return 1; }
-    [ -L "$d/usr/lib/qemu/virtiofsd" ] || { echo "the other link is missing"; return 1; }
+    [ -x "$WORK/nolinks/usr/libexec/virtiofsd" ] && [ ! -e "$WORK/nolinks/usr/lib/qemu" ] ||
+        { echo "--compat-links no: $(cd "$WORK/nolinks" && find . -name virtiofsd)"; return 1; }
 }
-check "/usr/libexec/virtiofsd and /usr/lib/qemu/virtiofsd run the daemon; --compat-links no; a distribution's file is kept" compat_paths
+check "/usr/lib/qemu/virtiofsd links to /usr/libexec/virtiofsd and runs; --compat-links no" compat_paths
 
 prefix() {
     local d="$WORK/local" p
     "$ROOT/packaging/install.sh" --no-build --prefix /usr/local --destdir "$d" >/dev/null || return 1
     p="$d/usr/local"
-    [ -x "$p/lib/virtiofsd" ] || { echo "no $p/lib/virtiofsd"; return 1; }
-    grep -q '^ExecStart=/usr/local/lib/virtiofsd ' "$p/lib/systemd/system/virtiofsd@.service" ||
+    [ -x "$p/libexec/virtiofsd" ] || { echo "no $p/libexec/virtiofsd"; return 1; }
+    grep -q '^ExecStart=/usr/local/libexec/virtiofsd ' "$p/lib/systemd/system/virtiofsd@.service" ||
         { grep ExecStart "$p/lib/systemd/system/virtiofsd@.service"; return 1; }
-    grep -q '"binary": "/usr/local/lib/virtiofsd"' "$p/share/qemu/vhost-user/50-virtiofsd.json" ||
-        { cat "$p/share/qemu/vhost-user/50-virtiofsd.json"; return 1; }
+    grep -q '"binary": "/usr/local/libexec/virtiofsd"' "$p/share/qemu/vhost-user/50-qemu-virtiofsd.json" ||
+        { cat "$p/share/qemu/vhost-user/50-qemu-virtiofsd.json"; return 1; }
     [ -f "$p/share/man/man1/virtiofsd.1.gz" ] || { echo "no man page under the prefix"; return 1; }
-    [ "$(readlink "$p/libexec/virtiofsd")" = ../lib/virtiofsd ] || { echo "no libexec link under the prefix"; return 1; }
+    [ "$(readlink "$p/lib/qemu/virtiofsd")" = ../../libexec/virtiofsd ] || { echo "no lib/qemu link under the prefix"; return 1; }
 }
-check "install.sh --prefix /usr/local names /usr/local/lib/virtiofsd in the units and JSON" prefix
+check "install.sh --prefix /usr/local names /usr/local/libexec/virtiofsd in the units and JSON" prefix
 
 # --- the QEMU vhost-user descriptor ------------------------------------------------------------
 json() {
@@ -173,7 +195,7 @@ errs = []
 if d.get("type") != "fs": errs.append("type is %r, expected 'fs'" % d.get("type"))
 if not isinstance(d.get("description"), str) or not d["description"]:
     errs.append("no description")
-if d.get("binary") != "/usr/lib/virtiofsd": errs.append("binary is %r" % d.get("binary"))
+if d.get("binary") != "/usr/libexec/virtiofsd": errs.append("binary is %r" % d.get("binary"))
 b = sys.argv[2] + d.get("binary", "")
 if not os.access(b, os.X_OK): errs.append("%s is not executable" % b)
 extra = set(d) - {"description", "type", "binary", "features", "tags"}
@@ -187,7 +209,7 @@ print("\n".join(errs) or json.dumps(d))
 sys.exit(1 if errs else 0)
 PY
 }
-check "50-virtiofsd.json parses, type fs, binary is the installed daemon, features as --print-capabilities" json
+check "50-qemu-virtiofsd.json parses, type fs, binary is the installed daemon, features as --print-capabilities" json
 
 # --- systemd units -----------------------------------------------------------------------------
 units() {
@@ -196,7 +218,7 @@ units() {
     mkdir -p "$u"
     cp "$UNITS"/virtiofsd@.service "$UNITS"/virtiofsd@.socket "$u/"
     # The installed daemon path, inside DESTDIR (verify checks that ExecStart is executable).
-    sed -i "s|^ExecStart=/usr/lib/virtiofsd |ExecStart=$BIN |" "$u/virtiofsd@.service"
+    sed -i "s|^ExecStart=/usr/libexec/virtiofsd |ExecStart=$BIN |" "$u/virtiofsd@.service"
     grep -q "^ExecStart=$BIN " "$u/virtiofsd@.service" || { echo "ExecStart not rewritten"; return 1; }
     # MANPATH: Documentation=man:virtiofsd(1) must resolve to the installed page.
     # Any output (unknown keys, bad values) counts as a failure, not only the exit status.
@@ -212,7 +234,7 @@ unit_content() {
     local s="$UNITS/virtiofsd@.service" k="$UNITS/virtiofsd@.socket" bad=""
     grep -qx 'EnvironmentFile=/etc/virtiofsd/%i.conf' "$s" || bad+="service: EnvironmentFile"$'\n'
     # shellcheck disable=SC2016 # systemd's ${VAR}, not the shell's
-    grep -qx 'ExecStart=/usr/lib/virtiofsd --shared-dir=${SHARED_DIR} $VIRTIOFSD_OPTS' "$s" ||
+    grep -qx 'ExecStart=/usr/libexec/virtiofsd --shared-dir=${SHARED_DIR} $VIRTIOFSD_OPTS' "$s" ||
         bad+="service: ExecStart: $(grep ExecStart= "$s")"$'\n'
     grep '^ExecStart=' "$s" | grep -qE -- '--socket-path|--socket|--fd' &&
         bad+="service names its own socket"$'\n'
@@ -363,5 +385,228 @@ examples() {
     ls "$ROOT"/qemu-examples/
 }
 check "qemu-examples: bash -n and shellcheck clean, libvirt snippet is well-formed XML" examples
+
+# --- the Debian package ------------------------------------------------------------------------
+[ "$DEB" = 1 ] || finish
+
+# The version the package must carry: Cargo.toml's, with Debian revision 1 or more.
+CARGO_VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml" | head -n 1)"
+ARCH="$(dpkg --print-architecture 2>/dev/null)"
+DEBS="$WORK/deb"    # dpkg-buildpackage writes the .deb next to the source tree's copy
+DEBFILE=""   # set after the build (each check runs in a subshell)
+
+# Paths the package installs; with a package of its own (a distribution's virtiofsd, QEMU 7.2's
+# qemu-system-common) or an unowned file (an install.sh run) at one of them, the run stops:
+# installing and purging the package would change the host.
+host_is_clean() {
+    local bad="" p st v
+    [ "$(id -u)" = 0 ] || { echo "needs root (apt-get install)"; return 1; }
+    command -v apt-get >/dev/null && command -v dpkg >/dev/null || { echo "needs apt and dpkg"; return 1; }
+    for p in "$PKG" virtiofsd; do
+        st="$(dpkg-query -W -f='${db:Status-Status} ${Version}' "$p" 2>/dev/null)"
+        case "$st" in installed*|unpacked*|half-*|triggers-*)
+            bad+="package $p is installed (${st#* }): remove it first (apt purge $p)"$'\n' ;;
+        esac
+    done
+    v="$(dpkg-query -W -f='${db:Status-Status} ${Version}' qemu-system-common 2>/dev/null)"
+    if [ "${v%% *}" = installed ] && dpkg --compare-versions "${v#* }" lt 1:8.0~; then
+        bad+="qemu-system-common ${v#* } ships a virtiofsd the package would take over"$'\n'
+    fi
+    for p in /usr/libexec/virtiofsd /usr/lib/qemu/virtiofsd /usr/share/qemu/vhost-user/50-qemu-virtiofsd.json \
+             /usr/lib/systemd/system/virtiofsd@.service /usr/lib/systemd/system/virtiofsd@.socket \
+             /usr/share/man/man1/virtiofsd.1.gz "/usr/share/doc/$PKG"; do
+        [ -e "$p" ] || [ -L "$p" ] && bad+="$p exists (not from this run)"$'\n'
+    done
+    [ -z "$bad" ] || { printf '%s' "$bad"; return 1; }
+    echo "no $PKG, no virtiofsd package, none of the package's paths on the host"
+}
+if ! check "host has nothing the package would replace (it is installed and purged again)" host_is_clean; then
+    finish
+fi
+
+build_deb() {
+    need dpkg-buildpackage dpkg-dev || { echo "dpkg-buildpackage missing"; return 1; }
+    need dh debhelper || { echo "debhelper missing"; return 1; }
+    local src="$DEBS/src" out
+    mkdir -p "$src"
+    # A copy of the tree (git's files, committed or not, or everything but target/), so that
+    # the build leaves nothing in the checkout; cargo builds in its own target directory.
+    if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+        (cd "$ROOT" && git ls-files -z -co --exclude-standard | tar -cf - --null -T -) | tar -xf - -C "$src"
+    else
+        tar -C "$ROOT" --exclude=./target -cf - . | tar -xf - -C "$src"
+    fi
+    # -d: the toolchain is rustup's (Build-Depends names Debian's cargo and rustc, which dpkg
+    # would look for); -b: binary packages only.
+    if ! (cd "$src" && CARGO_TARGET_DIR="$TARGET/deb" dpkg-buildpackage -us -uc -b -d) \
+            >"$DEBS/build.log" 2>&1; then
+        tail -n 30 "$DEBS/build.log"; return 1
+    fi
+    local deb="$DEBS/${PKG}_$(cd "$src" && dpkg-parsechangelog -S Version)_${ARCH}.deb"
+    [ -f "$deb" ] || { echo "no $deb:"; ls "$DEBS"; return 1; }
+    out="$(dpkg-deb -f "$deb" Package Version Architecture Provides Conflicts Replaces)"
+    echo "$out"
+    # The upstream part of the version is Cargo.toml's.
+    grep -qx "Version: $CARGO_VERSION-[0-9][0-9.]*" <<<"$out" ||
+        { echo "the package's version is not $CARGO_VERSION-N"; return 1; }
+    grep -qx 'Provides: virtiofsd (= 1\.[0-9]*\.[0-9]*)' <<<"$out" &&
+        grep -qx 'Conflicts: virtiofsd' <<<"$out" || { echo "no Provides/Conflicts: virtiofsd"; return 1; }
+}
+check "dpkg-buildpackage -us -uc -b builds ${PKG}_${CARGO_VERSION}-N_${ARCH}.deb" build_deb
+for f in "$DEBS/${PKG}_"*"_${ARCH}.deb"; do [ -f "$f" ] && DEBFILE="$f"; done
+[ -n "$DEBFILE" ] || finish
+
+lint() {
+    need lintian lintian || { echo "lintian missing"; return 1; }
+    # Every error and warning fails (the package's overrides say why each one left is wrong);
+    # info and pedantic tags are shown.
+    lintian --fail-on error,warning -I --pedantic "$DEBS/${PKG}_"*"_${ARCH}.changes" 2>&1
+}
+check "lintian: no error or warning" lint
+
+install_deb() {
+    local out
+    out="$(DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$DEBFILE" 2>&1)"
+    local rc=$?
+    printf '%s\n' "$out" | tail -n 5
+    [ "$rc" = 0 ] && dpkg-query -W -f='${db:Status-Status}' "$PKG" 2>/dev/null | grep -qx installed
+}
+PURGE=1   # from here on, an early end purges the package (it was not installed before)
+if ! check "apt-get install ./${DEBFILE##*/}" install_deb; then
+    finish
+fi
+
+# What the package put on the host: install.sh's layout (documents gzipped where Debian
+# compresses them) with the same contents, and besides only the changelogs and crates.txt in
+# the documentation directory and lintian's overrides.
+deb_layout() {
+    local bad="" f mode p src got listed allowed="" extra=""
+    listed="$(dpkg -L "$PKG" | sort)"
+    for f in "${LAYOUT[@]}"; do
+        mode="${f#* }"; f="${f% *}"
+        allowed+="/$f"$'\n'"/$f.gz"$'\n'
+        if [ -f "/$f" ]; then p="/$f"; elif [ -f "/$f.gz" ]; then p="/$f.gz"; else bad+="missing: /$f"$'\n'; continue; fi
+        grep -qx "$p" <<<"$listed" || bad+="$p is not the package's"$'\n'
+        got="$(stat -c %a "$p")"
+        [ "$got" = "$mode" ] || bad+="$p: mode $got, expected $mode"$'\n'
+        src="$DEST/$f"
+        case "$p" in
+            /usr/libexec/virtiofsd) ;;   # built apart, with line tables for -dbgsym: --version below
+            *.gz) if [ "${f##*.}" = gz ]; then cmp -s <(zcat "$p") <(zcat "$src"); else cmp -s <(zcat "$p") "$src"; fi ||
+                      bad+="$p differs from install.sh's"$'\n' ;;
+            *) cmp -s "$p" "$src" || bad+="$p differs from install.sh's"$'\n' ;;
+        esac
+    done
+    [ "$(readlink /usr/lib/qemu/virtiofsd)" = ../../libexec/virtiofsd ] ||
+        bad+="/usr/lib/qemu/virtiofsd -> $(readlink /usr/lib/qemu/virtiofsd)"$'\n'
+    allowed+="/usr/lib/qemu/virtiofsd"
+    # Files (not directories) the package has beyond install.sh's layout.
+    while read -r f; do
+        [ -d "$f" ] && [ ! -L "$f" ] && continue
+        grep -qxF "$f" <<<"$allowed" || extra+="$f "
+    done <<<"$listed"
+    [ "$extra" = "/$DOCDIR/changelog.Debian.gz /$DOCDIR/changelog.gz /$DOCDIR/crates.txt /usr/share/lintian/overrides/$PKG " ] ||
+        bad+="files beyond install.sh's layout: $extra"$'\n'
+    grep -q '^clap v' "/$DOCDIR/crates.txt" || bad+="crates.txt lists no clap"$'\n'
+    [ -z "$bad" ] || { printf '%s' "$bad"; return 1; }
+    echo "$listed"
+}
+check "installed: install.sh's layout and contents, plus changelogs, crates.txt, lintian overrides" deb_layout
+
+deb_version() {
+    local v want
+    v="$(/usr/libexec/virtiofsd --version)" || return 1
+    want="virtiofsd $("$TARGET/release/virtiofsd" --version | sed 's/^virtiofsd //')"
+    echo "$v"
+    [ "$v" = "$want" ] || { echo "expected $want"; return 1; }
+    grep -Eqx "virtiofsd 1\.[0-9]+\.[0-9]+\+$PKG\.$CARGO_VERSION" <<<"$v" &&
+        [ "$(/usr/lib/qemu/virtiofsd --version)" = "$v" ]
+}
+check "/usr/libexec/virtiofsd --version (and /usr/lib/qemu/virtiofsd's) names the reference release and $PKG $CARGO_VERSION" deb_version
+
+deb_man() {
+    need man man-db || return 1
+    [ "$(man -w virtiofsd)" = /usr/share/man/man1/virtiofsd.1.gz ] || { man -w -a virtiofsd; return 1; }
+    MANWIDTH=200 man virtiofsd 2>&1 | grep -E "$PKG +$CARGO_VERSION" | head -n 1 | grep . ||
+        { echo "the page's footer names no $PKG $CARGO_VERSION"; return 1; }
+}
+check "man virtiofsd shows the installed page of $PKG $CARGO_VERSION" deb_man
+
+deb_copyright() {
+    local c="/$DOCDIR/copyright" bad=""
+    head -n 1 "$c" | grep -qx 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' ||
+        bad+="no DEP-5 Format line"$'\n'
+    grep -qx 'Upstream-Name: virtiofsd-dropin' "$c" || bad+="no Upstream-Name"$'\n'
+    # The license of Cargo.toml, as a DEP-5 expression, on the Files: * paragraph.
+    grep -A2 -x 'Files: \*' "$c" | grep -qx 'License: Apache-2.0 or BSD-3-Clause' ||
+        bad+="Files: * is not Apache-2.0 or BSD-3-Clause"$'\n'
+    grep -qx 'license = "Apache-2.0 OR BSD-3-Clause"' "$ROOT/Cargo.toml" || bad+="Cargo.toml says another license"$'\n'
+    grep -qx 'License: Apache-2.0' "$c" && grep -qx 'License: BSD-3-Clause' "$c" ||
+        bad+="a license paragraph is missing"$'\n'
+    [ -z "$bad" ] || { printf '%s' "$bad"; return 1; }
+    head -n 3 "$c"
+}
+check "/$DOCDIR/copyright is machine-readable (DEP-5), Apache-2.0 or BSD-3-Clause" deb_copyright
+
+deb_units() {
+    need systemd-analyze systemd || return 1
+    local out
+    # The installed units as installed: ExecStart names /usr/libexec/virtiofsd, which exists.
+    out="$(SYSTEMD_LOG_COLOR=0 systemd-analyze verify virtiofsd@share1.socket virtiofsd@share1.service 2>&1)"
+    local rc=$?
+    printf '%s\n' "$out"
+    [ "$rc" = 0 ] && [ -z "$out" ]
+}
+check "systemd-analyze verify: the installed virtiofsd@share1.socket and .service" deb_units
+
+# The package's descriptor names the installed daemon, which lists what it says.
+deb_descriptor() {
+    python3 - /usr/share/qemu/vhost-user/50-qemu-virtiofsd.json <<'PY'
+import json, subprocess, sys
+d = json.load(open(sys.argv[1]))
+caps = json.loads(subprocess.run([d["binary"], "--print-capabilities"], capture_output=True, check=True).stdout)
+ok = d["type"] == "fs" and d["binary"] == "/usr/libexec/virtiofsd" and d["features"] == caps["features"]
+print(json.dumps(d))
+sys.exit(0 if ok else 1)
+PY
+}
+check "installed 50-qemu-virtiofsd.json: type fs, binary /usr/libexec/virtiofsd, its --print-capabilities" deb_descriptor
+
+# install.sh does not write over the package's files.
+install_sh_refuses() {
+    local before out rc
+    before="$(sha256sum /usr/libexec/virtiofsd)"
+    out="$("$ROOT/packaging/install.sh" --no-build 2>&1)"; rc=$?
+    echo "exit $rc: $out"
+    [ "$rc" = 1 ] && grep -q "/usr/libexec/virtiofsd (package $PKG)" <<<"$out" &&
+        [ "$(sha256sum /usr/libexec/virtiofsd)" = "$before" ]
+}
+check "install.sh into / refuses the package's files (exit 1) and changes nothing" install_sh_refuses
+
+# libvirt launches the installed daemon for a guest: the domain has no <binary path>, libvirt
+# finds the daemon through the package's /usr/share/qemu/vhost-user/50-qemu-virtiofsd.json.
+deb_libvirt() {
+    local out rc
+    out="$("$ROOT/tests/libvirt/run.sh" --descriptor /usr/libexec/virtiofsd --boot plain 2>&1)"; rc=$?
+    printf '%s\n' "$out" | grep -E '^(ok|not ok|#   |# ---)' | head -n 40
+    [ "$rc" = 0 ] && grep -q '^ok .*the daemon serving the share was /usr/libexec/virtiofsd' <<<"$out"
+}
+if [ "$LIBVIRT" = 1 ]; then
+    check "libvirt starts the installed /usr/libexec/virtiofsd from the package's descriptor; a guest mounts and writes the share" deb_libvirt
+fi
+
+purge_deb() {
+    local out p left=""
+    out="$(DEBIAN_FRONTEND=noninteractive apt-get purge -y "$PKG" 2>&1)" || { printf '%s\n' "$out" | tail -n 5; return 1; }
+    dpkg-query -W -f='${db:Status-Status}' "$PKG" 2>/dev/null | grep -q installed && left+="still installed"$'\n'
+    for p in /usr/libexec/virtiofsd /usr/lib/qemu/virtiofsd /usr/share/qemu/vhost-user/50-qemu-virtiofsd.json \
+             /usr/lib/systemd/system/virtiofsd@.service /usr/share/man/man1/virtiofsd.1.gz "/$DOCDIR"; do
+        [ -e "$p" ] || [ -L "$p" ] && left+="$p is left"$'\n'
+    done
+    [ -z "$left" ] || { printf '%s' "$left"; return 1; }
+    echo "purged; none of its files left"
+}
+check "apt-get purge $PKG leaves none of its files" purge_deb &&
+    PURGE=0
 
 finish

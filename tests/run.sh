@@ -33,7 +33,7 @@ tests/guest/migrate.sh --no-build
 echo "== reliability under load and faults: short forms (the long ones: tests/guest/reliability.sh --long)"
 tests/guest/reliability.sh --no-build
 
-echo "== packaging: install layout, systemd units, man page, socket activation, examples"
+echo "== packaging: install layout, systemd units, man page, socket activation, examples; the .deb built, installed, booted by libvirt, purged"
 tests/packaging.sh
 
 echo "== real client: libvirt launches this daemon for a TCG guest"

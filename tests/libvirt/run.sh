@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Real-client check through libvirt: libvirt launches target/release/virtiofsd itself for a
-# domain's <filesystem> (<binary path=...>, libvirt's own command line), boots a TCG guest
+# domain's <filesystem> (<binary path=...>, libvirt's own command line; or, with
+# --descriptor, the daemon a vhost-user descriptor names), boots a TCG guest
 # (tests/guest's 6.12 cloud kernel, a tiny busybox initramfs) that mounts the share, writes a
 # marker file into it, prints a line on the console and powers off. The host then checks the
 # marker file. Prints "ok N name" / "not ok N name" lines and a last line "N passed, N failed";
@@ -13,6 +14,10 @@
 #   --no-build        do not run cargo build (use the existing target/release/virtiofsd)
 #   --no-wrap         put the daemon itself into <binary path>; by default a tiny wrapper script
 #                     is put there that records each argv libvirt uses and execs the daemon
+#   --descriptor PATH no <binary path>: libvirt picks the daemon from the vhost-user
+#                     descriptors (/usr/share/qemu/vhost-user/*.json, as an installed package
+#                     leaves them); PATH is the binary it must run (checked in the domain's
+#                     live XML and in /proc while the guest runs). Implies --no-build.
 #   --boot LIST       which boots, comma-separated (default "all" = plain,options):
 #                       plain    <filesystem> exactly as a minimal domain has it
 #                       options  <binary xattr='on'> with <cache mode='always'/>,
@@ -41,6 +46,7 @@ KERNEL_SERIES=6.12
 DAEMON=""
 BUILD=1
 WRAP=1
+DESCRIPTOR=""
 TIMEOUT=180
 BOOTS=all
 LIBVIRT_SUITE=""
@@ -54,6 +60,8 @@ while [ $# -gt 0 ]; do
         --daemon=*) DAEMON="${1#*=}"; BUILD=0; shift ;;
         --no-build) BUILD=0; shift ;;
         --no-wrap) WRAP=0; shift ;;
+        --descriptor) DESCRIPTOR="$2"; shift 2 ;;
+        --descriptor=*) DESCRIPTOR="${1#*=}"; shift ;;
         --boot) BOOTS="$2"; shift 2 ;;
         --boot=*) BOOTS="${1#*=}"; shift ;;
         --timeout) TIMEOUT="$2"; shift 2 ;;
@@ -66,6 +74,11 @@ while [ $# -gt 0 ]; do
         *) echo "run.sh: unknown option $1" >&2; usage 2 ;;
     esac
 done
+if [ -n "$DESCRIPTOR" ]; then
+    [ -z "$DAEMON" ] || { echo "run.sh: --descriptor and --daemon exclude each other" >&2; exit 2; }
+    case "$DESCRIPTOR" in /*) ;; *) echo "run.sh: --descriptor takes an absolute path" >&2; exit 2 ;; esac
+    DAEMON="$DESCRIPTOR"; BUILD=0; WRAP=0
+fi
 [ "$BOOTS" = all ] && BOOTS="plain,options"
 BOOTS="${BOOTS//,/ }"
 for b in $BOOTS; do
@@ -294,6 +307,18 @@ else
 fi
 
 # --- boots -------------------------------------------------------------------------------------
+# daemon_processes SHARE: "exe=PATH argv..." of each process whose command line names SHARE
+# (libvirt passes it as -o source=SHARE), one a line.
+daemon_processes() {
+    local p exe args
+    for p in /proc/[0-9]*; do
+        args="$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)" || continue
+        case "$args" in *"source=$1"*) ;; *) continue ;; esac
+        exe="$(readlink "$p/exe" 2>/dev/null)" || continue
+        echo "exe=$exe $args"
+    done
+}
+
 # boot NAME: one transient domain; its share, console, XML and argv log in $WORK/NAME, copies
 # of all logs in $OUT/NAME/.
 boot() {
@@ -305,6 +330,8 @@ boot() {
     echo "from the host" >"$d/share/host-file.txt"
     token="marker-$name-$$-$(date +%s%N)"
     binary="$DAEMON"
+    local path_attr="path='$binary' "
+    [ -n "$DESCRIPTOR" ] && path_attr=""
     if [ "$WRAP" = 1 ]; then
         # records each argv libvirt uses (one line, shell-quoted), then becomes the daemon
         binary="$d/virtiofsd-wrapper"
@@ -314,10 +341,11 @@ boot() {
 exec '$DAEMON' "\$@"
 EOF
         chmod 755 "$binary"
+        path_attr="path='$binary' "
     fi
     case "$name" in
-        plain) bin_xml="<binary path='$binary'/>" ;;
-        options) bin_xml="<binary path='$binary' xattr='on'>
+        plain) bin_xml="<binary ${path_attr}/>" ;;
+        options) bin_xml="<binary ${path_attr}xattr='on'>
         <cache mode='always'/>
         <lock posix='off' flock='off'/>
         <thread_pool size='4'/>
@@ -364,7 +392,9 @@ EOF
     if virsh_ create "$d/domain.xml" >"$d/create.txt" 2>&1; then
         DOMS+=("$dom")
         result ok "${p}virsh create: libvirt started the daemon and QEMU ($(( $(date +%s) - t0 ))s)" "$(cat "$d/create.txt")"
+        [ -n "$DESCRIPTOR" ] && virsh_ dumpxml "$dom" >"$d/live.xml" 2>&1
         while [ $(( $(date +%s) - t0 )) -lt "$TIMEOUT" ]; do
+            [ -n "$DESCRIPTOR" ] && daemon_processes "$d/share" >>"$d/processes.txt"
             if ! virsh_ domstate "$dom" >/dev/null 2>&1; then gone=1; break; fi
             sleep 0.5
         done
@@ -397,13 +427,30 @@ EOF
         else
             result fail "${p}guest unmounted the share" "$(grep -E '^#' <<<"$console" | tail -n 5)"
         fi
+        if [ -n "$DESCRIPTOR" ]; then
+            # libvirt fills in the binary it took from the descriptor in the live definition.
+            got="$(grep -o "<binary [^>]*path=['\"][^'\"]*" "$d/live.xml" 2>/dev/null | sed "s/.*path=['\"]//")"
+            if [ "$got" = "$DESCRIPTOR" ]; then
+                result ok "${p}libvirt took $DESCRIPTOR from the vhost-user descriptor (live XML)"
+            else
+                result fail "${p}libvirt took $DESCRIPTOR from the vhost-user descriptor (live XML)" \
+                    "live XML names '${got}'; $(grep -A3 '<filesystem' "$d/live.xml" 2>/dev/null)"
+            fi
+            # Every process serving the share ran that file, and there was one.
+            got="$(sort -u "$d/processes.txt" 2>/dev/null)"
+            if [ -n "$got" ] && ! grep -qvx "exe=$DESCRIPTOR" <<<"$(cut -d' ' -f1 <<<"$got")"; then
+                result ok "${p}the daemon serving the share was $DESCRIPTOR" "$got"
+            else
+                result fail "${p}the daemon serving the share was $DESCRIPTOR" "${got:-no process served the share}"
+            fi
+        fi
     else
         result fail "${p}virsh create: libvirt started the daemon and QEMU" "$(cat "$d/create.txt")
 the daemon's output (libvirt's $flog):
 $(head -n 8 "$flog" 2>/dev/null | sed 's/^/  /')"
     fi
     [ -f "$d/argv.log" ] && sed "s/^/# ${p}libvirt ran: /" "$d/argv.log"
-    for f in console.log domain.xml argv.log create.txt; do [ -f "$d/$f" ] && cp "$d/$f" "$OUT/$name/"; done
+    for f in console.log domain.xml argv.log create.txt live.xml processes.txt; do [ -f "$d/$f" ] && cp "$d/$f" "$OUT/$name/"; done
     [ -f "$qlog" ] && cp "$qlog" "$OUT/$name/qemu.log"
     [ -f "$flog" ] && cp "$flog" "$OUT/$name/virtiofsd.log"
     if [ "$FAILED" -gt "$failed_before" ]; then
