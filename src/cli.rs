@@ -138,15 +138,17 @@ pub struct Args {
     /// (never, prefer, mandatory)
     ///
     /// Inodes the guest only looks up or stats hold no file descriptor in any mode. "never"
-    /// (the default, as the reference's): an inode keeps the O_PATH descriptor opened for it
-    /// the first time an operation needs one. "prefer": inodes other than directories keep a
+    /// (the default): an inode keeps the O_PATH descriptor opened for it the first time an
+    /// operation needs one. "prefer": inodes other than directories keep a
     /// file handle instead and open a descriptor only for the operation; files on file systems
     /// without handles keep descriptors, and so does every inode when the daemon may not open
     /// handles (CAP_DAC_READ_SEARCH). "mandatory": as "prefer", but a lookup fails when no
     /// handle can be had, and the daemon refuses to start when it cannot open handles. "prefer"
     /// and "mandatory" keep CAP_DAC_READ_SEARCH, with which open_by_handle_at(2) can open any
     /// file of the shared directory's file system, also outside the share: a daemon the guest
-    /// took over could read it. ("fallback" is a deprecated alias for "prefer".)
+    /// took over could read it; that is why the default is "never", where the reference 1.14's
+    /// is "prefer" (run as root, it references every inode by file handle). ("fallback" is a
+    /// deprecated alias for "prefer".)
     #[arg(
         long = "inode-file-handles",
         value_name = "MODE",
