@@ -5,8 +5,8 @@
 //! - a document that says a flag, or a value of one, does not exist ("has no `--x`", "is not
 //!   available", ...; libvirt's `<sandbox mode='...'/>` stands for `--sandbox=...`) is checked
 //!   by starting the binary with it: the claim holds only if the binary refuses it;
-//! - the vhost-user descriptor `packaging/50-virtiofsd.json` lists the features
-//!   `--print-capabilities` prints;
+//! - the vhost-user descriptor `packaging/50-virtiofsd.json`, and every such JSON a document
+//!   shows, lists the features `--print-capabilities` prints;
 //! - the version has the form `README.md` explains, and every document naming the reference
 //!   release this daemon matches names the one the version says;
 //! - every document `doc/launchers.md` says a launcher's test lives in exists;
@@ -567,6 +567,65 @@ fn no_document_says_a_default_is_the_reference_s_when_it_is_not() {
     assert!(
         wrong.is_empty(),
         "{checked} claims checked:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// The vhost-user JSON blocks (```json fences holding `"type": "fs"`) of a document.
+fn json_blocks(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("```json") {
+        let body = &rest[i + 7..];
+        let end = body.find("```").unwrap_or(body.len());
+        if body[..end].contains("\"type\": \"fs\"") {
+            out.push(body[..end].to_owned());
+        }
+        rest = &body[end..];
+        rest = rest.strip_prefix("```").unwrap_or(rest);
+    }
+    out
+}
+
+#[test]
+fn the_documents_show_the_features_the_binary_prints() {
+    let out = Command::new(BIN)
+        .arg("--print-capabilities")
+        .output()
+        .unwrap();
+    let printed = features(&String::from_utf8(out.stdout).unwrap());
+    let mut shown = 0;
+    let mut wrong = Vec::new();
+    for doc in documents() {
+        let Ok(text) = fs::read_to_string(&doc) else {
+            continue;
+        };
+        let rel = doc.strip_prefix(root()).unwrap().display().to_string();
+        for block in json_blocks(&text) {
+            shown += 1;
+            if features(&block) != printed {
+                wrong.push(format!("{rel}: shows {:?}", features(&block)));
+            }
+        }
+        // "Not listed ...: `feature`" of a feature the binary lists.
+        for (n, line) in text.lines().enumerate() {
+            if !line.to_lowercase().contains("not listed") {
+                continue;
+            }
+            for f in &printed {
+                if line.contains(&format!("`{f}`")) {
+                    wrong.push(format!("{rel}:{}: says {f} is not listed", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        shown > 0,
+        "no document shows the --print-capabilities output"
+    );
+    assert!(
+        wrong.is_empty(),
+        "--print-capabilities lists {printed:?}:\n{}",
         wrong.join("\n")
     );
 }
