@@ -629,3 +629,53 @@ fn the_documents_show_the_features_the_binary_prints() {
         wrong.join("\n")
     );
 }
+
+/// The `mode` values libvirt's domain schema allows for a virtiofs `<binary>`'s `<cache>`: read
+/// from the installed schema when there is one, else those of libvirt 9.0's.
+fn libvirt_cache_modes() -> Vec<String> {
+    let rng = fs::read_to_string("/usr/share/libvirt/schemas/domaincommon.rng").unwrap_or_default();
+    if let Some(i) = rng.find("<element name=\"cache\">") {
+        let el = &rng[i..];
+        let el = &el[..el.find("</element>").unwrap_or(el.len())];
+        if el.contains("<attribute name=\"mode\">") {
+            let modes: Vec<String> = el
+                .split("<value>")
+                .skip(1)
+                .map(|v| v[..v.find('<').unwrap_or(0)].to_owned())
+                .collect();
+            if !modes.is_empty() {
+                return modes;
+            }
+        }
+    }
+    vec!["none".to_owned(), "always".to_owned()]
+}
+
+#[test]
+fn the_libvirt_cache_modes_the_documents_use_are_libvirt_s() {
+    let allowed = libvirt_cache_modes();
+    assert!(allowed.contains(&"always".to_owned()), "{allowed:?}");
+    let mut wrong = Vec::new();
+    let mut seen = 0;
+    for doc in documents() {
+        let Ok(text) = fs::read_to_string(&doc) else {
+            continue;
+        };
+        let rel = doc.strip_prefix(root()).unwrap().display().to_string();
+        for (n, line) in text.lines().enumerate() {
+            for (i, _) in line.match_indices("<cache mode='") {
+                let mode: String = line[i + 13..].chars().take_while(|c| *c != '\'').collect();
+                seen += 1;
+                if !allowed.contains(&mode) {
+                    wrong.push(format!("{rel}:{}: <cache mode='{mode}'/>", n + 1));
+                }
+            }
+        }
+    }
+    assert!(seen > 0, "no document shows a libvirt <cache> element");
+    assert!(
+        wrong.is_empty(),
+        "libvirt's schema allows {allowed:?}:\n{}",
+        wrong.join("\n")
+    );
+}
