@@ -483,10 +483,11 @@ fn id_maps(flag: &str, specs: &[String]) -> Result<Vec<IdMapRange>, UsageError> 
     Ok(maps)
 }
 
-/// A command line that parsed but does not make sense: one variant per refusal. Every message
+/// A command line refused before the daemon starts: one variant per refusal. Every message
 /// starts with the flag (or `-o` option) it is about. The checks of other modules (id maps,
 /// translations, capabilities, xattr rules, socket activation) give their message as text that
-/// already names the flag.
+/// already names the flag. Most are a wrong command line (exit status 2); a few are a well-formed
+/// one that names what the host does not have ([`UsageError::exit_code`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UsageError {
     #[error("--shared-dir: missing; expected --shared-dir=DIR (or -o source=DIR)")]
@@ -588,6 +589,27 @@ pub enum UsageError {
          --migration-mode=file-handles"
     )]
     MigrationPathsOnly(&'static str),
+}
+
+impl UsageError {
+    /// The exit status: 2 when the command line itself is wrong (what it says can be told
+    /// wrong from the arguments alone: an unknown or unimplemented flag, a malformed value,
+    /// flags that cannot go together); 1 when it is well-formed but the host does not have
+    /// what it names: a shared directory or a socket directory that does not exist or is not a
+    /// directory, a socket path taken by something else, an unknown group. 1 is also what the
+    /// reference exits with for those, and what the daemon exits with when it cannot run.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            UsageError::SharedDirMissing(_)
+            | UsageError::NotADirectory(_)
+            | UsageError::SocketDirMissing(_)
+            | UsageError::SocketPathIsDir(_)
+            | UsageError::SocketPathNotASocket { .. } => 1,
+            // An empty name is no group name at all.
+            UsageError::UnknownGroup(g) if !g.is_empty() => 1,
+            _ => 2,
+        }
+    }
 }
 
 /// A whole number (clap's own refusal says only "invalid digit found in string").

@@ -17,7 +17,7 @@ fn main() -> ExitCode {
         Ok(Command::Run(s)) => s,
         Err(e) => {
             eprintln!("virtiofsd: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(e.exit_code());
         }
     };
     let level = settings.log.level;

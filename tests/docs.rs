@@ -10,6 +10,8 @@
 //! - the version has the form `README.md` explains, and every document naming the reference
 //!   release this daemon matches names the one the version says;
 //! - every document `doc/launchers.md` says a launcher's test lives in exists;
+//! - the man page's EXIT STATUS gives each exit status the binary exits with for a case it
+//!   names (a missing shared directory, an unknown flag, ...);
 //! - a document (or `--help`) that says a default is the reference's says so only of defaults
 //!   that are the same in both (the reference 1.14's, checked against its `--help` when it is
 //!   installed).
@@ -678,4 +680,94 @@ fn the_libvirt_cache_modes_the_documents_use_are_libvirt_s() {
         "libvirt's schema allows {allowed:?}:\n{}",
         wrong.join("\n")
     );
+}
+
+/// The man page's EXIT STATUS entries: each status with its text (`\-` made `-`, macros out).
+fn man_exit_statuses() -> std::collections::BTreeMap<i32, String> {
+    let page = read("doc/virtiofsd.1").replace("\\-", "-");
+    let section = page
+        .split(".SH EXIT STATUS")
+        .nth(1)
+        .expect("an EXIT STATUS section");
+    let section = section.split("\n.SH ").next().unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    for entry in section.split(".TP\n").skip(1) {
+        let mut lines = entry.lines();
+        let code: i32 = lines
+            .next()
+            .and_then(|l| l.strip_prefix(".B "))
+            .and_then(|c| c.trim().parse().ok())
+            .expect("a .B N tag");
+        let text: Vec<&str> = lines
+            .map(|l| l.trim_start_matches(['.', 'B', 'I', 'R']).trim_start())
+            .collect();
+        out.insert(code, text.join(" "));
+    }
+    out
+}
+
+#[test]
+fn the_man_page_exit_statuses_are_the_binary_s() {
+    let statuses = man_exit_statuses();
+    assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), [0, 1, 2]);
+    let tmp = tempfile::tempdir().unwrap();
+    let share = tmp.path().join("share");
+    fs::create_dir(&share).unwrap();
+    let file = tmp.path().join("file");
+    fs::write(&file, b"x").unwrap();
+    let sock = format!("--socket-path={}", tmp.path().join("s.sock").display());
+    let dir = |p: &Path| format!("--shared-dir={}", p.display());
+    // (the command line, what the man page's entry for its exit status says)
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![sock.clone(), dir(&tmp.path().join("missing"))],
+            "the shared directory does not exist",
+        ),
+        (vec![sock.clone(), dir(&file)], "is not a directory"),
+        (
+            vec![
+                dir(&share),
+                format!("--socket-path={}/no-such-dir/s.sock", tmp.path().display()),
+            ],
+            "the socket's directory does not exist",
+        ),
+        (
+            vec![
+                dir(&share),
+                sock.clone(),
+                "--socket-group=no-such-group-x".into(),
+            ],
+            "--socket-group is unknown",
+        ),
+        (
+            vec![dir(&share), sock.clone(), "--no-such-flag".into()],
+            "an unknown flag",
+        ),
+        (
+            vec![dir(&share), sock.clone(), "--cache=sometimes".into()],
+            "a malformed value",
+        ),
+        (
+            vec![
+                dir(&share),
+                format!("--socket-path={}/{}", tmp.path().display(), "s".repeat(120)),
+            ],
+            "too long a socket path",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = Command::new(BIN)
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let code = out.status.code().expect("an exit status");
+        let text = statuses
+            .get(&code)
+            .unwrap_or_else(|| panic!("{args:?}: exit {code}, which the man page does not list"));
+        assert!(
+            text.contains(says),
+            "{args:?}: exit {code}, whose man page entry does not say {says:?}: {text}"
+        );
+    }
 }
