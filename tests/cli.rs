@@ -563,6 +563,58 @@ fn deprecated_spellings_warn_on_stderr() {
     assert!(err.contains("DEBUG") || err.contains("INFO"), "{err}");
 }
 
+#[test]
+fn deprecation_warnings_follow_the_log_level() {
+    let d = dirs();
+    let serve = |extra: &[&str], rust_log: Option<&str>| -> String {
+        let _ = fs::remove_file(&d.socket);
+        let mut cmd = Command::new(BIN);
+        cmd.args(d.with(extra))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .env_remove("RUST_LOG");
+        if let Some(v) = rust_log {
+            cmd.env("RUST_LOG", v);
+        }
+        let mut child = cmd.spawn().expect("start virtiofsd");
+        wait_for_socket(&mut child, &d.socket);
+        let (status, err) = terminate(child);
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{extra:?} RUST_LOG={rust_log:?}: {err}"
+        );
+        err
+    };
+    // Shown at the default level, at warn, and when RUST_LOG lets this crate's warnings by.
+    for (extra, rust_log) in [
+        (&["-f"][..], None),
+        (&["-f", "--log-level=warn"][..], None),
+        (&["-f", "--log-level=off"][..], Some("virtiofsd=warn")),
+    ] {
+        let err = serve(extra, rust_log);
+        assert!(
+            err.contains("-f is deprecated"),
+            "{extra:?} RUST_LOG={rust_log:?}: {err}"
+        );
+    }
+    // Silenced with the rest of the warnings: --log-level=off or error, or RUST_LOG=error.
+    for (extra, rust_log) in [
+        (&["-f", "--log-level=off"][..], None),
+        (&["-f", "--log-level=error"][..], None),
+        (&["-f", "-o", "xattr", "--log-level=off"][..], None),
+        (&["-f"][..], Some("error")),
+        (&["-f"][..], Some("off")),
+    ] {
+        let err = serve(extra, rust_log);
+        assert!(
+            !err.contains("deprecated"),
+            "{extra:?} RUST_LOG={rust_log:?}: {err}"
+        );
+    }
+}
+
 /// A minimal JSON reader, enough to check `--print-capabilities`.
 mod json {
     #[derive(Debug, PartialEq)]
