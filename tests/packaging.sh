@@ -13,7 +13,8 @@
 # Usage: tests/packaging.sh [--no-build] [--no-install-tools] [-v]
 #   --no-build          use the existing target/release/virtiofsd (install.sh --no-build)
 #   --no-install-tools  do not apt-get install the missing tools (packages systemd, groff-base,
-#                       man-db and the shell linter); checks that need them fail instead
+#                       man-db, the shell linter, libvirt-clients and libxml2-utils for
+#                       virt-xml-validate); checks that need them fail instead
 #   -v, --verbose       also print the diagnostics of passing checks
 set -uo pipefail
 
