@@ -597,7 +597,8 @@ impl UsageError {
     /// flags that cannot go together); 1 when it is well-formed but the host does not have
     /// what it names: a shared directory or a socket directory that does not exist or is not a
     /// directory, a socket path taken by something else, an unknown group. 1 is also what the
-    /// reference exits with for those, and what the daemon exits with when it cannot run.
+    /// reference exits with for those it refuses (it replaces what is at the socket path), and
+    /// what the daemon exits with when it cannot run.
     pub fn exit_code(&self) -> u8 {
         match self {
             UsageError::SharedDirMissing(_)
