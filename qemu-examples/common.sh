@@ -8,10 +8,13 @@
 #   TAG            mount tag the guest uses: mount -t virtiofs $TAG /mnt (default: share)
 #   MEM            guest memory size, e.g. 1G (default 1G)
 #   QEMU           the QEMU binary (default qemu-system-x86_64)
-#   ACCEL          kvm, tcg or auto (default auto: kvm when /dev/kvm is usable)
+#   ACCEL          kvm, tcg or auto (default auto: kvm when a probe boot under KVM reaches
+#                  the demo initramfs within 15 s, as the guest tests probe; else tcg)
 #   DISK           boot this disk image (virtio-blk) ...
 #   KERNEL, INITRD ... or this kernel and initramfs (default: the guest test kit's 6.12 kernel
-#                  in /var/cache/virtiofsd-guest and an initramfs built by mkinitramfs.sh)
+#                  /var/cache/virtiofsd-guest/kernel-6.12/vmlinuz, which is there only once
+#                  tests/guest/install.sh has fetched it, and an initramfs built by
+#                  mkinitramfs.sh)
 #   APPEND         extra kernel command line (with KERNEL)
 #   GUEST_SHELL=1  with the demo initramfs: give a shell in the guest instead of powering off
 #   VIRTIOFSD_ARGS extra daemon flags (split on spaces), QEMU_ARGS extra QEMU flags
@@ -19,6 +22,9 @@
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TREE="$(cd "$HERE/.." && pwd)"
+KIT_KERNEL=/var/cache/virtiofsd-guest/kernel-6.12/vmlinuz
+# shellcheck source=tests/guest/kvm-probe.sh
+. "$TREE/tests/guest/kvm-probe.sh"
 
 die() { echo "${0##*/}: $*" >&2; exit 1; }
 
@@ -52,6 +58,7 @@ defaults() {
 
 DAEMON_PID=""
 cleanup() {
+    [ -n "${KVM_PROBE_PID:-}" ] && kill -KILL "$KVM_PROBE_PID" 2>/dev/null
     if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
         kill -TERM "$DAEMON_PID" 2>/dev/null
         wait "$DAEMON_PID" 2>/dev/null
@@ -81,19 +88,39 @@ start_virtiofsd() {
     die "virtiofsd did not start listening on $SOCKET"
 }
 
+# kvm_works: with ACCEL=auto, whether a probe boot under KVM reaches the demo initramfs (the
+# kernel: KERNEL, else the kit's; with neither, KVM is not tried).
+kvm_works() {
+    local kernel="${KERNEL:-$KIT_KERNEL}" initrd="$WORKDIR/probe.cpio"
+    [ -r /dev/kvm ] && [ -w /dev/kvm ] || return 1
+    if [ ! -r "$kernel" ]; then
+        echo "ACCEL=auto: no kernel to probe KVM with ($kernel); using TCG (ACCEL=kvm forces KVM)" >&2
+        return 1
+    fi
+    "$HERE/mkinitramfs.sh" "$initrd" >/dev/null || return 1
+    if kvm_probe "$QEMU" "$kernel" "$initrd" vfs_probe=1 '#VFS-PROBE-OK' "$WORKDIR/probe.log"; then
+        return 0
+    fi
+    echo "ACCEL=auto: a guest did not boot under KVM here ($(tail -n 1 "$WORKDIR/probe.log.qemu" 2>/dev/null)); using TCG" >&2
+    return 1
+}
+
 # Sets QEMU_COMMON: accelerator, machine, console, and what to boot.
 qemu_common() {
     local accel=(-accel tcg -cpu max)
-    if [ "$ACCEL" = kvm ] || { [ "$ACCEL" = auto ] && [ -r /dev/kvm ] && [ -w /dev/kvm ]; }; then
-        accel=(-accel kvm -cpu host)
-    fi
+    case "$ACCEL" in
+        kvm) accel=(-accel kvm -cpu host) ;;
+        tcg) ;;
+        auto) if kvm_works; then accel=(-accel kvm -cpu host); fi ;;
+        *) die "ACCEL must be kvm, tcg or auto" ;;
+    esac
     QEMU_COMMON=("${accel[@]}" -machine q35 -m "$MEM" -nodefaults -display none
         -serial mon:stdio -no-reboot)
     if [ -n "${DISK:-}" ]; then
         QEMU_COMMON+=(-drive "file=$DISK,if=virtio")
     else
-        KERNEL="${KERNEL:-/var/cache/virtiofsd-guest/kernel-6.12/vmlinuz}"
-        [ -r "$KERNEL" ] || die "no kernel at $KERNEL: set KERNEL= and INITRD=, or DISK=, or run tests/guest/install.sh"
+        KERNEL="${KERNEL:-$KIT_KERNEL}"
+        [ -r "$KERNEL" ] || die "no kernel at $KERNEL. That path is the guest test kit's 6.12 kernel, there only once fetched: sudo GUEST_KERNELS=6.12 tests/guest/install.sh (it also installs QEMU 10 from bookworm-backports and the kit's packages). Or set KERNEL= and INITRD=, or DISK="
         if [ -z "${INITRD:-}" ]; then
             INITRD="$WORKDIR/initramfs.cpio"
             "$HERE/mkinitramfs.sh" "$INITRD" >&2 || die "cannot build the demo initramfs"

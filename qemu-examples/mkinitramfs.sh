@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds a tiny demo initramfs for the examples: busybox and an /init that mounts the virtiofs
 # tag given by vfs_tag= on the kernel command line at /mnt, shows what is there, writes
-# /mnt/hello-from-guest, unmounts and powers off (or, with vfs_shell=1, gives a shell).
+# /mnt/hello-from-guest, unmounts and powers off (or, with vfs_shell=1, gives a shell). With
+# vfs_probe=1 it only prints #VFS-PROBE-OK and powers off (common.sh's KVM probe boot).
 # The guest kernel must have virtio-pci, FUSE and virtiofs built in (Debian's 6.12 cloud kernel,
 # as fetched by tests/guest/install.sh, has).
 #
@@ -28,6 +29,10 @@ cat > "$st/init" <<'INIT'
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
+if grep -q vfs_probe=1 /proc/cmdline; then
+    echo "#VFS-PROBE-OK"
+    poweroff -f
+fi
 tag="$(sed -n 's/.*vfs_tag=\([^ ]*\).*/\1/p' /proc/cmdline)"
 n=0
 while ! grep -q virtiofs /proc/filesystems && [ $n -lt 50 ]; do n=$((n + 1)); sleep 0.1; done

@@ -161,15 +161,17 @@ pub struct Args {
     /// (never, prefer, mandatory)
     ///
     /// Inodes the guest only looks up or stats hold no file descriptor in any mode. "never"
-    /// (the default, as the reference's): an inode keeps the O_PATH descriptor opened for it
-    /// the first time an operation needs one. "prefer": inodes other than directories keep a
+    /// (the default): an inode keeps the O_PATH descriptor opened for it the first time an
+    /// operation needs one. "prefer": inodes other than directories keep a
     /// file handle instead and open a descriptor only for the operation; files on file systems
     /// without handles keep descriptors, and so does every inode when the daemon may not open
     /// handles (CAP_DAC_READ_SEARCH). "mandatory": as "prefer", but a lookup fails when no
     /// handle can be had, and the daemon refuses to start when it cannot open handles. "prefer"
     /// and "mandatory" keep CAP_DAC_READ_SEARCH, with which open_by_handle_at(2) can open any
     /// file of the shared directory's file system, also outside the share: a daemon the guest
-    /// took over could read it. ("fallback" is a deprecated alias for "prefer".)
+    /// took over could read it; that is why the default is "never", where the reference 1.14's
+    /// is "prefer" (run as root, it references every inode by file handle). ("fallback" is a
+    /// deprecated alias for "prefer".)
     #[arg(
         long = "inode-file-handles",
         value_name = "MODE",
@@ -510,10 +512,11 @@ fn id_maps(flag: &str, specs: &[String]) -> Result<Vec<IdMapRange>, UsageError> 
     Ok(maps)
 }
 
-/// A command line that parsed but does not make sense: one variant per refusal. Every message
+/// A command line refused before the daemon starts: one variant per refusal. Every message
 /// starts with the flag (or `-o` option) it is about. The checks of other modules (id maps,
 /// translations, capabilities, xattr rules, socket activation) give their message as text that
-/// already names the flag.
+/// already names the flag. Most are a wrong command line (exit status 2); a few are a well-formed
+/// one that names what the host does not have ([`UsageError::exit_code`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UsageError {
     #[error("--shared-dir: missing; expected --shared-dir=DIR (or -o source=DIR)")]
@@ -615,6 +618,28 @@ pub enum UsageError {
          --migration-mode=file-handles"
     )]
     MigrationPathsOnly(&'static str),
+}
+
+impl UsageError {
+    /// The exit status: 2 when the command line itself is wrong (what it says can be told
+    /// wrong from the arguments alone: an unknown or unimplemented flag, a malformed value,
+    /// flags that cannot go together); 1 when it is well-formed but the host does not have
+    /// what it names: a shared directory or a socket directory that does not exist or is not a
+    /// directory, a socket path taken by something else, an unknown group. 1 is also what the
+    /// reference exits with for those it refuses (it replaces what is at the socket path), and
+    /// what the daemon exits with when it cannot run.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            UsageError::SharedDirMissing(_)
+            | UsageError::NotADirectory(_)
+            | UsageError::SocketDirMissing(_)
+            | UsageError::SocketPathIsDir(_)
+            | UsageError::SocketPathNotASocket { .. } => 1,
+            // An empty name is no group name at all.
+            UsageError::UnknownGroup(g) if !g.is_empty() => 1,
+            _ => 2,
+        }
+    }
 }
 
 /// A whole number (clap's own refusal says only "invalid digit found in string").

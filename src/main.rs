@@ -17,7 +17,7 @@ fn main() -> ExitCode {
         Ok(Command::Run(s)) => s,
         Err(e) => {
             eprintln!("virtiofsd: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(e.exit_code());
         }
     };
     let level = settings.log.level;
@@ -33,11 +33,15 @@ fn main() -> ExitCode {
             log::warn!("--syslog: no syslog daemon listens on /dev/log; logging to stderr");
         }
     }
-    // On stderr as always, and to syslog too with --syslog.
-    for w in &settings.warnings {
-        eprintln!("virtiofsd: {w}");
-        if to_syslog {
-            log::warn!("{w}");
+    // Warnings about the command line: on stderr as a plain line, and to syslog too with
+    // --syslog; both only when the log level (--log-level, refined by RUST_LOG) lets warnings
+    // through: --log-level=off or RUST_LOG=error silences them like any other warning.
+    if log::log_enabled!(target: "virtiofsd", log::Level::Warn) {
+        for w in &settings.warnings {
+            eprintln!("virtiofsd: {w}");
+            if to_syslog {
+                log::warn!("{w}");
+            }
         }
     }
     match daemon::run(settings.daemon, &settings.process) {

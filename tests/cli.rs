@@ -1,6 +1,7 @@
 //! The command line of the real binary, checked against the reference `virtiofsd` 1.14: every
 //! reference flag is accepted (and works) or refused with a message saying it is not
-//! implemented yet; deprecated spellings warn; bad values exit 2 naming the flag;
+//! implemented yet; deprecated spellings warn; bad values exit 2 naming the flag, what the host
+//! lacks (a missing shared directory, ...) exits 1 as with the reference;
 //! `--print-capabilities`, `--version`; `--help` and `doc/configuration.md` agree.
 
 mod common;
@@ -164,11 +165,17 @@ fn assert_serves(d: &Dirs, args: &[String]) -> String {
 
 /// Runs the binary with `args`; expects exit status 2 and every one of `says` in stderr.
 fn assert_refused(args: &[String], says: &[&str]) -> String {
+    assert_exits(2, args, says)
+}
+
+/// Runs the binary with `args`, expects exit status `code` and one message saying each of
+/// `says`.
+fn assert_exits(code: i32, args: &[String], says: &[&str]) -> String {
     let out = run(args);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(
         out.status.code(),
-        Some(2),
+        Some(code),
         "{args:?}: status {:?}, stderr: {err}",
         out.status
     );
@@ -392,7 +399,6 @@ fn bad_values_exit_2_naming_the_flag() {
         (&["--rlimit-nofile=lots"], "--rlimit-nofile"),
         (&["--rlimit-nofile=-1"], "--rlimit-nofile"),
         (&["--thread-pool-size=many"], "--thread-pool-size"),
-        (&["--socket-group=no-such-group-here"], "--socket-group"),
         (&["--socket-group="], "--socket-group"),
         (&["--tag="], "--tag"),
         (&["--uid-map=0:1:2"], "--uid-map"),
@@ -415,6 +421,57 @@ fn bad_values_exit_2_naming_the_flag() {
             "--socket-group=0".into(),
         ],
         &["--socket-group"],
+    );
+    assert!(!d.socket.exists());
+}
+
+#[test]
+fn what_the_host_lacks_exits_1_naming_the_flag_as_the_reference_does() {
+    // A well-formed command line naming what the host does not have: exit 1, as the reference
+    // exits for a missing shared directory (launchers see the status they saw with it), with
+    // one message naming the flag. Nothing is created.
+    let d = dirs();
+    let file = d.tmp.path().join("a-file");
+    fs::write(&file, b"x").unwrap();
+    let socket = format!("--socket-path={}", d.socket.display());
+    for (dir, says) in [
+        (d.tmp.path().join("no-such-dir"), "does not exist"),
+        (file.clone(), "is not a directory"),
+    ] {
+        assert_exits(
+            1,
+            &[socket.clone(), format!("--shared-dir={}", dir.display())],
+            &["--shared-dir", says],
+        );
+        assert_exits(
+            1,
+            &[
+                "-o".into(),
+                format!("source={}", dir.display()),
+                socket.clone(),
+            ],
+            &["--shared-dir", says],
+        );
+    }
+    assert_exits(
+        1,
+        &d.with(&["--socket-group=no-such-group-here"]),
+        &["--socket-group", "unknown group"],
+    );
+    // An empty group name is a malformed command line, not a missing group.
+    assert_exits(2, &d.with(&["--socket-group="]), &["--socket-group"]);
+    // A missing shared directory with a malformed flag beside it: the command line is wrong.
+    assert_exits(
+        2,
+        &[
+            socket,
+            format!(
+                "--shared-dir={}",
+                d.tmp.path().join("no-such-dir").display()
+            ),
+            "--cache=sometimes".into(),
+        ],
+        &["--cache"],
     );
     assert!(!d.socket.exists());
 }
@@ -444,12 +501,15 @@ fn numbers_and_socket_paths_are_refused_saying_what_is_expected() {
     }
     let long = d.tmp.path().join("s".repeat(120));
     let missing = d.tmp.path().join("no-such-dir/vfs.sock");
-    for (socket, says) in [
-        (&long, "at most 107 bytes"),
-        (&missing, "does not exist"),
-        (&d.share, "is a directory"),
+    // Too long is a wrong command line (2); a directory that is not there, or a directory where
+    // the socket should be, is the host's state (1).
+    for (socket, code, says) in [
+        (&long, 2, "at most 107 bytes"),
+        (&missing, 1, "does not exist"),
+        (&d.share, 1, "is a directory"),
     ] {
-        assert_refused(
+        assert_exits(
+            code,
             &[
                 format!("--shared-dir={}", d.share.display()),
                 format!("--socket-path={}", socket.display()),
@@ -502,6 +562,58 @@ fn deprecated_spellings_warn_on_stderr() {
     // -d sets the debug level.
     let err = assert_serves(&d, &d.with(&["-d"]));
     assert!(err.contains("DEBUG") || err.contains("INFO"), "{err}");
+}
+
+#[test]
+fn deprecation_warnings_follow_the_log_level() {
+    let d = dirs();
+    let serve = |extra: &[&str], rust_log: Option<&str>| -> String {
+        let _ = fs::remove_file(&d.socket);
+        let mut cmd = Command::new(BIN);
+        cmd.args(d.with(extra))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .env_remove("RUST_LOG");
+        if let Some(v) = rust_log {
+            cmd.env("RUST_LOG", v);
+        }
+        let mut child = cmd.spawn().expect("start virtiofsd");
+        wait_for_socket(&mut child, &d.socket);
+        let (status, err) = terminate(child);
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{extra:?} RUST_LOG={rust_log:?}: {err}"
+        );
+        err
+    };
+    // Shown at the default level, at warn, and when RUST_LOG lets this crate's warnings by.
+    for (extra, rust_log) in [
+        (&["-f"][..], None),
+        (&["-f", "--log-level=warn"][..], None),
+        (&["-f", "--log-level=off"][..], Some("virtiofsd=warn")),
+    ] {
+        let err = serve(extra, rust_log);
+        assert!(
+            err.contains("-f is deprecated"),
+            "{extra:?} RUST_LOG={rust_log:?}: {err}"
+        );
+    }
+    // Silenced with the rest of the warnings: --log-level=off or error, or RUST_LOG=error.
+    for (extra, rust_log) in [
+        (&["-f", "--log-level=off"][..], None),
+        (&["-f", "--log-level=error"][..], None),
+        (&["-f", "-o", "xattr", "--log-level=off"][..], None),
+        (&["-f"][..], Some("error")),
+        (&["-f"][..], Some("off")),
+    ] {
+        let err = serve(extra, rust_log);
+        assert!(
+            !err.contains("deprecated"),
+            "{extra:?} RUST_LOG={rust_log:?}: {err}"
+        );
+    }
 }
 
 /// A minimal JSON reader, enough to check `--print-capabilities`.
@@ -697,14 +809,16 @@ fn only_a_socket_at_the_socket_path_is_replaced() {
     fs::set_permissions(&target, fs::Permissions::from_mode(0o600)).unwrap();
     // A regular file and a symbolic link at the path: refused, left as they were.
     fs::write(&d.socket, b"a file").unwrap();
-    assert_refused(
+    assert_exits(
+        1,
         &d.base(),
         &["--socket-path", "is a regular file, not a socket"],
     );
     assert_eq!(fs::read(&d.socket).unwrap(), b"a file");
     fs::remove_file(&d.socket).unwrap();
     std::os::unix::fs::symlink(&target, &d.socket).unwrap();
-    assert_refused(
+    assert_exits(
+        1,
         &d.base(),
         &["--socket-path", "is a symbolic link, not a socket"],
     );

@@ -2,7 +2,9 @@
 //! each starts the real binary with a launcher's arguments (the share, the socket and the
 //! descriptor number substituted), serves one session through the test frontend, and expects
 //! exit status 0 once the frontend hangs up. A launcher that passes a listening socket
-//! (`--fd=N`) gets one at exactly that descriptor number, as it would.
+//! (`--fd=N`) gets one at exactly that descriptor number, as it would. The tests of the launchers
+//! added with podman machine and RunCVM run the same launch against the reference `virtiofsd`
+//! 1.14 too when it is installed.
 
 mod common;
 
@@ -19,10 +21,41 @@ use virtiofsd::fuse::abi::ROOT_ID;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
 
+/// What a launcher sets besides the arguments.
+#[derive(Default)]
+struct Setting<'a> {
+    /// Start the daemon in the shared directory (for a `--shared-dir .`).
+    cwd_in_share: bool,
+    /// Environment variables set (the others, `RUST_LOG` included, are as the test's).
+    env: &'a [(&'a str, &'a str)],
+}
+
+/// The reference `virtiofsd` to compare with, when it is installed (`REF_VIRTIOFSD`, else
+/// `/opt/ref-virtiofsd/bin/virtiofsd` as `tests/bench/reference.sh` installs it).
+fn reference() -> Option<String> {
+    let r = std::env::var("REF_VIRTIOFSD")
+        .unwrap_or_else(|_| "/opt/ref-virtiofsd/bin/virtiofsd".to_owned());
+    std::path::Path::new(&r).exists().then_some(r)
+}
+
 /// Runs `args` (with `{dir}`, `{sock}` and `{fd}` substituted) as a launcher would: with a
 /// listening socket at descriptor `fd` when given, else expecting the daemon to create
 /// `{sock}`. Serves one session and checks the exit status.
 fn launch(what: &str, args: &[&str], fd: Option<i32>) {
+    launch_binary(BIN, what, args, fd, &Setting::default());
+}
+
+/// [`launch`] with a launcher's other settings; when the reference is installed, runs the same
+/// launch against it too, so that the row's "as the reference" holds.
+fn launch_alike(what: &str, args: &[&str], fd: Option<i32>, setting: &Setting) {
+    launch_binary(BIN, what, args, fd, setting);
+    match reference() {
+        Some(r) => launch_binary(&r, &format!("{what}, the reference"), args, fd, setting),
+        None => eprintln!("{what}: no reference virtiofsd installed to compare with"),
+    }
+}
+
+fn launch_binary(bin: &str, what: &str, args: &[&str], fd: Option<i32>, setting: &Setting) {
     let tmp = tempfile::tempdir().unwrap();
     let share = tmp.path().join("share");
     fs::create_dir(&share).unwrap();
@@ -37,14 +70,18 @@ fn launch(what: &str, args: &[&str], fd: Option<i32>) {
                 .replace("{fd}", &n)
         })
         .collect();
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin);
     cmd.args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .env_remove("RUST_LOG")
         .env_remove("LISTEN_PID")
-        .env_remove("LISTEN_FDS");
+        .env_remove("LISTEN_FDS")
+        .envs(setting.env.iter().copied());
+    if setting.cwd_in_share {
+        cmd.current_dir(&share);
+    }
     let listener = fd.map(|target| {
         let l = UnixListener::bind(&socket).unwrap();
         let raw = l.as_raw_fd();
@@ -209,5 +246,76 @@ fn incus_idmapped_command_line() {
             "--translate-gid=forbid-guest:1000000000:3294967295",
         ],
         Some(3),
+    );
+}
+
+#[test]
+fn podman_machine_command_line() {
+    // podman machine (QEMU, Linux): `--shared-dir .` with the working directory set to the
+    // share, RUST_LOG=ERROR to quiet the daemon, run as the user who runs podman.
+    launch_alike(
+        "podman machine",
+        &[
+            "--sandbox",
+            "none",
+            "--socket-path",
+            "{sock}",
+            "--shared-dir",
+            ".",
+            "--seccomp=none",
+        ],
+        None,
+        &Setting {
+            cwd_in_share: true,
+            env: &[("RUST_LOG", "ERROR")],
+        },
+    );
+}
+
+#[test]
+fn runcvm_command_line() {
+    // RunCVM: the C daemon's -o spellings, as root inside the container.
+    launch_alike(
+        "RunCVM",
+        &[
+            "-o",
+            "cache=auto",
+            "-o",
+            "announce_submounts",
+            "-o",
+            "xattr",
+            "--socket-path={sock}",
+            "-o",
+            "source={dir}",
+            "-o",
+            "sandbox=chroot",
+        ],
+        None,
+        &Setting::default(),
+    );
+}
+
+#[test]
+fn runcvm_sys_admin_cache_none_command_line() {
+    // RunCVM with RUNCVM_SYS_ADMIN=1 and RUNCVM_VIRTIOFSD_CACHE=none.
+    launch_alike(
+        "RunCVM (sys_admin, cache none)",
+        &[
+            "-o",
+            "modcaps=+sys_admin",
+            "-o",
+            "cache=none",
+            "-o",
+            "announce_submounts",
+            "-o",
+            "xattr",
+            "--socket-path={sock}",
+            "-o",
+            "source={dir}",
+            "-o",
+            "sandbox=chroot",
+        ],
+        None,
+        &Setting::default(),
     );
 }

@@ -23,7 +23,8 @@
 #   --no-build          use the existing release binary (install.sh --no-build); the .deb is
 #                       always built (in CARGO_TARGET_DIR/deb, default target/deb)
 #   --no-install-tools  do not apt-get install the missing tools (packages systemd, groff-base,
-#                       man-db, the shell linter, debhelper, dpkg-dev, lintian); checks that need
+#                       man-db, the shell linter, libvirt-clients and libxml2-utils for
+#                       virt-xml-validate, debhelper, dpkg-dev, lintian); checks that need
 #                       them fail instead
 #   --no-deb            leave out the Debian package
 #   --no-libvirt        leave out the libvirt boot with the installed package (it needs QEMU,
@@ -385,6 +386,26 @@ examples() {
     ls "$ROOT"/qemu-examples/
 }
 check "qemu-examples: bash -n and shellcheck clean, libvirt snippet is well-formed XML" examples
+
+# The libvirt snippet, made a whole domain (a name, memory and an OS type added), against
+# libvirt's own schema: libvirt refuses what its schema does not allow (<cache mode='auto'/>
+# once did not validate: libvirt takes none and always only).
+libvirt_schema() {
+    need virt-xml-validate libvirt-clients || { echo "virt-xml-validate missing"; return 1; }
+    need xmllint libxml2-utils || { echo "xmllint missing"; return 1; }
+    python3 - "$ROOT/qemu-examples/libvirt-domain.xml" "$WORK/domain.xml" <<'PY' || return 1
+import sys
+s = open(sys.argv[1]).read()
+head = "<domain type='kvm'>"
+if head not in s:
+    sys.exit("no " + head)
+s = s.replace(head, head + "<name>example</name><memory unit='MiB'>512</memory>"
+              "<os><type>hvm</type></os>", 1)
+open(sys.argv[2], "w").write(s)
+PY
+    virt-xml-validate "$WORK/domain.xml" domain 2>&1
+}
+check "qemu-examples/libvirt-domain.xml validates against libvirt's domain schema" libvirt_schema
 
 # --- the Debian package ------------------------------------------------------------------------
 [ "$DEB" = 1 ] || finish

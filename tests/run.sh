@@ -1,10 +1,58 @@
 #!/usr/bin/env bash
-# Runs every test level: formatting and lints, unit tests, in-process integration tests
-# (a test frontend drives the real daemon over a unix socket), a bounded fuzzing run, and guest
-# tests under QEMU.
-# Usage: tests/run.sh
+# Runs every test level: formatting and lints, unit tests, in-process integration tests (a test
+# frontend drives the real daemon over a unix socket), a bounded fuzzing run (60 s per target),
+# guest tests under QEMU (Linux 6.12 and 6.1), live migration, reliability, packaging, and
+# libvirt launching the daemon for a guest.
+#
+# Usage: sudo tests/run.sh       (or tests/run.sh in a root shell)
+#
+# Needs root (checked first: the daemon must create files as the guest's callers, the tests
+# install packages and boot guests), Debian 12 (bookworm) on x86_64 with deb.debian.org and
+# crates.io reachable, and Rust 1.85 or later with rustfmt and clippy. tests/cargo-env.sh finds
+# cargo: on PATH, in root's ~/.cargo/bin, or under sudo in the ~/.cargo/bin of the user who ran
+# sudo (used read-only); otherwise it says how to get one.
+#
+# Time: 15 to 20 minutes on a 2-core machine without KVM once everything is installed (the
+# guest boots run under TCG). The first run on a fresh machine also downloads and installs what
+# is listed below, the crates, and builds cargo-fuzz.
+#
+# Lasting changes to the host, each made only when missing and left in place afterwards:
+#   - apt sources: bookworm-backports (/etc/apt/sources.list.d/backports.sources), and
+#     `apt-get update` (tests/guest/install.sh);
+#   - packages: qemu-system-x86 10 from bookworm-backports, busybox-static, cpio, gcc,
+#     libc6-dev, findutils, strace, xz-utils, make, tcc, stress-ng, fio, git, python3
+#     (tests/guest/install.sh); uidmap (tests/rootless.rs); systemd, groff-base, man-db, the
+#     shell linter shellcheck, libvirt-clients, libxml2-utils (tests/packaging.sh);
+#     libvirt-daemon, libvirt-daemon-driver-qemu, libvirt-clients (tests/libvirt/run.sh); with
+#     what they pull in;
+#   - guest kernels: Debian's newest 6.12 and 6.1 cloud kernels, unpacked into
+#     /var/cache/virtiofsd-guest (tests/guest/install.sh);
+#   - users: the system user and group virtiofsd-rootless, with 65,536 subordinate uids and gids
+#     in /etc/subuid and /etc/subgid (tests/rootless.rs); the system user and group
+#     libvirt-qemu (tests/libvirt/run.sh);
+#   - directories libvirt uses: /var/log/libvirt/qemu, /var/lib/libvirt/qemu,
+#     /var/cache/libvirt/qemu, /etc/libvirt (libvirtd itself runs with a configuration of its
+#     own in a private mount namespace and is stopped at the end);
+#   - root's ~/.cargo: the crates downloaded, and cargo-fuzz (cargo install);
+#   - the checkout: target/ (builds, test output, guest and libvirt logs), tests/fuzz/target/,
+#     tests/fuzz/corpus/ and tests/fuzz/artifacts/. Under sudo, every file the run made in the
+#     checkout is given back to the user who ran sudo when it ends, so that the user's own
+#     builds can overwrite them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "tests/run.sh: needs root (the daemon has to chown and mknod for the guests; the tests" \
+        "install packages and boot guests): sudo tests/run.sh" >&2
+    exit 1
+fi
+
+# shellcheck source=tests/cargo-env.sh
+. tests/cargo-env.sh
+find_cargo
+need_fmt_clippy
+trap 'give_back_checkout "$PWD"' EXIT
+echo "== $(cargo --version), $(command -v cargo)"
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -21,10 +69,6 @@ echo "== fuzzing: each cargo-fuzz target for 60 s (a crash leaves its input in t
 tests/fuzz/run.sh 60
 
 echo "== guest tests (QEMU + Linux 6.12 and 6.1 guests)"
-if [ "$(id -u)" -ne 0 ]; then
-    echo "guest tests need root (they install QEMU and run the daemon as root)" >&2
-    exit 1
-fi
 tests/guest-run.sh --kernel all
 
 echo "== live migration: two QEMUs, two daemons, QMP migrate (6.12 guest)"

@@ -34,6 +34,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 # shellcheck source=tests/guest/initramfs.sh
 . "$HERE/initramfs.sh"
+# shellcheck source=tests/guest/kvm-probe.sh
+. "$HERE/kvm-probe.sh"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests"
 
@@ -92,6 +94,7 @@ PIDS=()   # processes this script started and has not reaped yet
 cleanup() {
     local p
     unmount_nofiletype
+    [ -n "${KVM_PROBE_PID:-}" ] && kill -KILL "$KVM_PROBE_PID" 2>/dev/null
     for p in "${PIDS[@]}"; do
         kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
     done
@@ -209,31 +212,15 @@ build_initramfs() {
 first_kernel="${KERNELS%% *}"
 build_initramfs "$first_kernel" "$WORK/initramfs-$first_kernel.cpio"
 ACCEL_ARGS=(-accel tcg -cpu max)
-if [ "$ACCEL" = kvm ] || { [ "$ACCEL" = auto ] && [ -r /dev/kvm ] && [ -w /dev/kvm ]; }; then
-    # A probe boot: KVM counts as working if the guest reaches userspace within 15 s. (Under
-    # nested virtualisation QEMU may abort or hang; stderr is muted so that bash's "Aborted"
-    # job notice does not clutter the report.)
-    exec 4>&2 2>/dev/null
-    qemu-system-x86_64 -accel kvm -cpu host -m 256M -machine q35 -nodefaults -display none \
-        -no-reboot -monitor none -serial "file:$WORK/probe.log" \
-        -kernel "$CACHE/kernel-$first_kernel/vmlinuz" -initrd "$WORK/initramfs-$first_kernel.cpio" \
-        -append "console=ttyS0 quiet panic=-1 guest_suite=probe" >"$WORK/probe.qemu.log" 2>&1 &
-    probe=$!
-    PIDS+=("$probe")
-    for _ in $(seq 1 75); do
-        grep -q '#PROBE-OK' "$WORK/probe.log" 2>/dev/null && break
-        kill -0 "$probe" 2>/dev/null || break
-        sleep 0.2
-    done
-    if grep -q '#PROBE-OK' "$WORK/probe.log" 2>/dev/null; then
+if [ "$ACCEL" = kvm ] || [ "$ACCEL" = auto ]; then
+    # A probe boot (tests/guest/kvm-probe.sh): KVM counts as working if the guest reaches
+    # userspace within 15 s.
+    if kvm_probe qemu-system-x86_64 "$CACHE/kernel-$first_kernel/vmlinuz" \
+            "$WORK/initramfs-$first_kernel.cpio" guest_suite=probe '#PROBE-OK' "$WORK/probe.log"; then
         ACCEL_ARGS=(-accel kvm -cpu host)
     elif [ "$ACCEL" = kvm ]; then
         echo "# --accel kvm: the probe boot did not reach userspace; using TCG anyway"
     fi
-    kill -KILL "$probe" 2>/dev/null
-    wait "$probe"
-    forget_pid "$probe"
-    exec 2>&4 4>&-
 fi
 echo "# accelerator: ${ACCEL_ARGS[*]}"
 

@@ -1,0 +1,90 @@
+# shellcheck shell=bash
+# The Rust toolchain for a root run of the tests, and the checkout given back afterwards
+# (sourced by tests/run.sh and .ci/run, not run).
+#
+# `sudo tests/run.sh` runs as root with sudo's own PATH, which has no ~/.cargo/bin: a toolchain
+# that rustup installed for the user who ran sudo is not found. find_cargo finds it and uses
+# it read-only: that user's ~/.cargo/bin on PATH and ~/.rustup as RUSTUP_HOME, while cargo's
+# own downloads and installs (the crates, cargo-fuzz) go to root's ~/.cargo, never into the
+# user's home. give_back_checkout hands the files the run made in the checkout (target/, the
+# fuzzing corpora) back to that user, so that a later build as the user can overwrite them.
+
+# The oldest Rust that builds the daemon (Cargo.toml's rust-version).
+RUST_MIN=1.85
+
+# cargo_env_die MESSAGE...: what is missing and how to get it, then exit 1.
+cargo_env_die() {
+    printf '%s\n' "$@" >&2
+    exit 1
+}
+
+# rust_version CARGO [RUSTUP_HOME]: the version CARGO reports ("1.85.0"), empty if it does not run.
+rust_version() {
+    if [ -n "${2:-}" ]; then
+        RUSTUP_HOME="$2" "$1" --version 2>/dev/null | awk '{ print $2 }'
+    else
+        "$1" --version 2>/dev/null | awk '{ print $2 }'
+    fi
+}
+
+# new_enough VERSION: VERSION is RUST_MIN or later.
+new_enough() {
+    [ -n "$1" ] && [ "$(printf '%s\n%s\n' "$RUST_MIN" "$1" | sort -V | head -n1)" = "$RUST_MIN" ]
+}
+
+# find_cargo: puts a cargo of Rust >= RUST_MIN first on PATH, or exits saying how to get one.
+# Looks at the cargo on PATH, then root's ~/.cargo/bin (sudo's PATH leaves it out), then, under
+# sudo, the ~/.cargo/bin of the user who ran sudo (with that user's ~/.rustup).
+find_cargo() {
+    local root_home user_home="" c found="" seen=""
+    root_home="$(getent passwd 0 | cut -d: -f6)"
+    if [ -n "${SUDO_UID:-}" ] && [ "${SUDO_UID}" != 0 ] && [ -n "${SUDO_USER:-}" ]; then
+        user_home="$(getent passwd "$SUDO_USER" | cut -d: -f6)"
+        # Whatever cargo builds or installs (the crates, cargo-fuzz) stays root's.
+        export CARGO_HOME="${CARGO_HOME:-$root_home/.cargo}"
+    fi
+    for c in "$(command -v cargo 2>/dev/null)" "$root_home/.cargo/bin/cargo"; do
+        if [ -z "$c" ] || [ ! -x "$c" ]; then continue; fi
+        seen+="  $c: Rust $(rust_version "$c" || true)"$'\n'
+        if new_enough "$(rust_version "$c")"; then found="$c"; break; fi
+    done
+    if [ -z "$found" ] && [ -n "$user_home" ] && [ -x "$user_home/.cargo/bin/cargo" ]; then
+        c="$user_home/.cargo/bin/cargo"
+        seen+="  $c: Rust $(rust_version "$c" "$user_home/.rustup" || true)"$'\n'
+        if new_enough "$(rust_version "$c" "$user_home/.rustup")"; then
+            found="$c"
+            export RUSTUP_HOME="$user_home/.rustup"
+            echo "# using $SUDO_USER's Rust toolchain read-only ($user_home/.cargo/bin," \
+                "RUSTUP_HOME=$RUSTUP_HOME); cargo's downloads and installs go to $CARGO_HOME" >&2
+        fi
+    fi
+    if [ -z "$found" ]; then
+        local msg=("no cargo of Rust $RUST_MIN or later found (Debian 12's cargo is 1.63).")
+        [ -n "$seen" ] && msg+=("Found, too old:" "${seen%$'\n'}")
+        cargo_env_die "${msg[@]}" \
+            "Get one:" \
+            "  - rustup (https://rustup.rs), installed as root, or as the user who then runs" \
+            "    'sudo tests/run.sh' (that user's ~/.cargo/bin/cargo is found and used);" \
+            "  - on Debian 13: apt install cargo rustfmt rust-clippy (Rust 1.85)."
+    fi
+    # cargo-fuzz, when the run installs it, lands in $CARGO_HOME/bin: after the cargo found.
+    PATH="$(dirname "$found")${CARGO_HOME:+:$CARGO_HOME/bin}:$PATH"
+    export PATH
+}
+
+# need_fmt_clippy: cargo fmt and cargo clippy work, or the error saying how to add them.
+need_fmt_clippy() {
+    cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1 && return 0
+    cargo_env_die "cargo fmt and cargo clippy are needed: rustup component add rustfmt clippy" \
+        "(as the user whose toolchain it is), or on Debian 13 apt install rustfmt rust-clippy."
+}
+
+# give_back_checkout DIR: under sudo, when DIR belongs to the user who ran sudo, every file
+# root owns below DIR (what this run made there: target/, tests/fuzz/corpus, ...) goes back to
+# that user and group. Does not cross into other file systems mounted below DIR.
+give_back_checkout() {
+    local dir="$1"
+    [ -n "${SUDO_UID:-}" ] && [ "${SUDO_UID}" != 0 ] && [ -n "${SUDO_GID:-}" ] || return 0
+    [ "$(stat -c %u "$dir")" = "$SUDO_UID" ] || return 0
+    find "$dir" -xdev -uid 0 -exec chown -h "$SUDO_UID:$SUDO_GID" {} + 2>/dev/null || true
+}
