@@ -378,6 +378,7 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         0o777 & !socket_mode(opts.socket_group),
     ));
     set_rlimit_nofile(opts.rlimit_nofile)?;
+    passthrough::allocator_gives_memory_back();
     // Requests are checked against the caller's groups, never the daemon's own, except where
     // a user namespace forbids dropping them (see `sandbox::groups`).
     match sandbox::groups::plan_for_this_process() {

@@ -188,7 +188,14 @@ impl<K: Hash + Eq + Copy> DirCache<K> {
     /// what it cached of it too, and a walk it forgot keeps no memory here).
     pub fn forget(&self, key: &K) {
         let old = self.lock().remove(key);
-        drop(old);
+        if let Some(c) = old {
+            let size = c.snap.memory_size();
+            let last = Arc::strong_count(&c.snap) == 1;
+            drop(c);
+            if last {
+                super::inode::freed(size);
+            }
+        }
     }
 
     /// Drops every snapshot the cache holds.

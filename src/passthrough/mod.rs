@@ -50,6 +50,7 @@ use std::time::Duration;
 
 pub use config::{CacheMode, Config, InodeFileHandles, Negotiate};
 pub use credentials::drop_supplementary_groups;
+pub use inode::allocator_gives_memory_back;
 
 use crate::filesystem::{
     Context, DirEntry, Entry, FileSystem, Opened, SecCtx, SetAttr, SetTime, XattrReply,
