@@ -30,6 +30,9 @@ tests/guest-run.sh --kernel all
 echo "== live migration: two QEMUs, two daemons, QMP migrate (6.12 guest)"
 tests/guest/migrate.sh --no-build
 
+echo "== virtme-ng: vng boots the 6.12 kernel on the host's / served by this daemon (unprivileged, TCG)"
+tests/guest/virtme-ng.sh --no-build
+
 echo "== reliability under load and faults: short forms (the long ones: tests/guest/reliability.sh --long)"
 tests/guest/reliability.sh --no-build
 
