@@ -26,6 +26,7 @@ use crate::passthrough::{self, PassthroughFs};
 use crate::sandbox::userns::{self, IdMapRange};
 use crate::sandbox::{self, caps, seccomp, SandboxError, SandboxMode};
 use crate::socket_lock::{self, LockError, SocketId};
+use crate::vhost_user::backend::UnsharedMemory;
 use crate::vhost_user::FsBackend;
 
 /// Where the vhost-user socket comes from.
@@ -127,6 +128,9 @@ pub enum DaemonError {
     VhostUserDaemon(vhost_user_backend::Error),
     #[error("vhost-user session: {0}")]
     Session(vhost_user_backend::Error),
+    /// The session failed because guest memory was not shared with the daemon.
+    #[error("{0}")]
+    GuestMemoryNotShared(UnsharedMemory),
     #[error("--rlimit-nofile: cannot read the limit of open files")]
     GetLimit(#[source] Errno),
     #[error(
@@ -532,7 +536,7 @@ fn serve_with(
     let backend = Arc::new(backend);
     let mut daemon = VhostUserDaemon::new(
         "virtiofsd".into(),
-        backend,
+        backend.clone(),
         GuestMemoryAtomic::new(GuestMemoryMmap::new()),
     )
     .map_err(DaemonError::VhostUserDaemon)?;
@@ -560,6 +564,9 @@ fn serve_with(
             info!("frontend disconnected, exiting");
             Ok(())
         }
-        Err(e) => Err(DaemonError::Session(e)),
+        Err(e) => Err(match backend.unshared_memory(&e) {
+            Some(u) => DaemonError::GuestMemoryNotShared(u),
+            None => DaemonError::Session(e),
+        }),
     }
 }

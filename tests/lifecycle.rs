@@ -526,3 +526,74 @@ fn tag_and_queue_count_are_in_the_device_configuration_space() {
     assert!(d.c.lookup(ROOT_ID, "x").is_err());
     d.finish();
 }
+
+/// Serves one frontend that gives `shared` of its memory; returns how `serve` ended and the
+/// frontend's own result.
+fn serve_a_frontend_sharing(
+    shared: virtiofsd::frontend::SharedMemory,
+) -> (Result<(), DaemonError>, bool) {
+    let d = run_dirs();
+    let cfg = config(&d.share, &d.socket);
+    let daemon = std::thread::spawn(move || daemon::serve(cfg));
+    let fe_cfg = virtiofsd::frontend::FrontendConfig {
+        shared_memory: shared,
+        ..Default::default()
+    };
+    let connected = match FsFrontend::connect_with(&d.socket, 1, &fe_cfg) {
+        Ok(mut fe) => {
+            let mut c = fe.client(0).unwrap();
+            c.init().unwrap();
+            true
+        }
+        Err(_) => false,
+    };
+    (daemon.join().unwrap(), connected)
+}
+
+#[test]
+fn a_frontend_that_shares_no_guest_memory_is_told_to_start_qemu_with_share_on() {
+    use virtiofsd::frontend::SharedMemory;
+    use virtiofsd::vhost_user::backend::UnsharedMemory;
+    let (served, connected) = serve_a_frontend_sharing(SharedMemory::Nothing);
+    assert!(!connected, "set up without guest memory");
+    match served {
+        Err(e @ DaemonError::GuestMemoryNotShared(UnsharedMemory::All)) => {
+            let msg = e.to_string();
+            assert!(
+                msg.starts_with("guest memory is not shared with virtiofsd"),
+                "{msg}"
+            );
+            for part in ["memory-backend-memfd", "share=on", "-numa node,memdev=mem"] {
+                assert!(msg.contains(part), "{msg}");
+            }
+            assert!(!msg.contains('\n'), "one line: {msg}");
+        }
+        other => panic!("expected GuestMemoryNotShared(All), got {other:?}"),
+    }
+}
+
+#[test]
+fn a_frontend_whose_rings_lie_in_memory_it_did_not_share_is_told_so() {
+    use virtiofsd::frontend::SharedMemory;
+    use virtiofsd::vhost_user::backend::UnsharedMemory;
+    let (served, connected) = serve_a_frontend_sharing(SharedMemory::FirstPage);
+    assert!(!connected, "set up with the rings outside shared memory");
+    match served {
+        Err(e @ DaemonError::GuestMemoryNotShared(UnsharedMemory::Part)) => {
+            let msg = e.to_string();
+            assert!(
+                msg.starts_with("part of guest memory is not shared"),
+                "{msg}"
+            );
+            assert!(msg.contains("share=on"), "{msg}");
+        }
+        other => panic!("expected GuestMemoryNotShared(Part), got {other:?}"),
+    }
+}
+
+#[test]
+fn a_frontend_that_shares_all_of_its_memory_is_served_without_that_error() {
+    let (served, connected) = serve_a_frontend_sharing(virtiofsd::frontend::SharedMemory::All);
+    assert!(connected);
+    assert!(served.is_ok(), "{served:?}");
+}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test level: formatting and lints, unit tests, in-process integration tests (a test
 # frontend drives the real daemon over a unix socket), a bounded fuzzing run (60 s per target),
-# guest tests under QEMU (Linux 6.12 and 6.1), live migration, reliability, packaging, and
-# libvirt launching the daemon for a guest.
+# guest tests under QEMU (Linux 6.12 and 6.1), virtme-ng booting a kernel on the host's root
+# served by the daemon, live migration, reliability, packaging (the Debian package built,
+# installed and purged again), and libvirt launching the daemon for a guest.
 #
 # Usage: sudo tests/run.sh       (or tests/run.sh in a root shell)
 #
@@ -22,11 +23,16 @@
 #   - packages: qemu-system-x86 10 from bookworm-backports, busybox-static, cpio, gcc,
 #     libc6-dev, findutils, strace, xz-utils, make, tcc, stress-ng, fio, git, python3
 #     (tests/guest/install.sh); uidmap (tests/rootless.rs); systemd, groff-base, man-db, the
-#     shell linter shellcheck, libvirt-clients, libxml2-utils (tests/packaging.sh);
+#     shell linter shellcheck, libvirt-clients, libxml2-utils, debhelper, dpkg-dev, lintian
+#     (tests/packaging.sh; the .deb it builds is installed and purged again in the run);
+#     python3-venv, udev (which upgrades systemd to bookworm's latest), kmod, file
+#     (tests/guest/virtme-ng.sh);
 #     libvirt-daemon, libvirt-daemon-driver-qemu, libvirt-clients (tests/libvirt/run.sh); with
 #     what they pull in;
 #   - guest kernels: Debian's newest 6.12 and 6.1 cloud kernels, unpacked into
-#     /var/cache/virtiofsd-guest (tests/guest/install.sh);
+#     /var/cache/virtiofsd-guest (tests/guest/install.sh); the whole 6.12 package with its
+#     modules in /var/cache/virtiofsd-guest/kernel-6.12-vng, and a venv with virtme-ng from
+#     PyPI in /var/cache/virtiofsd-guest (tests/guest/virtme-ng.sh);
 #   - users: the system user and group virtiofsd-rootless, with 65,536 subordinate uids and gids
 #     in /etc/subuid and /etc/subgid (tests/rootless.rs); the system user and group
 #     libvirt-qemu (tests/libvirt/run.sh);
@@ -73,6 +79,9 @@ tests/guest-run.sh --kernel all
 
 echo "== live migration: two QEMUs, two daemons, QMP migrate (6.12 guest)"
 tests/guest/migrate.sh --no-build
+
+echo "== virtme-ng: vng boots the 6.12 kernel on the host's / served by this daemon (unprivileged, TCG)"
+tests/guest/virtme-ng.sh --no-build
 
 echo "== reliability under load and faults: short forms (the long ones: tests/guest/reliability.sh --long)"
 tests/guest/reliability.sh --no-build

@@ -30,7 +30,7 @@ pub const DEFAULT_MEM_SIZE: usize = 64 << 20;
 /// Default guest physical address of the first byte of guest memory.
 pub const DEFAULT_GPA_BASE: u64 = 0x1_0000;
 
-const PAGE_SIZE: u64 = 4096;
+pub(crate) const PAGE_SIZE: u64 = 4096;
 
 /// Rounds `v` up to a multiple of `align` (a power of two).
 pub(crate) fn align_up(v: u64, align: u64) -> u64 {

@@ -195,6 +195,20 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// `Ok(Ok(v))` for success. The panicking helpers (`lookup`, `read`, ...) unwrap the outer one.
 pub type FuseResult<T> = Result<std::result::Result<T, i32>>;
 
+/// How much of guest memory the frontend gives the daemon (`SET_MEM_TABLE`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SharedMemory {
+    /// All of it.
+    #[default]
+    All,
+    /// None: no `SET_MEM_TABLE` at all, as QEMU (with `CONFIGURE_MEM_SLOTS`) when no memory
+    /// backend has `share=on`. Setting up the first vring then fails.
+    Nothing,
+    /// Only its first page, which is kept unused: the rings lie beyond it, as in a second NUMA
+    /// node whose memory backend lacks `share=on`. Setting up the first vring then fails.
+    FirstPage,
+}
+
 /// Settings of a [`FsFrontend`].
 #[derive(Debug, Clone)]
 pub struct FrontendConfig {
@@ -219,6 +233,8 @@ pub struct FrontendConfig {
     pub client_arena_size: usize,
     /// Same for the high-priority queue client (default 64 KiB).
     pub hiprio_arena_size: usize,
+    /// How much of guest memory the daemon is given (default all of it).
+    pub shared_memory: SharedMemory,
 }
 
 impl Default for FrontendConfig {
@@ -234,6 +250,7 @@ impl Default for FrontendConfig {
             connect_timeout: Duration::from_secs(5),
             client_arena_size: 4 << 20,
             hiprio_arena_size: 64 << 10,
+            shared_memory: SharedMemory::All,
         }
     }
 }
@@ -283,7 +300,8 @@ impl FsFrontend {
     /// `SET_OWNER`, `GET_FEATURES`, `GET_PROTOCOL_FEATURES`/`SET_PROTOCOL_FEATURES` (MQ,
     /// REPLY_ACK, CONFIG, LOG_SHMFD, DEVICE_STATE when offered; every later message then asks for an ack),
     /// `GET_QUEUE_NUM` (with MQ), `SET_FEATURES` (VERSION_1, PROTOCOL_FEATURES, and EVENT_IDX /
-    /// INDIRECT_DESC when configured and offered), `SET_MEM_TABLE`, and for each of the
+    /// INDIRECT_DESC when configured and offered), `SET_MEM_TABLE` (see
+    /// [`FrontendConfig::shared_memory`]), and for each of the
     /// `1 + num_request_queues` vrings `SET_VRING_NUM`, `SET_VRING_BASE`, `SET_VRING_ADDR`,
     /// `SET_VRING_KICK`, `SET_VRING_CALL`, then `SET_VRING_ENABLE` for all of them.
     pub fn connect_with(
@@ -342,7 +360,19 @@ impl FsFrontend {
         fe.set_features(acked)?;
 
         let mem = Arc::new(GuestMemory::new(config.mem_size, config.gpa_base)?);
-        fe.set_mem_table(&[mem.region_info()])?;
+        match config.shared_memory {
+            SharedMemory::All => {
+                fe.set_mem_table(&[mem.region_info()])?;
+            }
+            SharedMemory::Nothing => {}
+            SharedMemory::FirstPage => {
+                let page = mem.alloc(memory::PAGE_SIZE, memory::PAGE_SIZE)?;
+                debug_assert_eq!(page, mem.gpa_base());
+                let mut first = mem.region_info();
+                first.memory_size = memory::PAGE_SIZE;
+                fe.set_mem_table(&[first])?;
+            }
+        }
 
         let opts = QueueOptions {
             size: config.queue_size,

@@ -248,10 +248,46 @@ enum Pass {
     Stalled,
 }
 
+/// A session that failed because guest memory was not shared with the daemon (see
+/// [`FsBackend::unshared_memory`]). Its message says what is wrong and how to start QEMU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnsharedMemory {
+    /// The frontend set the device up and gave queue addresses, but no guest memory at all.
+    All,
+    /// A queue lies in guest memory the frontend did not give.
+    Part,
+}
+
+impl std::fmt::Display for UnsharedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UnsharedMemory::All => write!(
+                f,
+                "guest memory is not shared with virtiofsd: the frontend set up the queues but \
+                 gave no guest memory (QEMU gives only memory it maps shared). Start QEMU with \
+                 -object memory-backend-memfd,id=mem,size=SIZE,share=on -numa node,memdev=mem \
+                 (or -machine memory-backend=mem), SIZE being the -m size; with libvirt, \
+                 <memoryBacking><source type='memfd'/><access mode='shared'/></memoryBacking>"
+            ),
+            UnsharedMemory::Part => write!(
+                f,
+                "part of guest memory is not shared with virtiofsd: a queue lies outside the \
+                 guest memory the frontend gave (QEMU gives only memory it maps shared). Give \
+                 every guest memory backend share=on (-object \
+                 memory-backend-memfd,id=ID,size=SIZE,share=on, or memory-backend-file with \
+                 share=on, for each -numa node); with libvirt, <access mode='shared'/> in \
+                 <memoryBacking>"
+            ),
+        }
+    }
+}
+
 /// The vhost-user-fs device backend.
 pub struct FsBackend<F: FileSystem + 'static> {
     server: Arc<Server<F>>,
     mem: RwLock<GuestMemoryAtomic<GuestMemory>>,
+    /// The frontend has acknowledged the features (`SET_FEATURES`): it is setting the device up.
+    features_acked: AtomicBool,
     event_idx: AtomicBool,
     tag: Option<String>,
     num_queues: usize,
@@ -310,6 +346,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         Ok(FsBackend {
             server,
             mem: RwLock::new(GuestMemoryAtomic::new(GuestMemory::new())),
+            features_acked: AtomicBool::new(false),
             event_idx: AtomicBool::new(false),
             tag,
             num_queues,
@@ -351,6 +388,37 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 
     fn memory(&self) -> GuestMem {
         self.mem.read().unwrap_or_else(|p| p.into_inner()).memory()
+    }
+
+    /// Whether the session ended with `e` because guest memory was not shared with the daemon,
+    /// and how much of it. The backend library refuses `SET_VRING_ADDR` with "invalid
+    /// parameters" when it holds no memory region (QEMU gives only the regions it maps shared,
+    /// and with `CONFIGURE_MEM_SLOTS` it then sends no region at all), and with "missing memory
+    /// mapping" when a ring address is in none of them. The first counts only once the
+    /// frontend has acknowledged the features, as a frontend setting the device up does before
+    /// it gives memory and queues: an invalid parameter before that is something else.
+    pub fn unshared_memory(&self, e: &vhost_user_backend::Error) -> Option<UnsharedMemory> {
+        use vhost::vhost_user::Error as VuError;
+        use vhost_user_backend::VhostUserHandlerError;
+        use vm_memory::GuestMemoryBackend as _;
+        match e {
+            vhost_user_backend::Error::HandleRequest(VuError::InvalidParam)
+                if self.features_acked.load(Ordering::Relaxed)
+                    && self.memory().num_regions() == 0 =>
+            {
+                Some(UnsharedMemory::All)
+            }
+            vhost_user_backend::Error::HandleRequest(VuError::ReqHandlerError(io))
+                if matches!(
+                    io.get_ref()
+                        .and_then(|i| i.downcast_ref::<VhostUserHandlerError>()),
+                    Some(VhostUserHandlerError::MissingMemoryMapping)
+                ) =>
+            {
+                Some(UnsharedMemory::Part)
+            }
+            _ => None,
+        }
     }
 
     /// Most chains in flight at once so far, with a thread pool.
@@ -695,6 +763,10 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             f |= VhostUserProtocolFeatures::CONFIG;
         }
         f
+    }
+
+    fn acked_features(&self, _features: u64) {
+        self.features_acked.store(true, Ordering::Relaxed);
     }
 
     fn set_event_idx(&self, enabled: bool) {

@@ -33,6 +33,10 @@ pub type VolatileSlice<'a> = vm_memory::VolatileSlice<'a, DirtyLog>;
 /// Most iovecs handed to one `preadv`/`pwritev` call.
 const MAX_IOVECS: usize = 64;
 
+/// Said of a buffer outside guest memory: a guest at fault, or guest memory not all shared.
+const UNSHARED_HINT: &str = " (unless the guest is at fault, part of guest memory is not shared \
+                             with virtiofsd: every memory backend needs share=on)";
+
 /// Why a descriptor chain was refused.
 #[derive(Debug)]
 pub enum ChainError {
@@ -42,6 +46,9 @@ pub enum ChainError {
     BadAddress { addr: u64, len: u32 },
     /// The chain's buffers add up to more than 4 GiB.
     TooLong,
+    /// Not one descriptor of the chain could be read: its indirect table is malformed or
+    /// outside guest memory.
+    Unreadable,
 }
 
 impl fmt::Display for ChainError {
@@ -50,10 +57,18 @@ impl fmt::Display for ChainError {
             ChainError::ReadableAfterWritable => {
                 write!(f, "device-readable descriptor after a device-writable one")
             }
-            ChainError::BadAddress { addr, len } => {
-                write!(f, "descriptor {addr:#x}+{len:#x} is outside guest memory")
-            }
+            ChainError::BadAddress { addr, len } => write!(
+                f,
+                "descriptor {addr:#x}+{len:#x} is outside the guest memory the frontend gave{}",
+                UNSHARED_HINT
+            ),
             ChainError::TooLong => write!(f, "descriptor chain longer than 4 GiB"),
+            ChainError::Unreadable => write!(
+                f,
+                "no descriptor of it could be read: its indirect table is malformed or outside \
+                 the guest memory the frontend gave{}",
+                UNSHARED_HINT
+            ),
         }
     }
 }
@@ -72,7 +87,9 @@ where
     let mut readable = SliceVec::new();
     let mut writable = SliceVec::new();
     let mut total: u64 = 0;
+    let mut seen = false;
     for desc in chain {
+        seen = true;
         total = total
             .checked_add(u64::from(desc.len()))
             .filter(|t| *t <= u64::from(u32::MAX))
@@ -95,6 +112,11 @@ where
         for slice in mem.get_slices(GuestAddress(desc.addr().0), desc.len() as usize) {
             target.push(slice.map_err(|_| bad())?);
         }
+    }
+    if !seen {
+        // A chain has at least its head: the library stops before it when the indirect table
+        // the head points to is malformed or cannot be read.
+        return Err(ChainError::Unreadable);
     }
     Ok((ChainReader::new(readable), ChainWriter::new(writable)))
 }
@@ -443,6 +465,7 @@ impl Writer for ChainWriter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use virtio_queue::desc::split::Descriptor;
     use vm_memory::{Bytes, GuestMemoryBackend};
 
     fn memory() -> GuestMemory {
@@ -456,6 +479,54 @@ mod tests {
             v.push(mem.get_slice(GuestAddress(i * 0x100), len).unwrap());
         }
         v
+    }
+
+    /// The chain a one-descriptor queue in `mem` hands out, its descriptor being `desc`.
+    fn one_chain(mem: &GuestMemory, desc: Descriptor) -> DescriptorChain<&GuestMemory> {
+        use virtio_queue::{Queue, QueueT};
+        let (table, avail, used) = (0x1000u32, 0x2000u32, 0x3000u32);
+        mem.write_obj(desc, GuestAddress(table.into())).unwrap();
+        // avail ring: flags, idx = 1, ring[0] = descriptor 0
+        mem.write_obj([0u16, 1, 0], GuestAddress(avail.into()))
+            .unwrap();
+        let mut q = Queue::new(4).unwrap();
+        q.set_size(4);
+        q.set_desc_table_address(Some(table), Some(0));
+        q.set_avail_ring_address(Some(avail), Some(0));
+        q.set_used_ring_address(Some(used), Some(0));
+        q.set_ready(true);
+        q.pop_descriptor_chain(mem).expect("a chain is available")
+    }
+
+    #[test]
+    fn a_chain_outside_guest_memory_is_refused_saying_memory_may_not_be_shared() {
+        use virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT;
+        let mem = memory();
+        // The indirect table lies past the end of the memory the frontend gave.
+        let chain = one_chain(
+            &mem,
+            Descriptor::new(0x20000, 32, VRING_DESC_F_INDIRECT as u16, 0),
+        );
+        let e = split_chain(&mem, chain).err().expect("refused");
+        assert!(matches!(e, ChainError::Unreadable), "{e}");
+        assert!(e.to_string().contains("share=on"), "{e}");
+        // So does a plain buffer.
+        let chain = one_chain(&mem, Descriptor::new(0x20000, 64, 0, 0));
+        let e = split_chain(&mem, chain).err().expect("refused");
+        assert!(
+            matches!(
+                e,
+                ChainError::BadAddress {
+                    addr: 0x20000,
+                    len: 64
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("share=on"), "{e}");
+        // A buffer inside is taken.
+        let chain = one_chain(&mem, Descriptor::new(0x8000, 64, 0, 0));
+        assert!(split_chain(&mem, chain).is_ok());
     }
 
     #[test]

@@ -18,7 +18,9 @@
 #                             escape      escape attempts from the guest against a canary
 #                                         outside the share, daemon --xattr
 #                             always      the main suite, daemon --xattr --cache always
-#                             all = main,readonly,xattr,escape,always; full = all seven
+#                             noshare     QEMU without share=on (-m 256M, no memory backend):
+#                                         the daemon must say guest memory is not shared
+#                             all = main,readonly,xattr,escape,always,noshare; full = all eight
 #   --timeout SECONDS       kill a guest that has not powered off after this long (default 300)
 #   --accel auto|tcg|kvm    auto (default) uses KVM only if a short probe boot proves it works
 #   --daemon PATH           test this binary instead of building target/release/virtiofsd
@@ -70,15 +72,15 @@ while [ $# -gt 0 ]; do
 done
 [ "$KERNELS" = all ] && KERNELS="6.12 6.1"
 SUITES="${SUITES//,/ }"
-SUITES="${SUITES//full/main readonly cache-never writeback xattr escape always}"
-SUITES="${SUITES//all/main readonly xattr escape always}"
+SUITES="${SUITES//full/main readonly cache-never writeback xattr escape always noshare}"
+SUITES="${SUITES//all/main readonly xattr escape always noshare}"
 for k in $KERNELS; do
     case "$k" in 6.12|6.1) ;; *) echo "run.sh: --kernel must be 6.12, 6.1 or all" >&2; exit 2 ;; esac
 done
 for s in $SUITES; do
     case "$s" in
-        main|readonly|cache-never|writeback|xattr|escape|always) ;;
-        *) echo "run.sh: --suite takes main, readonly, cache-never, writeback, xattr, escape, always, all or full" >&2; exit 2 ;;
+        main|readonly|cache-never|writeback|xattr|escape|always|noshare) ;;
+        *) echo "run.sh: --suite takes main, readonly, cache-never, writeback, xattr, escape, always, noshare, all or full" >&2; exit 2 ;;
     esac
 done
 if [ "$(id -u)" -ne 0 ]; then
@@ -587,6 +589,55 @@ $(tail -n 10 "$logs/daemon.log")"
     return 0
 }
 
+# boot_noshare K: QEMU with plain `-m 256M` (guest memory not shared with the daemon). QEMU
+# gives the daemon no memory region, and setting up the queues fails: the daemon must exit 1
+# with the one error that says guest memory is not shared and how to start QEMU, not the
+# backend library's "invalid parameters". The guest then waits for its device: QEMU is killed.
+boot_noshare() {
+    local k="$1" dir="$WORK/$1-noshare" logs="$OUT/$1-noshare" prefix="[$1] noshare: "
+    rm -rf "$logs"; mkdir -p "$dir/share" "$logs"
+    local sock="$dir/vfs.sock"
+    echo "# boot: kernel $k, noshare (QEMU -m 256M without a shared memory backend)"
+    "$DAEMON" --socket-path "$sock" --shared-dir "$dir/share" >"$logs/daemon.log" 2>&1 &
+    local dpid=$!
+    PIDS+=("$dpid")
+    for _ in $(seq 1 100); do
+        [ -S "$sock" ] && break
+        kill -0 "$dpid" 2>/dev/null || break
+        sleep 0.1
+    done
+    qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m 256M -machine q35 -nodefaults -display none \
+        -no-reboot -monitor none -serial "file:$logs/console.log" \
+        -kernel "$CACHE/kernel-$k/vmlinuz" -initrd "$WORK/initramfs-$k.cpio" \
+        -append "console=ttyS0 quiet panic=-1 guest_suite=main" \
+        -chardev "socket,id=vfs,path=$sock" -device vhost-user-fs-pci,chardev=vfs,tag=share \
+        >"$logs/qemu.log" 2>&1 </dev/null &
+    local qpid=$! t0=$SECONDS drc
+    PIDS+=("$qpid")
+    while kill -0 "$dpid" 2>/dev/null && [ $((SECONDS - t0)) -lt 60 ]; do sleep 0.2; done
+    if kill -0 "$dpid" 2>/dev/null; then
+        kill -KILL "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null
+        drc="still running after 60 s (killed)"
+    else
+        wait "$dpid"; drc=$?
+    fi
+    forget_pid "$dpid"
+    kill -KILL "$qpid" 2>/dev/null; wait "$qpid" 2>/dev/null; forget_pid "$qpid"
+    echo "# the daemon stopped after $((SECONDS - t0))s"
+    check "${prefix}daemon exits 1 when guest memory is not shared" "$drc" 1 "exit status"
+    local line
+    line="$(grep 'ERROR' "$logs/daemon.log" | tail -n 1)"
+    case "$line" in
+        *"guest memory is not shared with virtiofsd"*share=on*)
+            result ok "${prefix}daemon says guest memory is not shared, and share=on" "$line" ;;
+        *) result fail "${prefix}daemon says guest memory is not shared, and share=on" \
+            "last ERROR line: '$line'; log tail:
+$(tail -n 10 "$logs/daemon.log")" ;;
+    esac
+    check "${prefix}no \"invalid parameters\" in the daemon's log" \
+        "$(grep -c 'invalid parameters' "$logs/daemon.log")" 0 "lines"
+}
+
 host_stat() { stat -c "$1" "$2" 2>&1; }
 host_xattr() {
     python3 -c 'import os,sys
@@ -931,6 +982,7 @@ for k in $KERNELS; do
                 "--xattrmap=$XATTR_MAP" ;;
             escape) boot "$k" escape escape --xattr ;;
             always) boot "$k" always main --xattr --cache always ;;
+            noshare) boot_noshare "$k" ;;
         esac
     done
 done
