@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use log::{debug, warn};
 
-use super::abi::{self, opcode, Pod};
+use super::abi::{self, opcode, Opcode, Pod};
 use super::io::{Reader, Writer};
 use crate::filesystem::{
     errno, Context, DirEntry, Entry, FileSystem, SecCtx, SetAttr, SetTime, XattrReply,
@@ -371,7 +371,9 @@ impl<F: FileSystem> Server<F> {
             "request unique={} opcode={} nodeid={} len={} uid={} gid={}",
             h.unique, h.opcode, h.nodeid, h.len, h.uid, h.gid
         );
-        if self.options() & abi::init::ALLOW_IDMAP != 0 && !abi::carries_creator_ids(h.opcode) {
+        if self.options() & abi::init::ALLOW_IDMAP != 0
+            && !Opcode::try_from(h.opcode).is_ok_and(Opcode::carries_creator_ids)
+        {
             // With idmapped mounts the kernel sends the caller's ids only with creating
             // requests; whatever another request carries is not an identity.
             without_ids(&mut ctx);
