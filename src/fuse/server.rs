@@ -8,7 +8,6 @@
 
 use std::cell::RefCell;
 use std::ffi::CStr;
-use std::fmt;
 use std::io;
 use std::mem::size_of;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,33 +39,17 @@ const XATTR_SIZE_MAX: u32 = 65536;
 const OUT_HEADER_SIZE: usize = size_of::<abi::OutHeader>();
 
 /// Why a request could not even be answered.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// The request is shorter than a FUSE header.
+    #[error("request shorter than a FUSE header")]
     ShortHeader,
     /// The reply buffer cannot hold a reply header.
+    #[error("reply buffer cannot hold a reply header")]
     NoRoomForReply,
     /// Writing the reply into the reply buffer failed.
-    ReplyWrite(io::Error),
-}
-
-impl fmt::Display for ServerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ServerError::ShortHeader => write!(f, "request shorter than a FUSE header"),
-            ServerError::NoRoomForReply => write!(f, "reply buffer cannot hold a reply header"),
-            ServerError::ReplyWrite(_) => write!(f, "failed to write the reply"),
-        }
-    }
-}
-
-impl std::error::Error for ServerError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ServerError::ReplyWrite(e) => Some(e),
-            _ => None,
-        }
-    }
+    #[error("failed to write the reply")]
+    ReplyWrite(#[source] io::Error),
 }
 
 type Result<T> = std::result::Result<T, ServerError>;

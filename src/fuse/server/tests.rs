@@ -284,6 +284,20 @@ fn reply_buffer_too_small_for_a_header_is_refused() {
 }
 
 #[test]
+fn server_errors_say_what_failed_and_keep_the_write_error() {
+    use std::error::Error;
+    assert_eq!(
+        ServerError::ShortHeader.to_string(),
+        "request shorter than a FUSE header"
+    );
+    assert!(ServerError::NoRoomForReply.source().is_none());
+    let e = ServerError::ReplyWrite(io::Error::from_raw_os_error(libc::EFAULT));
+    assert_eq!(e.to_string(), "failed to write the reply");
+    let source = e.source().and_then(|s| s.downcast_ref::<io::Error>());
+    assert_eq!(source.and_then(io::Error::raw_os_error), Some(libc::EFAULT));
+}
+
+#[test]
 fn lookup_name_without_nul_gets_einval() {
     let srv = initialized();
     let (_, reply) = send(&srv, &request(opcode::LOOKUP, 1, 3, &[b"abc"]), 4096);
