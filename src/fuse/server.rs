@@ -63,39 +63,44 @@ thread_local! {
     static BODY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A cursor over a request body.
-struct Args<'a> {
-    bytes: &'a [u8],
+/// A cursor over a request's arguments (its body without the extensions): each call takes the
+/// next argument, checked against what is left.
+struct Body<'a> {
+    /// What is not taken yet.
+    rest: &'a [u8],
 }
 
-impl<'a> Args<'a> {
+impl<'a> Body<'a> {
+    /// The next argument struct.
     fn take<T: Pod>(&mut self) -> io::Result<T> {
-        let v = T::from_prefix(self.bytes).ok_or_else(einval)?;
-        self.bytes = &self.bytes[size_of::<T>()..];
+        let v = T::from_prefix(self.rest).ok_or_else(einval)?;
+        self.rest = &self.rest[size_of::<T>()..];
         Ok(v)
     }
 
     /// A NUL-terminated string of at most `max` bytes (without the NUL).
     fn cstr(&mut self, max: usize) -> io::Result<&'a CStr> {
-        let nul = self.bytes.iter().position(|&b| b == 0).ok_or_else(einval)?;
+        let nul = self.rest.iter().position(|&b| b == 0).ok_or_else(einval)?;
         if nul > max {
             return Err(errno(libc::ENAMETOOLONG));
         }
-        let (s, rest) = self.bytes.split_at(nul + 1);
-        self.bytes = rest;
+        let (s, rest) = self.rest.split_at(nul + 1);
+        self.rest = rest;
         CStr::from_bytes_with_nul(s).map_err(|_| einval())
     }
 
+    /// A name component: a string of at most `NAME_MAX` bytes.
     fn name(&mut self) -> io::Result<&'a CStr> {
         self.cstr(NAME_MAX)
     }
 
+    /// The next `len` bytes.
     fn bytes(&mut self, len: usize) -> io::Result<&'a [u8]> {
-        if len > self.bytes.len() {
+        if len > self.rest.len() {
             return Err(einval());
         }
-        let (b, rest) = self.bytes.split_at(len);
-        self.bytes = rest;
+        let (b, rest) = self.rest.split_at(len);
+        self.rest = rest;
         Ok(b)
     }
 }
@@ -411,10 +416,10 @@ impl<F: FileSystem> Server<F> {
                 } else {
                     &[]
                 };
-                let args = Args {
-                    bytes: &buf[..args_len],
+                let body = Body {
+                    rest: &buf[..args_len],
                 };
-                self.dispatch(&ctx, &h, args, secctx, &mut w)
+                self.dispatch(&ctx, &h, body, secctx, &mut w)
             })
         };
 
@@ -429,7 +434,7 @@ impl<F: FileSystem> Server<F> {
         &self,
         ctx: &Context,
         h: &abi::InHeader,
-        mut a: Args<'_>,
+        mut a: Body<'_>,
         secctx: &[SecCtx<'_>],
         w: &mut W,
     ) -> io::Result<Outcome> {
@@ -458,7 +463,7 @@ impl<F: FileSystem> Server<F> {
                 let count = b.count as usize;
                 if count
                     .checked_mul(size_of::<abi::ForgetOne>())
-                    .is_none_or(|n| n > a.bytes.len())
+                    .is_none_or(|n| n > a.rest.len())
                 {
                     warn!("BATCH_FORGET count {count} exceeds the request; refused");
                     return Ok(Outcome::NoReply);
@@ -745,7 +750,7 @@ impl<F: FileSystem> Server<F> {
     fn do_init<W: Writer>(
         &self,
         h: &abi::InHeader,
-        mut a: Args<'_>,
+        mut a: Body<'_>,
         w: &mut W,
     ) -> io::Result<Outcome> {
         let i: abi::InitInCompat = a.take()?;
@@ -814,7 +819,7 @@ impl<F: FileSystem> Server<F> {
         &self,
         ctx: &Context,
         h: &abi::InHeader,
-        mut a: Args<'_>,
+        mut a: Body<'_>,
         w: &mut W,
     ) -> io::Result<Outcome> {
         let ri: abi::ReadIn = a.take()?;
@@ -891,7 +896,7 @@ impl<F: FileSystem> Server<F> {
         &self,
         ctx: &Context,
         h: &abi::InHeader,
-        mut a: Args<'_>,
+        mut a: Body<'_>,
         w: &mut W,
         plus: bool,
     ) -> io::Result<Outcome> {
