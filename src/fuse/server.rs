@@ -5,6 +5,11 @@
 //! request really carries, each argument struct against the body length, names for their NUL
 //! terminator. A malformed request gets an error reply when it carried a readable header, and is
 //! refused with a [`ServerError`] otherwise; the server never panics on input.
+//!
+//! [`Server::handle_message`] checks the header and reads the body into a per-thread buffer
+//! (WRITE's data stays in the request); `dispatch` then hands the request to its handler, one
+//! method per opcode named after it (`lookup`, `getattr`, ...). Opcodes are [`Opcode`]s; a
+//! number the protocol does not define, and a request this server does not serve, get `ENOSYS`.
 
 use std::cell::RefCell;
 use std::ffi::CStr;
@@ -15,7 +20,7 @@ use std::time::Duration;
 
 use log::{debug, warn};
 
-use super::abi::{self, opcode, Opcode, Pod};
+use super::abi::{self, Opcode, OpcodeName, Pod, UnknownOpcode};
 use super::io::{Reader, Writer};
 use crate::filesystem::{
     errno, Context, DirEntry, Entry, FileSystem, SecCtx, SetAttr, SetTime, XattrReply,
@@ -204,6 +209,43 @@ fn without_ids(ctx: &mut Context) {
     ctx.supp_group = None;
 }
 
+/// A request this server does not serve (or an opcode the protocol does not have).
+fn unsupported(op: impl std::fmt::Display) -> io::Result<Outcome> {
+    debug!("unsupported opcode {op}");
+    Err(errno(libc::ENOSYS))
+}
+
+/// The attributes a SETATTR sets: only those its `valid` bits name.
+fn set_attr(s: &abi::SetattrIn) -> SetAttr {
+    use abi::fattr;
+    let v = s.valid;
+    SetAttr {
+        mode: (v & fattr::MODE != 0).then_some(s.mode),
+        uid: (v & fattr::UID != 0).then_some(s.uid),
+        gid: (v & fattr::GID != 0).then_some(s.gid),
+        size: (v & fattr::SIZE != 0).then_some(s.size),
+        atime: set_time(
+            v & fattr::ATIME != 0,
+            v & fattr::ATIME_NOW != 0,
+            s.atime,
+            s.atimensec,
+        ),
+        mtime: set_time(
+            v & fattr::MTIME != 0,
+            v & fattr::MTIME_NOW != 0,
+            s.mtime,
+            s.mtimensec,
+        ),
+        kill_suidgid: v & fattr::KILL_SUIDGID != 0,
+    }
+}
+
+/// The arguments of FSYNC and FSYNCDIR: whether only the data is to be synced, and the handle.
+fn fsync_args(a: &mut Body<'_>) -> io::Result<(bool, u64)> {
+    let f: abi::FsyncIn = a.take()?;
+    Ok((f.fsync_flags & abi::FSYNC_FDATASYNC != 0, f.fh))
+}
+
 /// What a handler produced: a reply to send, or nothing (FORGET, BATCH_FORGET).
 enum Outcome {
     Reply(usize),
@@ -349,6 +391,7 @@ impl<F: FileSystem> Server<F> {
         r.read_exact(&mut hb)
             .map_err(|_| ServerError::ShortHeader)?;
         let h = abi::InHeader::from_prefix(&hb).ok_or(ServerError::ShortHeader)?;
+        let op = Opcode::try_from(h.opcode);
         let mut ctx = Context {
             uid: h.uid,
             gid: h.gid,
@@ -357,10 +400,15 @@ impl<F: FileSystem> Server<F> {
         };
         debug!(
             "request unique={} opcode={} nodeid={} len={} uid={} gid={}",
-            h.unique, h.opcode, h.nodeid, h.len, h.uid, h.gid
+            h.unique,
+            OpcodeName(h.opcode),
+            h.nodeid,
+            h.len,
+            h.uid,
+            h.gid
         );
         if self.options() & abi::init::ALLOW_IDMAP != 0
-            && !Opcode::try_from(h.opcode).is_ok_and(Opcode::carries_creator_ids)
+            && !op.is_ok_and(Opcode::carries_creator_ids)
         {
             // With idmapped mounts the kernel sends the caller's ids only with creating
             // requests; whatever another request carries is not an identity.
@@ -378,7 +426,7 @@ impl<F: FileSystem> Server<F> {
                     "request unique={} opcode={}: header length {} does not match the {} bytes \
                      supplied",
                     h.unique,
-                    h.opcode,
+                    OpcodeName(h.opcode),
                     h.len,
                     r.remaining() + size_of::<abi::InHeader>()
                 );
@@ -386,41 +434,32 @@ impl<F: FileSystem> Server<F> {
             }
         };
 
-        if h.opcode != opcode::INIT && !self.initialized.load(Ordering::Acquire) {
-            warn!("request opcode {} before FUSE_INIT refused", h.opcode);
+        if op != Ok(Opcode::Init) && !self.initialized.load(Ordering::Acquire) {
+            warn!(
+                "request opcode {} before FUSE_INIT refused",
+                OpcodeName(h.opcode)
+            );
             return self.reply_error(&mut w, h.unique, errno(libc::EIO));
         }
 
-        let result = if h.opcode == opcode::WRITE {
-            self.do_write(&ctx, &h, body_len, &mut r, &mut w)
-        } else if body_len > MAX_BODY_SIZE {
-            warn!(
-                "request unique={} opcode={}: body of {} bytes exceeds the {} byte limit",
-                h.unique, h.opcode, body_len, MAX_BODY_SIZE
-            );
-            Err(errno(libc::E2BIG))
-        } else {
-            BODY.with(|cell| {
-                let mut buf = cell.borrow_mut();
-                buf.resize(body_len, 0);
-                r.read_exact(&mut buf[..])?;
-                // Request extensions follow the arguments.
-                let ext = usize::from(h.total_extlen) * 8;
-                let args_len = body_len.checked_sub(ext).ok_or_else(einval)?;
-                let ext = super::ext::parse(&buf[args_len..])?;
-                // A group only goes with a caller identity.
-                ctx.supp_group = ext.supp_group.filter(|_| has_identity(&ctx));
-                // Security contexts only when agreed (the kernel sends none otherwise).
-                let secctx = if self.options() & abi::init::SECURITY_CTX != 0 {
-                    &ext.secctx[..]
-                } else {
-                    &[]
-                };
-                let body = Body {
-                    rest: &buf[..args_len],
-                };
-                self.dispatch(&ctx, &h, body, secctx, &mut w)
-            })
+        let result = match op {
+            // WRITE data goes from the request straight to the file, not through the body
+            // buffer: the one request served before its body is read.
+            Ok(Opcode::Write) => self.write(&ctx, &h, body_len, &mut r, &mut w),
+            _ if body_len > MAX_BODY_SIZE => {
+                warn!(
+                    "request unique={} opcode={}: body of {} bytes exceeds the {} byte limit",
+                    h.unique,
+                    OpcodeName(h.opcode),
+                    body_len,
+                    MAX_BODY_SIZE
+                );
+                Err(errno(libc::E2BIG))
+            }
+            _ => self.with_body(ctx, &h, body_len, &mut r, |ctx, a, secctx| match op {
+                Ok(op) => self.dispatch(op, ctx, &h, a, secctx, &mut w),
+                Err(UnknownOpcode(n)) => unsupported(n),
+            }),
         };
 
         match result {
@@ -430,7 +469,167 @@ impl<F: FileSystem> Server<F> {
         }
     }
 
+    /// Reads the body of a request into this thread's buffer and calls `f` with the caller
+    /// (its supplementary group taken from the extensions), the arguments, and the security
+    /// contexts the request carried (none unless agreed in INIT).
+    fn with_body<R: Reader, T>(
+        &self,
+        mut ctx: Context,
+        h: &abi::InHeader,
+        body_len: usize,
+        r: &mut R,
+        f: impl FnOnce(&Context, Body<'_>, &[SecCtx<'_>]) -> io::Result<T>,
+    ) -> io::Result<T> {
+        BODY.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            buf.resize(body_len, 0);
+            r.read_exact(&mut buf[..])?;
+            // Request extensions follow the arguments.
+            let ext = usize::from(h.total_extlen) * 8;
+            let args_len = body_len.checked_sub(ext).ok_or_else(einval)?;
+            let ext = super::ext::parse(&buf[args_len..])?;
+            // A group only goes with a caller identity.
+            ctx.supp_group = ext.supp_group.filter(|_| has_identity(&ctx));
+            // Security contexts only when agreed (the kernel sends none otherwise).
+            let secctx = if self.options() & abi::init::SECURITY_CTX != 0 {
+                &ext.secctx[..]
+            } else {
+                &[]
+            };
+            let body = Body {
+                rest: &buf[..args_len],
+            };
+            f(&ctx, body, secctx)
+        })
+    }
+
+    /// The dispatch table: one handler per opcode, in the order of their numbers. Only the
+    /// requests that create an inode get the security contexts.
     fn dispatch<W: Writer>(
+        &self,
+        op: Opcode,
+        ctx: &Context,
+        h: &abi::InHeader,
+        a: Body<'_>,
+        secctx: &[SecCtx<'_>],
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        match op {
+            Opcode::Lookup => self.lookup(ctx, h, a, w),
+            Opcode::Forget => self.forget(ctx, h, a),
+            Opcode::Getattr => self.getattr(ctx, h, a, w),
+            Opcode::Setattr => self.setattr(ctx, h, a, w),
+            Opcode::Readlink => self.readlink(ctx, h, w),
+            Opcode::Symlink => self.symlink(ctx, h, a, secctx, w),
+            Opcode::Mknod => self.mknod(ctx, h, a, secctx, w),
+            Opcode::Mkdir => self.mkdir(ctx, h, a, secctx, w),
+            Opcode::Unlink => self.unlink(ctx, h, a, w),
+            Opcode::Rmdir => self.rmdir(ctx, h, a, w),
+            Opcode::Rename => self.rename(ctx, h, a, w),
+            Opcode::Link => self.link(ctx, h, a, w),
+            Opcode::Open => self.open(ctx, h, a, w),
+            Opcode::Read => self.read(ctx, h, a, w),
+            // Served by `handle_message` before any body is read; never dispatched.
+            Opcode::Write => Err(einval()),
+            Opcode::Statfs => self.statfs(ctx, h, w),
+            Opcode::Release => self.release(ctx, h, a, w),
+            Opcode::Fsync => self.fsync(ctx, h, a, w),
+            Opcode::Setxattr => self.setxattr(ctx, h, a, w),
+            Opcode::Getxattr => self.getxattr(ctx, h, a, w),
+            Opcode::Listxattr => self.listxattr(ctx, h, a, w),
+            Opcode::Removexattr => self.removexattr(ctx, h, a, w),
+            Opcode::Flush => self.flush(ctx, h, a, w),
+            Opcode::Init => self.init(h, a, w),
+            Opcode::Opendir => self.opendir(ctx, h, a, w),
+            Opcode::Readdir => self.readdir(ctx, h, a, w),
+            Opcode::Releasedir => self.releasedir(ctx, h, a, w),
+            Opcode::Fsyncdir => self.fsyncdir(ctx, h, a, w),
+            Opcode::Access => self.access(ctx, h, a, w),
+            Opcode::Create => self.create(ctx, h, a, secctx, w),
+            // Requests are answered synchronously; there is nothing to interrupt.
+            Opcode::Interrupt => Ok(Outcome::NoReply),
+            Opcode::Destroy => self.destroy(h, w),
+            Opcode::BatchForget => self.batch_forget(ctx, a),
+            Opcode::Fallocate => self.fallocate(ctx, h, a, w),
+            Opcode::Readdirplus => self.readdirplus(ctx, h, a, w),
+            Opcode::Rename2 => self.rename2(ctx, h, a, w),
+            Opcode::Lseek => self.lseek(ctx, h, a, w),
+            Opcode::CopyFileRange => self.copy_file_range(ctx, h, a, w),
+            Opcode::Syncfs => self.syncfs(ctx, h, a, w),
+            Opcode::Tmpfile => self.tmpfile(ctx, h, a, secctx, w),
+            Opcode::Getlk
+            | Opcode::Setlk
+            | Opcode::Setlkw
+            | Opcode::Bmap
+            | Opcode::Ioctl
+            | Opcode::Poll
+            | Opcode::NotifyReply
+            | Opcode::SetupMapping
+            | Opcode::RemoveMapping
+            | Opcode::Statx => unsupported(op),
+        }
+    }
+}
+
+/// The handlers, one per request: each takes its arguments from the body, calls the filesystem
+/// and writes the reply. `h.nodeid` is the node the request is about.
+impl<F: FileSystem> Server<F> {
+    fn lookup<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        need_room(w, ENTRY_REPLY_SIZE)?;
+        let name = a.name()?;
+        let e = self.fs.lookup(ctx, h.nodeid, name)?;
+        self.ok(w, h, &[entry_out(&e).as_bytes()])
+    }
+
+    fn forget(&self, ctx: &Context, h: &abi::InHeader, mut a: Body<'_>) -> io::Result<Outcome> {
+        let f: abi::ForgetIn = a.take()?;
+        self.fs.forget(ctx, h.nodeid, f.nlookup);
+        Ok(Outcome::NoReply)
+    }
+
+    fn getattr<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let g: abi::GetattrIn = a.take()?;
+        let fh = (g.getattr_flags & abi::GETATTR_FH != 0).then_some(g.fh);
+        let (st, t) = self.fs.getattr(ctx, h.nodeid, fh)?;
+        self.ok(w, h, &[attr_out(&st, t).as_bytes()])
+    }
+
+    fn setattr<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let s: abi::SetattrIn = a.take()?;
+        let fh = (s.valid & abi::fattr::FH != 0).then_some(s.fh);
+        let (st, t) = self.fs.setattr(ctx, h.nodeid, set_attr(&s), fh)?;
+        self.ok(w, h, &[attr_out(&st, t).as_bytes()])
+    }
+
+    fn readlink<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let target = self.fs.readlink(ctx, h.nodeid)?;
+        self.ok(w, h, &[&target])
+    }
+
+    fn symlink<W: Writer>(
         &self,
         ctx: &Context,
         h: &abi::InHeader,
@@ -438,316 +637,311 @@ impl<F: FileSystem> Server<F> {
         secctx: &[SecCtx<'_>],
         w: &mut W,
     ) -> io::Result<Outcome> {
-        let fs = &self.fs;
-        let node = h.nodeid;
-        match h.opcode {
-            opcode::INIT => self.do_init(h, a, w),
-            opcode::DESTROY => {
-                self.fs.destroy();
-                self.initialized.store(false, Ordering::Release);
-                self.ok(w, h, &[])
-            }
-            opcode::LOOKUP => {
-                need_room(w, ENTRY_REPLY_SIZE)?;
-                let name = a.name()?;
-                let e = fs.lookup(ctx, node, name)?;
-                self.ok(w, h, &[entry_out(&e).as_bytes()])
-            }
-            opcode::FORGET => {
-                let f: abi::ForgetIn = a.take()?;
-                fs.forget(ctx, node, f.nlookup);
-                Ok(Outcome::NoReply)
-            }
-            opcode::BATCH_FORGET => {
-                let b: abi::BatchForgetIn = a.take()?;
-                let count = b.count as usize;
-                if count
-                    .checked_mul(size_of::<abi::ForgetOne>())
-                    .is_none_or(|n| n > a.rest.len())
-                {
-                    warn!("BATCH_FORGET count {count} exceeds the request; refused");
-                    return Ok(Outcome::NoReply);
-                }
-                let mut items = Vec::with_capacity(count);
-                for _ in 0..count {
-                    let f: abi::ForgetOne = a.take()?;
-                    items.push((f.nodeid, f.nlookup));
-                }
-                fs.batch_forget(ctx, &items);
-                Ok(Outcome::NoReply)
-            }
-            opcode::GETATTR => {
-                let g: abi::GetattrIn = a.take()?;
-                let fh = (g.getattr_flags & abi::GETATTR_FH != 0).then_some(g.fh);
-                let (st, t) = fs.getattr(ctx, node, fh)?;
-                self.ok(w, h, &[attr_out(&st, t).as_bytes()])
-            }
-            opcode::SETATTR => {
-                let s: abi::SetattrIn = a.take()?;
-                let v = s.valid;
-                use abi::fattr;
-                let attr = SetAttr {
-                    mode: (v & fattr::MODE != 0).then_some(s.mode),
-                    uid: (v & fattr::UID != 0).then_some(s.uid),
-                    gid: (v & fattr::GID != 0).then_some(s.gid),
-                    size: (v & fattr::SIZE != 0).then_some(s.size),
-                    atime: set_time(
-                        v & fattr::ATIME != 0,
-                        v & fattr::ATIME_NOW != 0,
-                        s.atime,
-                        s.atimensec,
-                    ),
-                    mtime: set_time(
-                        v & fattr::MTIME != 0,
-                        v & fattr::MTIME_NOW != 0,
-                        s.mtime,
-                        s.mtimensec,
-                    ),
-                    kill_suidgid: v & fattr::KILL_SUIDGID != 0,
-                };
-                let fh = (v & fattr::FH != 0).then_some(s.fh);
-                let (st, t) = fs.setattr(ctx, node, attr, fh)?;
-                self.ok(w, h, &[attr_out(&st, t).as_bytes()])
-            }
-            opcode::READLINK => {
-                let target = fs.readlink(ctx, node)?;
-                self.ok(w, h, &[&target])
-            }
-            opcode::SYMLINK => {
-                need_room(w, ENTRY_REPLY_SIZE)?;
-                let name = a.name()?;
-                let target = a.cstr(PATH_MAX)?;
-                let e = fs.symlink(ctx, target, node, name, secctx)?;
-                self.ok(w, h, &[entry_out(&e).as_bytes()])
-            }
-            opcode::MKNOD => {
-                need_room(w, ENTRY_REPLY_SIZE)?;
-                let m: abi::MknodIn = a.take()?;
-                let name = a.name()?;
-                let e = fs.mknod(ctx, node, name, m.mode, m.rdev, m.umask, secctx)?;
-                self.ok(w, h, &[entry_out(&e).as_bytes()])
-            }
-            opcode::MKDIR => {
-                need_room(w, ENTRY_REPLY_SIZE)?;
-                let m: abi::MkdirIn = a.take()?;
-                let name = a.name()?;
-                let e = fs.mkdir(ctx, node, name, m.mode, m.umask, secctx)?;
-                self.ok(w, h, &[entry_out(&e).as_bytes()])
-            }
-            opcode::UNLINK => {
-                fs.unlink(ctx, node, a.name()?)?;
-                self.ok(w, h, &[])
-            }
-            opcode::RMDIR => {
-                fs.rmdir(ctx, node, a.name()?)?;
-                self.ok(w, h, &[])
-            }
-            opcode::RENAME => {
-                let r: abi::RenameIn = a.take()?;
-                let old = a.name()?;
-                let new = a.name()?;
-                fs.rename(ctx, node, old, r.newdir, new, 0)?;
-                self.ok(w, h, &[])
-            }
-            opcode::RENAME2 => {
-                let r: abi::Rename2In = a.take()?;
-                let old = a.name()?;
-                let new = a.name()?;
-                let mut ctx = *ctx;
-                if self.options() & abi::init::ALLOW_IDMAP != 0
-                    && r.flags & libc::RENAME_WHITEOUT == 0
-                {
-                    // Only a rename that leaves a whiteout creates an inode.
-                    without_ids(&mut ctx);
-                }
-                fs.rename(&ctx, node, old, r.newdir, new, r.flags)?;
-                self.ok(w, h, &[])
-            }
-            opcode::LINK => {
-                need_room(w, ENTRY_REPLY_SIZE)?;
-                let l: abi::LinkIn = a.take()?;
-                let name = a.name()?;
-                let e = fs.link(ctx, l.oldnodeid, node, name)?;
-                self.ok(w, h, &[entry_out(&e).as_bytes()])
-            }
-            opcode::OPEN => {
-                need_room(w, OPEN_REPLY_SIZE)?;
-                let o: abi::OpenIn = a.take()?;
-                let opened = fs.open(ctx, node, o.flags, o.open_flags)?;
-                self.ok(w, h, &[open_out(&opened).as_bytes()])
-            }
-            opcode::CREATE => {
-                need_room(w, CREATE_REPLY_SIZE)?;
-                let c: abi::CreateIn = a.take()?;
-                let name = a.name()?;
-                let (e, opened) = fs.create(
-                    ctx,
-                    node,
-                    name,
-                    c.mode,
-                    c.flags,
-                    c.umask,
-                    c.open_flags,
-                    secctx,
-                )?;
-                self.ok(
-                    w,
-                    h,
-                    &[entry_out(&e).as_bytes(), open_out(&opened).as_bytes()],
-                )
-            }
-            opcode::TMPFILE => {
-                need_room(w, CREATE_REPLY_SIZE)?;
-                let c: abi::CreateIn = a.take()?;
-                let (e, opened) = fs.tmpfile(ctx, node, c.mode, c.flags, c.umask, secctx)?;
-                self.ok(
-                    w,
-                    h,
-                    &[entry_out(&e).as_bytes(), open_out(&opened).as_bytes()],
-                )
-            }
-            opcode::READ => self.do_read(ctx, h, a, w),
-            opcode::STATFS => {
-                let s = fs.statfs(ctx, node)?;
-                let out = abi::Kstatfs {
-                    blocks: s.f_blocks,
-                    bfree: s.f_bfree,
-                    bavail: s.f_bavail,
-                    files: s.f_files,
-                    ffree: s.f_ffree,
-                    bsize: s.f_bsize as u32,
-                    namelen: s.f_namemax as u32,
-                    frsize: s.f_frsize as u32,
-                    padding: 0,
-                    spare: [0; 6],
-                };
-                self.ok(w, h, &[out.as_bytes()])
-            }
-            opcode::RELEASE => {
-                let r: abi::ReleaseIn = a.take()?;
-                fs.release(ctx, node, r.flags, r.fh)?;
-                self.ok(w, h, &[])
-            }
-            opcode::RELEASEDIR => {
-                let r: abi::ReleaseIn = a.take()?;
-                fs.releasedir(ctx, node, r.flags, r.fh)?;
-                self.ok(w, h, &[])
-            }
-            opcode::FSYNC | opcode::FSYNCDIR => {
-                let f: abi::FsyncIn = a.take()?;
-                let datasync = f.fsync_flags & abi::FSYNC_FDATASYNC != 0;
-                if h.opcode == opcode::FSYNC {
-                    fs.fsync(ctx, node, datasync, f.fh)?;
-                } else {
-                    fs.fsyncdir(ctx, node, datasync, f.fh)?;
-                }
-                self.ok(w, h, &[])
-            }
-            opcode::FLUSH => {
-                let f: abi::FlushIn = a.take()?;
-                fs.flush(ctx, node, f.fh, f.lock_owner)?;
-                self.ok(w, h, &[])
-            }
-            opcode::SETXATTR => {
-                let (size, flags, setxattr_flags) = if self.options() & abi::init::SETXATTR_EXT != 0
-                {
-                    let s: abi::SetxattrIn = a.take()?;
-                    (s.size, s.flags, s.setxattr_flags)
-                } else {
-                    let s: abi::SetxattrInCompat = a.take()?;
-                    (s.size, s.flags, 0)
-                };
-                if size > XATTR_SIZE_MAX {
-                    return Err(errno(libc::E2BIG));
-                }
-                let name = a.name()?;
-                let value = a.bytes(size as usize)?;
-                fs.setxattr(ctx, node, name, value, flags, setxattr_flags)?;
-                self.ok(w, h, &[])
-            }
-            opcode::GETXATTR => {
-                let g: abi::GetxattrIn = a.take()?;
-                let name = a.name()?;
-                let reply = fs.getxattr(ctx, node, name, g.size)?;
-                self.xattr_reply(w, h, reply, g.size)
-            }
-            opcode::LISTXATTR => {
-                let g: abi::GetxattrIn = a.take()?;
-                let reply = fs.listxattr(ctx, node, g.size)?;
-                self.xattr_reply(w, h, reply, g.size)
-            }
-            opcode::REMOVEXATTR => {
-                fs.removexattr(ctx, node, a.name()?)?;
-                self.ok(w, h, &[])
-            }
-            opcode::OPENDIR => {
-                need_room(w, OPEN_REPLY_SIZE)?;
-                let o: abi::OpenIn = a.take()?;
-                let opened = fs.opendir(ctx, node, o.flags)?;
-                self.ok(w, h, &[open_out(&opened).as_bytes()])
-            }
-            opcode::READDIR => self.do_readdir(ctx, h, a, w, false),
-            opcode::READDIRPLUS => self.do_readdir(ctx, h, a, w, true),
-            opcode::ACCESS => {
-                let acc: abi::AccessIn = a.take()?;
-                // Without a caller identity (idmapped mounts) there is nobody to check the mode
-                // bits for: the kernel has checked them itself (ALLOW_IDMAP needs
-                // default_permissions, under which it does not even send ACCESS). Only whether
-                // the node still exists is answered; nothing is granted or denied by uid/gid.
-                let mask = if has_identity(ctx) {
-                    acc.mask
-                } else {
-                    libc::F_OK as u32
-                };
-                fs.access(ctx, node, mask)?;
-                self.ok(w, h, &[])
-            }
-            opcode::FALLOCATE => {
-                let f: abi::FallocateIn = a.take()?;
-                let kill_priv = self.killpriv_v2();
-                fs.fallocate(ctx, node, f.fh, f.mode, f.offset, f.length, kill_priv)?;
-                self.ok(w, h, &[])
-            }
-            opcode::LSEEK => {
-                let l: abi::LseekIn = a.take()?;
-                let offset = fs.lseek(ctx, node, l.fh, l.offset, l.whence)?;
-                self.ok(w, h, &[abi::LseekOut { offset }.as_bytes()])
-            }
-            opcode::COPY_FILE_RANGE => {
-                let c: abi::CopyFileRangeIn = a.take()?;
-                let n = fs.copy_file_range(
-                    ctx,
-                    node,
-                    c.fh_in,
-                    c.off_in,
-                    c.nodeid_out,
-                    c.fh_out,
-                    c.off_out,
-                    c.len,
-                    c.flags,
-                    self.killpriv_v2(),
-                )?;
-                // The reply carries a 32-bit count; a larger copy is reported as a short one.
-                let size = u32::try_from(n).unwrap_or(u32::MAX);
-                self.ok(w, h, &[abi::WriteOut { size, padding: 0 }.as_bytes()])
-            }
-            opcode::SYNCFS => {
-                let _: abi::SyncfsIn = a.take()?;
-                fs.syncfs(ctx, node)?;
-                self.ok(w, h, &[])
-            }
-            opcode::INTERRUPT => {
-                // Requests are answered synchronously; there is nothing to interrupt.
-                Ok(Outcome::NoReply)
-            }
-            other => {
-                debug!("unsupported opcode {other}");
-                Err(errno(libc::ENOSYS))
-            }
-        }
+        need_room(w, ENTRY_REPLY_SIZE)?;
+        let name = a.name()?;
+        let target = a.cstr(PATH_MAX)?;
+        let e = self.fs.symlink(ctx, target, h.nodeid, name, secctx)?;
+        self.ok(w, h, &[entry_out(&e).as_bytes()])
     }
 
-    fn do_init<W: Writer>(
+    fn mknod<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        secctx: &[SecCtx<'_>],
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        need_room(w, ENTRY_REPLY_SIZE)?;
+        let m: abi::MknodIn = a.take()?;
+        let name = a.name()?;
+        let e = self
+            .fs
+            .mknod(ctx, h.nodeid, name, m.mode, m.rdev, m.umask, secctx)?;
+        self.ok(w, h, &[entry_out(&e).as_bytes()])
+    }
+
+    fn mkdir<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        secctx: &[SecCtx<'_>],
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        need_room(w, ENTRY_REPLY_SIZE)?;
+        let m: abi::MkdirIn = a.take()?;
+        let name = a.name()?;
+        let e = self
+            .fs
+            .mkdir(ctx, h.nodeid, name, m.mode, m.umask, secctx)?;
+        self.ok(w, h, &[entry_out(&e).as_bytes()])
+    }
+
+    fn unlink<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        self.fs.unlink(ctx, h.nodeid, a.name()?)?;
+        self.ok(w, h, &[])
+    }
+
+    fn rmdir<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        self.fs.rmdir(ctx, h.nodeid, a.name()?)?;
+        self.ok(w, h, &[])
+    }
+
+    fn rename<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let r: abi::RenameIn = a.take()?;
+        let old = a.name()?;
+        let new = a.name()?;
+        self.fs.rename(ctx, h.nodeid, old, r.newdir, new, 0)?;
+        self.ok(w, h, &[])
+    }
+
+    fn link<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        need_room(w, ENTRY_REPLY_SIZE)?;
+        let l: abi::LinkIn = a.take()?;
+        let name = a.name()?;
+        let e = self.fs.link(ctx, l.oldnodeid, h.nodeid, name)?;
+        self.ok(w, h, &[entry_out(&e).as_bytes()])
+    }
+
+    fn open<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        need_room(w, OPEN_REPLY_SIZE)?;
+        let o: abi::OpenIn = a.take()?;
+        let opened = self.fs.open(ctx, h.nodeid, o.flags, o.open_flags)?;
+        self.ok(w, h, &[open_out(&opened).as_bytes()])
+    }
+
+    /// The file's data goes straight into the reply, after the slot left for its header.
+    fn read<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let ri: abi::ReadIn = a.take()?;
+        if w.remaining() < OUT_HEADER_SIZE {
+            return Err(einval());
+        }
+        let size = ri.size.min(MAX_WRITE_SIZE);
+        let mut data = w.split_at(OUT_HEADER_SIZE)?;
+        let n = self
+            .fs
+            .read(ctx, h.nodeid, ri.fh, &mut data, size, ri.offset)?;
+        let total = OUT_HEADER_SIZE + n;
+        let out = abi::OutHeader {
+            len: total as u32,
+            error: 0,
+            unique: h.unique,
+        };
+        w.write_all(out.as_bytes())?;
+        Ok(Outcome::Reply(total))
+    }
+
+    /// Reads the arguments from `r` and leaves the data there, for the filesystem to take
+    /// straight from the request.
+    fn write<R: Reader, W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        body_len: usize,
+        r: &mut R,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let mut wb = [0u8; size_of::<abi::WriteIn>()];
+        if body_len < wb.len() {
+            return Err(einval());
+        }
+        r.read_exact(&mut wb)?;
+        let wi = abi::WriteIn::from_prefix(&wb).ok_or_else(einval)?;
+        // The header's ids of a write-back (WRITE_CACHE) are no caller's: the debug log shows
+        // the flags so that the two kinds can be told apart.
+        debug!(
+            "write unique={} nodeid={} offset={} size={} write_flags={:#x}{}",
+            h.unique,
+            h.nodeid,
+            wi.offset,
+            wi.size,
+            wi.write_flags,
+            if wi.write_flags & abi::WRITE_CACHE != 0 {
+                " (page cache write-back)"
+            } else {
+                ""
+            }
+        );
+        let data_len = body_len - wb.len();
+        if wi.size as usize > data_len {
+            warn!(
+                "WRITE of {} bytes carries only {} bytes of data; refused",
+                wi.size, data_len
+            );
+            return Err(einval());
+        }
+        if wi.size > MAX_WRITE_SIZE {
+            return Err(errno(libc::E2BIG));
+        }
+        let kill_priv = wi.write_flags & abi::WRITE_KILL_SUIDGID != 0;
+        let n = self
+            .fs
+            .write(ctx, h.nodeid, wi.fh, r, wi.size, wi.offset, kill_priv)?;
+        let out = abi::WriteOut {
+            size: n as u32,
+            padding: 0,
+        };
+        self.ok(w, h, &[out.as_bytes()])
+    }
+
+    fn statfs<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let s = self.fs.statfs(ctx, h.nodeid)?;
+        let out = abi::Kstatfs {
+            blocks: s.f_blocks,
+            bfree: s.f_bfree,
+            bavail: s.f_bavail,
+            files: s.f_files,
+            ffree: s.f_ffree,
+            bsize: s.f_bsize as u32,
+            namelen: s.f_namemax as u32,
+            frsize: s.f_frsize as u32,
+            padding: 0,
+            spare: [0; 6],
+        };
+        self.ok(w, h, &[out.as_bytes()])
+    }
+
+    fn release<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let r: abi::ReleaseIn = a.take()?;
+        self.fs.release(ctx, h.nodeid, r.flags, r.fh)?;
+        self.ok(w, h, &[])
+    }
+
+    fn fsync<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let (datasync, fh) = fsync_args(&mut a)?;
+        self.fs.fsync(ctx, h.nodeid, datasync, fh)?;
+        self.ok(w, h, &[])
+    }
+
+    /// The argument struct has two forms: the longer one once `SETXATTR_EXT` is agreed.
+    fn setxattr<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let (size, flags, setxattr_flags) = if self.options() & abi::init::SETXATTR_EXT != 0 {
+            let s: abi::SetxattrIn = a.take()?;
+            (s.size, s.flags, s.setxattr_flags)
+        } else {
+            let s: abi::SetxattrInCompat = a.take()?;
+            (s.size, s.flags, 0)
+        };
+        if size > XATTR_SIZE_MAX {
+            return Err(errno(libc::E2BIG));
+        }
+        let name = a.name()?;
+        let value = a.bytes(size as usize)?;
+        self.fs
+            .setxattr(ctx, h.nodeid, name, value, flags, setxattr_flags)?;
+        self.ok(w, h, &[])
+    }
+
+    fn getxattr<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let g: abi::GetxattrIn = a.take()?;
+        let name = a.name()?;
+        let reply = self.fs.getxattr(ctx, h.nodeid, name, g.size)?;
+        self.xattr_reply(w, h, reply, g.size)
+    }
+
+    fn listxattr<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let g: abi::GetxattrIn = a.take()?;
+        let reply = self.fs.listxattr(ctx, h.nodeid, g.size)?;
+        self.xattr_reply(w, h, reply, g.size)
+    }
+
+    fn removexattr<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        self.fs.removexattr(ctx, h.nodeid, a.name()?)?;
+        self.ok(w, h, &[])
+    }
+
+    fn flush<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let f: abi::FlushIn = a.take()?;
+        self.fs.flush(ctx, h.nodeid, f.fh, f.lock_owner)?;
+        self.ok(w, h, &[])
+    }
+
+    /// Agrees on the protocol version and the flags, and starts the session.
+    fn init<W: Writer>(
         &self,
         h: &abi::InHeader,
         mut a: Body<'_>,
@@ -815,84 +1009,246 @@ impl<F: FileSystem> Server<F> {
         self.ok(w, h, &[out.as_bytes()])
     }
 
-    fn do_read<W: Writer>(
+    fn opendir<W: Writer>(
         &self,
         ctx: &Context,
         h: &abi::InHeader,
         mut a: Body<'_>,
         w: &mut W,
     ) -> io::Result<Outcome> {
-        let ri: abi::ReadIn = a.take()?;
-        if w.remaining() < OUT_HEADER_SIZE {
-            return Err(einval());
-        }
-        let size = ri.size.min(MAX_WRITE_SIZE);
-        let mut data = w.split_at(OUT_HEADER_SIZE)?;
-        let n = self
-            .fs
-            .read(ctx, h.nodeid, ri.fh, &mut data, size, ri.offset)?;
-        let total = OUT_HEADER_SIZE + n;
-        let out = abi::OutHeader {
-            len: total as u32,
-            error: 0,
-            unique: h.unique,
-        };
-        w.write_all(out.as_bytes())?;
-        Ok(Outcome::Reply(total))
+        need_room(w, OPEN_REPLY_SIZE)?;
+        let o: abi::OpenIn = a.take()?;
+        let opened = self.fs.opendir(ctx, h.nodeid, o.flags)?;
+        self.ok(w, h, &[open_out(&opened).as_bytes()])
     }
 
-    fn do_write<R: Reader, W: Writer>(
+    fn readdir<W: Writer>(
         &self,
         ctx: &Context,
         h: &abi::InHeader,
-        body_len: usize,
-        r: &mut R,
+        a: Body<'_>,
         w: &mut W,
     ) -> io::Result<Outcome> {
-        let mut wb = [0u8; size_of::<abi::WriteIn>()];
-        if body_len < wb.len() {
-            return Err(einval());
-        }
-        r.read_exact(&mut wb)?;
-        let wi = abi::WriteIn::from_prefix(&wb).ok_or_else(einval)?;
-        // The header's ids of a write-back (WRITE_CACHE) are no caller's: the debug log shows
-        // the flags so that the two kinds can be told apart.
-        debug!(
-            "write unique={} nodeid={} offset={} size={} write_flags={:#x}{}",
-            h.unique,
-            h.nodeid,
-            wi.offset,
-            wi.size,
-            wi.write_flags,
-            if wi.write_flags & abi::WRITE_CACHE != 0 {
-                " (page cache write-back)"
-            } else {
-                ""
-            }
-        );
-        let data_len = body_len - wb.len();
-        if wi.size as usize > data_len {
-            warn!(
-                "WRITE of {} bytes carries only {} bytes of data; refused",
-                wi.size, data_len
-            );
-            return Err(einval());
-        }
-        if wi.size > MAX_WRITE_SIZE {
-            return Err(errno(libc::E2BIG));
-        }
-        let kill_priv = wi.write_flags & abi::WRITE_KILL_SUIDGID != 0;
-        let n = self
-            .fs
-            .write(ctx, h.nodeid, wi.fh, r, wi.size, wi.offset, kill_priv)?;
-        let out = abi::WriteOut {
-            size: n as u32,
-            padding: 0,
-        };
-        self.ok(w, h, &[out.as_bytes()])
+        self.list_dir(ctx, h, a, w, false)
     }
 
-    fn do_readdir<W: Writer>(
+    fn releasedir<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let r: abi::ReleaseIn = a.take()?;
+        self.fs.releasedir(ctx, h.nodeid, r.flags, r.fh)?;
+        self.ok(w, h, &[])
+    }
+
+    fn fsyncdir<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let (datasync, fh) = fsync_args(&mut a)?;
+        self.fs.fsyncdir(ctx, h.nodeid, datasync, fh)?;
+        self.ok(w, h, &[])
+    }
+
+    fn access<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let acc: abi::AccessIn = a.take()?;
+        // Without a caller identity (idmapped mounts) there is nobody to check the mode bits
+        // for: the kernel has checked them itself (ALLOW_IDMAP needs default_permissions,
+        // under which it does not even send ACCESS). Only whether the node still exists is
+        // answered; nothing is granted or denied by uid/gid.
+        let mask = if has_identity(ctx) {
+            acc.mask
+        } else {
+            libc::F_OK as u32
+        };
+        self.fs.access(ctx, h.nodeid, mask)?;
+        self.ok(w, h, &[])
+    }
+
+    fn create<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        secctx: &[SecCtx<'_>],
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        need_room(w, CREATE_REPLY_SIZE)?;
+        let c: abi::CreateIn = a.take()?;
+        let name = a.name()?;
+        let (e, opened) = self.fs.create(
+            ctx,
+            h.nodeid,
+            name,
+            c.mode,
+            c.flags,
+            c.umask,
+            c.open_flags,
+            secctx,
+        )?;
+        self.ok(
+            w,
+            h,
+            &[entry_out(&e).as_bytes(), open_out(&opened).as_bytes()],
+        )
+    }
+
+    /// Ends the session: the guest unmounted.
+    fn destroy<W: Writer>(&self, h: &abi::InHeader, w: &mut W) -> io::Result<Outcome> {
+        self.fs.destroy();
+        self.initialized.store(false, Ordering::Release);
+        self.ok(w, h, &[])
+    }
+
+    /// A count beyond what the request carries is refused whole: nothing is forgotten.
+    fn batch_forget(&self, ctx: &Context, mut a: Body<'_>) -> io::Result<Outcome> {
+        let b: abi::BatchForgetIn = a.take()?;
+        let count = b.count as usize;
+        if count
+            .checked_mul(size_of::<abi::ForgetOne>())
+            .is_none_or(|n| n > a.rest.len())
+        {
+            warn!("BATCH_FORGET count {count} exceeds the request; refused");
+            return Ok(Outcome::NoReply);
+        }
+        let mut items = Vec::with_capacity(count);
+        for _ in 0..count {
+            let f: abi::ForgetOne = a.take()?;
+            items.push((f.nodeid, f.nlookup));
+        }
+        self.fs.batch_forget(ctx, &items);
+        Ok(Outcome::NoReply)
+    }
+
+    fn fallocate<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let f: abi::FallocateIn = a.take()?;
+        let kill_priv = self.killpriv_v2();
+        self.fs
+            .fallocate(ctx, h.nodeid, f.fh, f.mode, f.offset, f.length, kill_priv)?;
+        self.ok(w, h, &[])
+    }
+
+    fn readdirplus<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        self.list_dir(ctx, h, a, w, true)
+    }
+
+    /// With idmapped mounts, the caller's ids count only for a rename that leaves a whiteout:
+    /// the only one that creates an inode.
+    fn rename2<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let r: abi::Rename2In = a.take()?;
+        let old = a.name()?;
+        let new = a.name()?;
+        let mut ctx = *ctx;
+        if self.options() & abi::init::ALLOW_IDMAP != 0 && r.flags & libc::RENAME_WHITEOUT == 0 {
+            without_ids(&mut ctx);
+        }
+        self.fs
+            .rename(&ctx, h.nodeid, old, r.newdir, new, r.flags)?;
+        self.ok(w, h, &[])
+    }
+
+    fn lseek<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let l: abi::LseekIn = a.take()?;
+        let offset = self.fs.lseek(ctx, h.nodeid, l.fh, l.offset, l.whence)?;
+        self.ok(w, h, &[abi::LseekOut { offset }.as_bytes()])
+    }
+
+    fn copy_file_range<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let c: abi::CopyFileRangeIn = a.take()?;
+        let n = self.fs.copy_file_range(
+            ctx,
+            h.nodeid,
+            c.fh_in,
+            c.off_in,
+            c.nodeid_out,
+            c.fh_out,
+            c.off_out,
+            c.len,
+            c.flags,
+            self.killpriv_v2(),
+        )?;
+        // The reply carries a 32-bit count; a larger copy is reported as a short one.
+        let size = u32::try_from(n).unwrap_or(u32::MAX);
+        self.ok(w, h, &[abi::WriteOut { size, padding: 0 }.as_bytes()])
+    }
+
+    fn syncfs<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        let _: abi::SyncfsIn = a.take()?;
+        self.fs.syncfs(ctx, h.nodeid)?;
+        self.ok(w, h, &[])
+    }
+
+    fn tmpfile<W: Writer>(
+        &self,
+        ctx: &Context,
+        h: &abi::InHeader,
+        mut a: Body<'_>,
+        secctx: &[SecCtx<'_>],
+        w: &mut W,
+    ) -> io::Result<Outcome> {
+        need_room(w, CREATE_REPLY_SIZE)?;
+        let c: abi::CreateIn = a.take()?;
+        let (e, opened) = self
+            .fs
+            .tmpfile(ctx, h.nodeid, c.mode, c.flags, c.umask, secctx)?;
+        self.ok(
+            w,
+            h,
+            &[entry_out(&e).as_bytes(), open_out(&opened).as_bytes()],
+        )
+    }
+
+    /// READDIR, or READDIRPLUS when `plus`: as many whole entries as fit the size asked for
+    /// and the reply buffer.
+    fn list_dir<W: Writer>(
         &self,
         ctx: &Context,
         h: &abi::InHeader,
@@ -963,7 +1319,12 @@ impl<F: FileSystem> Server<F> {
         w.write_all(out.as_bytes())?;
         Ok(Outcome::Reply(total))
     }
+}
 
+/// Writing replies.
+impl<F: FileSystem> Server<F> {
+    /// The reply to GETXATTR or LISTXATTR: the size the filesystem gave, or the value, refused
+    /// with `ERANGE` when longer than the `size` the client asked for.
     fn xattr_reply<W: Writer>(
         &self,
         w: &mut W,
@@ -997,7 +1358,7 @@ impl<F: FileSystem> Server<F> {
             warn!(
                 "reply of {} bytes to opcode {} does not fit the {} byte reply buffer",
                 total,
-                h.opcode,
+                OpcodeName(h.opcode),
                 w.remaining()
             );
             return Err(errno(libc::ERANGE));
@@ -1014,6 +1375,8 @@ impl<F: FileSystem> Server<F> {
         Ok(Outcome::Reply(total))
     }
 
+    /// Writes an error reply (`-errno`, `EIO` for an error without one). Refused when part of
+    /// another reply was written already or the buffer cannot hold a header.
     fn reply_error<W: Writer>(&self, w: &mut W, unique: u64, e: io::Error) -> Result<usize> {
         let code = e.raw_os_error().unwrap_or(libc::EIO);
         debug!("reply unique={unique} error={code}");

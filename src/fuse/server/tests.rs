@@ -2,6 +2,7 @@
 //! the replies and filesystem calls they lead to.
 
 use super::*;
+use crate::fuse::abi::opcode;
 use crate::fuse::io::{SliceReader, VecWriter};
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
