@@ -110,6 +110,18 @@ impl<'a> Body<'a> {
     }
 }
 
+/// A request on its way to its handler, its body read.
+struct Request<'a> {
+    /// The caller: with idmapped mounts, no ids unless the request creates an inode.
+    ctx: &'a Context,
+    /// The header: `nodeid` names the node the request is about, `unique` goes in the reply.
+    h: &'a abi::InHeader,
+    /// The arguments not taken yet.
+    body: Body<'a>,
+    /// The security contexts to give a new inode (none unless agreed in INIT).
+    secctx: &'a [SecCtx<'a>],
+}
+
 fn timeout_parts(d: Duration) -> (u64, u32) {
     (d.as_secs(), d.subsec_nanos())
 }
@@ -456,8 +468,8 @@ impl<F: FileSystem> Server<F> {
                 );
                 Err(errno(libc::E2BIG))
             }
-            _ => self.with_body(ctx, &h, body_len, &mut r, |ctx, a, secctx| match op {
-                Ok(op) => self.dispatch(op, ctx, &h, a, secctx, &mut w),
+            _ => self.with_body(ctx, &h, body_len, &mut r, |rq| match op {
+                Ok(op) => self.dispatch(op, rq, &mut w),
                 Err(UnknownOpcode(n)) => unsupported(n),
             }),
         };
@@ -469,16 +481,16 @@ impl<F: FileSystem> Server<F> {
         }
     }
 
-    /// Reads the body of a request into this thread's buffer and calls `f` with the caller
-    /// (its supplementary group taken from the extensions), the arguments, and the security
-    /// contexts the request carried (none unless agreed in INIT).
+    /// Reads the body of a request into this thread's buffer and calls `f` with the request:
+    /// the caller (its supplementary group taken from the extensions), the arguments, and the
+    /// security contexts it carried (none unless agreed in INIT).
     fn with_body<R: Reader, T>(
         &self,
         mut ctx: Context,
         h: &abi::InHeader,
         body_len: usize,
         r: &mut R,
-        f: impl FnOnce(&Context, Body<'_>, &[SecCtx<'_>]) -> io::Result<T>,
+        f: impl FnOnce(Request<'_>) -> io::Result<T>,
     ) -> io::Result<T> {
         BODY.with(|cell| {
             let mut buf = cell.borrow_mut();
@@ -496,67 +508,62 @@ impl<F: FileSystem> Server<F> {
             } else {
                 &[]
             };
-            let body = Body {
-                rest: &buf[..args_len],
-            };
-            f(&ctx, body, secctx)
+            f(Request {
+                ctx: &ctx,
+                h,
+                body: Body {
+                    rest: &buf[..args_len],
+                },
+                secctx,
+            })
         })
     }
 
-    /// The dispatch table: one handler per opcode, in the order of their numbers. Only the
-    /// requests that create an inode get the security contexts.
-    fn dispatch<W: Writer>(
-        &self,
-        op: Opcode,
-        ctx: &Context,
-        h: &abi::InHeader,
-        a: Body<'_>,
-        secctx: &[SecCtx<'_>],
-        w: &mut W,
-    ) -> io::Result<Outcome> {
+    /// The dispatch table: one handler per opcode, in the order of their numbers.
+    fn dispatch<W: Writer>(&self, op: Opcode, rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
         match op {
-            Opcode::Lookup => self.lookup(ctx, h, a, w),
-            Opcode::Forget => self.forget(ctx, h, a),
-            Opcode::Getattr => self.getattr(ctx, h, a, w),
-            Opcode::Setattr => self.setattr(ctx, h, a, w),
-            Opcode::Readlink => self.readlink(ctx, h, w),
-            Opcode::Symlink => self.symlink(ctx, h, a, secctx, w),
-            Opcode::Mknod => self.mknod(ctx, h, a, secctx, w),
-            Opcode::Mkdir => self.mkdir(ctx, h, a, secctx, w),
-            Opcode::Unlink => self.unlink(ctx, h, a, w),
-            Opcode::Rmdir => self.rmdir(ctx, h, a, w),
-            Opcode::Rename => self.rename(ctx, h, a, w),
-            Opcode::Link => self.link(ctx, h, a, w),
-            Opcode::Open => self.open(ctx, h, a, w),
-            Opcode::Read => self.read(ctx, h, a, w),
+            Opcode::Lookup => self.lookup(rq, w),
+            Opcode::Forget => self.forget(rq),
+            Opcode::Getattr => self.getattr(rq, w),
+            Opcode::Setattr => self.setattr(rq, w),
+            Opcode::Readlink => self.readlink(rq, w),
+            Opcode::Symlink => self.symlink(rq, w),
+            Opcode::Mknod => self.mknod(rq, w),
+            Opcode::Mkdir => self.mkdir(rq, w),
+            Opcode::Unlink => self.unlink(rq, w),
+            Opcode::Rmdir => self.rmdir(rq, w),
+            Opcode::Rename => self.rename(rq, w),
+            Opcode::Link => self.link(rq, w),
+            Opcode::Open => self.open(rq, w),
+            Opcode::Read => self.read(rq, w),
             // Served by `handle_message` before any body is read; never dispatched.
             Opcode::Write => Err(einval()),
-            Opcode::Statfs => self.statfs(ctx, h, w),
-            Opcode::Release => self.release(ctx, h, a, w),
-            Opcode::Fsync => self.fsync(ctx, h, a, w),
-            Opcode::Setxattr => self.setxattr(ctx, h, a, w),
-            Opcode::Getxattr => self.getxattr(ctx, h, a, w),
-            Opcode::Listxattr => self.listxattr(ctx, h, a, w),
-            Opcode::Removexattr => self.removexattr(ctx, h, a, w),
-            Opcode::Flush => self.flush(ctx, h, a, w),
-            Opcode::Init => self.init(h, a, w),
-            Opcode::Opendir => self.opendir(ctx, h, a, w),
-            Opcode::Readdir => self.readdir(ctx, h, a, w),
-            Opcode::Releasedir => self.releasedir(ctx, h, a, w),
-            Opcode::Fsyncdir => self.fsyncdir(ctx, h, a, w),
-            Opcode::Access => self.access(ctx, h, a, w),
-            Opcode::Create => self.create(ctx, h, a, secctx, w),
+            Opcode::Statfs => self.statfs(rq, w),
+            Opcode::Release => self.release(rq, w),
+            Opcode::Fsync => self.fsync(rq, w),
+            Opcode::Setxattr => self.setxattr(rq, w),
+            Opcode::Getxattr => self.getxattr(rq, w),
+            Opcode::Listxattr => self.listxattr(rq, w),
+            Opcode::Removexattr => self.removexattr(rq, w),
+            Opcode::Flush => self.flush(rq, w),
+            Opcode::Init => self.init(rq, w),
+            Opcode::Opendir => self.opendir(rq, w),
+            Opcode::Readdir => self.readdir(rq, w),
+            Opcode::Releasedir => self.releasedir(rq, w),
+            Opcode::Fsyncdir => self.fsyncdir(rq, w),
+            Opcode::Access => self.access(rq, w),
+            Opcode::Create => self.create(rq, w),
             // Requests are answered synchronously; there is nothing to interrupt.
             Opcode::Interrupt => Ok(Outcome::NoReply),
-            Opcode::Destroy => self.destroy(h, w),
-            Opcode::BatchForget => self.batch_forget(ctx, a),
-            Opcode::Fallocate => self.fallocate(ctx, h, a, w),
-            Opcode::Readdirplus => self.readdirplus(ctx, h, a, w),
-            Opcode::Rename2 => self.rename2(ctx, h, a, w),
-            Opcode::Lseek => self.lseek(ctx, h, a, w),
-            Opcode::CopyFileRange => self.copy_file_range(ctx, h, a, w),
-            Opcode::Syncfs => self.syncfs(ctx, h, a, w),
-            Opcode::Tmpfile => self.tmpfile(ctx, h, a, secctx, w),
+            Opcode::Destroy => self.destroy(rq, w),
+            Opcode::BatchForget => self.batch_forget(rq),
+            Opcode::Fallocate => self.fallocate(rq, w),
+            Opcode::Readdirplus => self.readdirplus(rq, w),
+            Opcode::Rename2 => self.rename2(rq, w),
+            Opcode::Lseek => self.lseek(rq, w),
+            Opcode::CopyFileRange => self.copy_file_range(rq, w),
+            Opcode::Syncfs => self.syncfs(rq, w),
+            Opcode::Tmpfile => self.tmpfile(rq, w),
             Opcode::Getlk
             | Opcode::Setlk
             | Opcode::Setlkw
@@ -572,184 +579,112 @@ impl<F: FileSystem> Server<F> {
 }
 
 /// The handlers, one per request: each takes its arguments from the body, calls the filesystem
-/// and writes the reply. `h.nodeid` is the node the request is about.
+/// and writes the reply.
 impl<F: FileSystem> Server<F> {
-    fn lookup<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
+    fn lookup<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
         need_room(w, ENTRY_REPLY_SIZE)?;
-        let name = a.name()?;
-        let e = self.fs.lookup(ctx, h.nodeid, name)?;
-        self.ok(w, h, &[entry_out(&e).as_bytes()])
+        let name = rq.body.name()?;
+        let e = self.fs.lookup(rq.ctx, rq.h.nodeid, name)?;
+        self.ok(w, rq.h, &[entry_out(&e).as_bytes()])
     }
 
-    fn forget(&self, ctx: &Context, h: &abi::InHeader, mut a: Body<'_>) -> io::Result<Outcome> {
-        let f: abi::ForgetIn = a.take()?;
-        self.fs.forget(ctx, h.nodeid, f.nlookup);
+    fn forget(&self, mut rq: Request<'_>) -> io::Result<Outcome> {
+        let f: abi::ForgetIn = rq.body.take()?;
+        self.fs.forget(rq.ctx, rq.h.nodeid, f.nlookup);
         Ok(Outcome::NoReply)
     }
 
-    fn getattr<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let g: abi::GetattrIn = a.take()?;
+    fn getattr<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let g: abi::GetattrIn = rq.body.take()?;
         let fh = (g.getattr_flags & abi::GETATTR_FH != 0).then_some(g.fh);
-        let (st, t) = self.fs.getattr(ctx, h.nodeid, fh)?;
-        self.ok(w, h, &[attr_out(&st, t).as_bytes()])
+        let (st, t) = self.fs.getattr(rq.ctx, rq.h.nodeid, fh)?;
+        self.ok(w, rq.h, &[attr_out(&st, t).as_bytes()])
     }
 
-    fn setattr<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let s: abi::SetattrIn = a.take()?;
+    fn setattr<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let s: abi::SetattrIn = rq.body.take()?;
         let fh = (s.valid & abi::fattr::FH != 0).then_some(s.fh);
-        let (st, t) = self.fs.setattr(ctx, h.nodeid, set_attr(&s), fh)?;
-        self.ok(w, h, &[attr_out(&st, t).as_bytes()])
+        let (st, t) = self.fs.setattr(rq.ctx, rq.h.nodeid, set_attr(&s), fh)?;
+        self.ok(w, rq.h, &[attr_out(&st, t).as_bytes()])
     }
 
-    fn readlink<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let target = self.fs.readlink(ctx, h.nodeid)?;
-        self.ok(w, h, &[&target])
+    fn readlink<W: Writer>(&self, rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let target = self.fs.readlink(rq.ctx, rq.h.nodeid)?;
+        self.ok(w, rq.h, &[&target])
     }
 
-    fn symlink<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        secctx: &[SecCtx<'_>],
-        w: &mut W,
-    ) -> io::Result<Outcome> {
+    fn symlink<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
         need_room(w, ENTRY_REPLY_SIZE)?;
-        let name = a.name()?;
-        let target = a.cstr(PATH_MAX)?;
-        let e = self.fs.symlink(ctx, target, h.nodeid, name, secctx)?;
-        self.ok(w, h, &[entry_out(&e).as_bytes()])
-    }
-
-    fn mknod<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        secctx: &[SecCtx<'_>],
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        need_room(w, ENTRY_REPLY_SIZE)?;
-        let m: abi::MknodIn = a.take()?;
-        let name = a.name()?;
+        let name = rq.body.name()?;
+        let target = rq.body.cstr(PATH_MAX)?;
         let e = self
             .fs
-            .mknod(ctx, h.nodeid, name, m.mode, m.rdev, m.umask, secctx)?;
-        self.ok(w, h, &[entry_out(&e).as_bytes()])
+            .symlink(rq.ctx, target, rq.h.nodeid, name, rq.secctx)?;
+        self.ok(w, rq.h, &[entry_out(&e).as_bytes()])
     }
 
-    fn mkdir<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        secctx: &[SecCtx<'_>],
-        w: &mut W,
-    ) -> io::Result<Outcome> {
+    fn mknod<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
         need_room(w, ENTRY_REPLY_SIZE)?;
-        let m: abi::MkdirIn = a.take()?;
-        let name = a.name()?;
+        let m: abi::MknodIn = rq.body.take()?;
+        let name = rq.body.name()?;
+        let e = self.fs.mknod(
+            rq.ctx,
+            rq.h.nodeid,
+            name,
+            m.mode,
+            m.rdev,
+            m.umask,
+            rq.secctx,
+        )?;
+        self.ok(w, rq.h, &[entry_out(&e).as_bytes()])
+    }
+
+    fn mkdir<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        need_room(w, ENTRY_REPLY_SIZE)?;
+        let m: abi::MkdirIn = rq.body.take()?;
+        let name = rq.body.name()?;
         let e = self
             .fs
-            .mkdir(ctx, h.nodeid, name, m.mode, m.umask, secctx)?;
-        self.ok(w, h, &[entry_out(&e).as_bytes()])
+            .mkdir(rq.ctx, rq.h.nodeid, name, m.mode, m.umask, rq.secctx)?;
+        self.ok(w, rq.h, &[entry_out(&e).as_bytes()])
     }
 
-    fn unlink<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        self.fs.unlink(ctx, h.nodeid, a.name()?)?;
-        self.ok(w, h, &[])
+    fn unlink<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        self.fs.unlink(rq.ctx, rq.h.nodeid, rq.body.name()?)?;
+        self.ok(w, rq.h, &[])
     }
 
-    fn rmdir<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        self.fs.rmdir(ctx, h.nodeid, a.name()?)?;
-        self.ok(w, h, &[])
+    fn rmdir<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        self.fs.rmdir(rq.ctx, rq.h.nodeid, rq.body.name()?)?;
+        self.ok(w, rq.h, &[])
     }
 
-    fn rename<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let r: abi::RenameIn = a.take()?;
-        let old = a.name()?;
-        let new = a.name()?;
-        self.fs.rename(ctx, h.nodeid, old, r.newdir, new, 0)?;
-        self.ok(w, h, &[])
+    fn rename<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let r: abi::RenameIn = rq.body.take()?;
+        let old = rq.body.name()?;
+        let new = rq.body.name()?;
+        self.fs.rename(rq.ctx, rq.h.nodeid, old, r.newdir, new, 0)?;
+        self.ok(w, rq.h, &[])
     }
 
-    fn link<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
+    fn link<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
         need_room(w, ENTRY_REPLY_SIZE)?;
-        let l: abi::LinkIn = a.take()?;
-        let name = a.name()?;
-        let e = self.fs.link(ctx, l.oldnodeid, h.nodeid, name)?;
-        self.ok(w, h, &[entry_out(&e).as_bytes()])
+        let l: abi::LinkIn = rq.body.take()?;
+        let name = rq.body.name()?;
+        let e = self.fs.link(rq.ctx, l.oldnodeid, rq.h.nodeid, name)?;
+        self.ok(w, rq.h, &[entry_out(&e).as_bytes()])
     }
 
-    fn open<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
+    fn open<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
         need_room(w, OPEN_REPLY_SIZE)?;
-        let o: abi::OpenIn = a.take()?;
-        let opened = self.fs.open(ctx, h.nodeid, o.flags, o.open_flags)?;
-        self.ok(w, h, &[open_out(&opened).as_bytes()])
+        let o: abi::OpenIn = rq.body.take()?;
+        let opened = self.fs.open(rq.ctx, rq.h.nodeid, o.flags, o.open_flags)?;
+        self.ok(w, rq.h, &[open_out(&opened).as_bytes()])
     }
 
     /// The file's data goes straight into the reply, after the slot left for its header.
-    fn read<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let ri: abi::ReadIn = a.take()?;
+    fn read<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let ri: abi::ReadIn = rq.body.take()?;
         if w.remaining() < OUT_HEADER_SIZE {
             return Err(einval());
         }
@@ -757,12 +692,12 @@ impl<F: FileSystem> Server<F> {
         let mut data = w.split_at(OUT_HEADER_SIZE)?;
         let n = self
             .fs
-            .read(ctx, h.nodeid, ri.fh, &mut data, size, ri.offset)?;
+            .read(rq.ctx, rq.h.nodeid, ri.fh, &mut data, size, ri.offset)?;
         let total = OUT_HEADER_SIZE + n;
         let out = abi::OutHeader {
             len: total as u32,
             error: 0,
-            unique: h.unique,
+            unique: rq.h.unique,
         };
         w.write_all(out.as_bytes())?;
         Ok(Outcome::Reply(total))
@@ -821,13 +756,8 @@ impl<F: FileSystem> Server<F> {
         self.ok(w, h, &[out.as_bytes()])
     }
 
-    fn statfs<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let s = self.fs.statfs(ctx, h.nodeid)?;
+    fn statfs<W: Writer>(&self, rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let s = self.fs.statfs(rq.ctx, rq.h.nodeid)?;
         let out = abi::Kstatfs {
             blocks: s.f_blocks,
             bfree: s.f_bfree,
@@ -840,114 +770,67 @@ impl<F: FileSystem> Server<F> {
             padding: 0,
             spare: [0; 6],
         };
-        self.ok(w, h, &[out.as_bytes()])
+        self.ok(w, rq.h, &[out.as_bytes()])
     }
 
-    fn release<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let r: abi::ReleaseIn = a.take()?;
-        self.fs.release(ctx, h.nodeid, r.flags, r.fh)?;
-        self.ok(w, h, &[])
+    fn release<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let r: abi::ReleaseIn = rq.body.take()?;
+        self.fs.release(rq.ctx, rq.h.nodeid, r.flags, r.fh)?;
+        self.ok(w, rq.h, &[])
     }
 
-    fn fsync<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let (datasync, fh) = fsync_args(&mut a)?;
-        self.fs.fsync(ctx, h.nodeid, datasync, fh)?;
-        self.ok(w, h, &[])
+    fn fsync<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let (datasync, fh) = fsync_args(&mut rq.body)?;
+        self.fs.fsync(rq.ctx, rq.h.nodeid, datasync, fh)?;
+        self.ok(w, rq.h, &[])
     }
 
     /// The argument struct has two forms: the longer one once `SETXATTR_EXT` is agreed.
-    fn setxattr<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
+    fn setxattr<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
         let (size, flags, setxattr_flags) = if self.options() & abi::init::SETXATTR_EXT != 0 {
-            let s: abi::SetxattrIn = a.take()?;
+            let s: abi::SetxattrIn = rq.body.take()?;
             (s.size, s.flags, s.setxattr_flags)
         } else {
-            let s: abi::SetxattrInCompat = a.take()?;
+            let s: abi::SetxattrInCompat = rq.body.take()?;
             (s.size, s.flags, 0)
         };
         if size > XATTR_SIZE_MAX {
             return Err(errno(libc::E2BIG));
         }
-        let name = a.name()?;
-        let value = a.bytes(size as usize)?;
+        let name = rq.body.name()?;
+        let value = rq.body.bytes(size as usize)?;
         self.fs
-            .setxattr(ctx, h.nodeid, name, value, flags, setxattr_flags)?;
-        self.ok(w, h, &[])
+            .setxattr(rq.ctx, rq.h.nodeid, name, value, flags, setxattr_flags)?;
+        self.ok(w, rq.h, &[])
     }
 
-    fn getxattr<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let g: abi::GetxattrIn = a.take()?;
-        let name = a.name()?;
-        let reply = self.fs.getxattr(ctx, h.nodeid, name, g.size)?;
-        self.xattr_reply(w, h, reply, g.size)
+    fn getxattr<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let g: abi::GetxattrIn = rq.body.take()?;
+        let name = rq.body.name()?;
+        let reply = self.fs.getxattr(rq.ctx, rq.h.nodeid, name, g.size)?;
+        self.xattr_reply(w, rq.h, reply, g.size)
     }
 
-    fn listxattr<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let g: abi::GetxattrIn = a.take()?;
-        let reply = self.fs.listxattr(ctx, h.nodeid, g.size)?;
-        self.xattr_reply(w, h, reply, g.size)
+    fn listxattr<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let g: abi::GetxattrIn = rq.body.take()?;
+        let reply = self.fs.listxattr(rq.ctx, rq.h.nodeid, g.size)?;
+        self.xattr_reply(w, rq.h, reply, g.size)
     }
 
-    fn removexattr<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        self.fs.removexattr(ctx, h.nodeid, a.name()?)?;
-        self.ok(w, h, &[])
+    fn removexattr<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        self.fs.removexattr(rq.ctx, rq.h.nodeid, rq.body.name()?)?;
+        self.ok(w, rq.h, &[])
     }
 
-    fn flush<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let f: abi::FlushIn = a.take()?;
-        self.fs.flush(ctx, h.nodeid, f.fh, f.lock_owner)?;
-        self.ok(w, h, &[])
+    fn flush<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let f: abi::FlushIn = rq.body.take()?;
+        self.fs.flush(rq.ctx, rq.h.nodeid, f.fh, f.lock_owner)?;
+        self.ok(w, rq.h, &[])
     }
 
     /// Agrees on the protocol version and the flags, and starts the session.
-    fn init<W: Writer>(
-        &self,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let i: abi::InitInCompat = a.take()?;
+    fn init<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let i: abi::InitInCompat = rq.body.take()?;
         if i.major < abi::KERNEL_VERSION
             || (i.major == abi::KERNEL_VERSION && i.minor < abi::MIN_KERNEL_MINOR_VERSION)
         {
@@ -967,11 +850,11 @@ impl<F: FileSystem> Server<F> {
                 minor: abi::KERNEL_MINOR_VERSION,
                 ..Default::default()
             };
-            return self.ok(w, h, &[out.as_bytes()]);
+            return self.ok(w, rq.h, &[out.as_bytes()]);
         }
         let mut capable = u64::from(i.flags);
         if capable & abi::init::INIT_EXT != 0 {
-            if let Ok(ext) = a.take::<abi::InitInExt>() {
+            if let Ok(ext) = rq.body.take::<abi::InitInExt>() {
                 capable |= u64::from(ext.flags2) << 32;
             }
         }
@@ -1006,200 +889,142 @@ impl<F: FileSystem> Server<F> {
             out.minor,
             enabled
         );
-        self.ok(w, h, &[out.as_bytes()])
+        self.ok(w, rq.h, &[out.as_bytes()])
     }
 
-    fn opendir<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
+    fn opendir<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
         need_room(w, OPEN_REPLY_SIZE)?;
-        let o: abi::OpenIn = a.take()?;
-        let opened = self.fs.opendir(ctx, h.nodeid, o.flags)?;
-        self.ok(w, h, &[open_out(&opened).as_bytes()])
+        let o: abi::OpenIn = rq.body.take()?;
+        let opened = self.fs.opendir(rq.ctx, rq.h.nodeid, o.flags)?;
+        self.ok(w, rq.h, &[open_out(&opened).as_bytes()])
     }
 
-    fn readdir<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        self.list_dir(ctx, h, a, w, false)
+    fn readdir<W: Writer>(&self, rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        self.list_dir(rq, w, false)
     }
 
-    fn releasedir<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let r: abi::ReleaseIn = a.take()?;
-        self.fs.releasedir(ctx, h.nodeid, r.flags, r.fh)?;
-        self.ok(w, h, &[])
+    fn releasedir<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let r: abi::ReleaseIn = rq.body.take()?;
+        self.fs.releasedir(rq.ctx, rq.h.nodeid, r.flags, r.fh)?;
+        self.ok(w, rq.h, &[])
     }
 
-    fn fsyncdir<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let (datasync, fh) = fsync_args(&mut a)?;
-        self.fs.fsyncdir(ctx, h.nodeid, datasync, fh)?;
-        self.ok(w, h, &[])
+    fn fsyncdir<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let (datasync, fh) = fsync_args(&mut rq.body)?;
+        self.fs.fsyncdir(rq.ctx, rq.h.nodeid, datasync, fh)?;
+        self.ok(w, rq.h, &[])
     }
 
-    fn access<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let acc: abi::AccessIn = a.take()?;
+    fn access<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let acc: abi::AccessIn = rq.body.take()?;
         // Without a caller identity (idmapped mounts) there is nobody to check the mode bits
         // for: the kernel has checked them itself (ALLOW_IDMAP needs default_permissions,
         // under which it does not even send ACCESS). Only whether the node still exists is
         // answered; nothing is granted or denied by uid/gid.
-        let mask = if has_identity(ctx) {
+        let mask = if has_identity(rq.ctx) {
             acc.mask
         } else {
             libc::F_OK as u32
         };
-        self.fs.access(ctx, h.nodeid, mask)?;
-        self.ok(w, h, &[])
+        self.fs.access(rq.ctx, rq.h.nodeid, mask)?;
+        self.ok(w, rq.h, &[])
     }
 
-    fn create<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        secctx: &[SecCtx<'_>],
-        w: &mut W,
-    ) -> io::Result<Outcome> {
+    fn create<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
         need_room(w, CREATE_REPLY_SIZE)?;
-        let c: abi::CreateIn = a.take()?;
-        let name = a.name()?;
+        let c: abi::CreateIn = rq.body.take()?;
+        let name = rq.body.name()?;
         let (e, opened) = self.fs.create(
-            ctx,
-            h.nodeid,
+            rq.ctx,
+            rq.h.nodeid,
             name,
             c.mode,
             c.flags,
             c.umask,
             c.open_flags,
-            secctx,
+            rq.secctx,
         )?;
         self.ok(
             w,
-            h,
+            rq.h,
             &[entry_out(&e).as_bytes(), open_out(&opened).as_bytes()],
         )
     }
 
     /// Ends the session: the guest unmounted.
-    fn destroy<W: Writer>(&self, h: &abi::InHeader, w: &mut W) -> io::Result<Outcome> {
+    fn destroy<W: Writer>(&self, rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
         self.fs.destroy();
         self.initialized.store(false, Ordering::Release);
-        self.ok(w, h, &[])
+        self.ok(w, rq.h, &[])
     }
 
     /// A count beyond what the request carries is refused whole: nothing is forgotten.
-    fn batch_forget(&self, ctx: &Context, mut a: Body<'_>) -> io::Result<Outcome> {
-        let b: abi::BatchForgetIn = a.take()?;
+    fn batch_forget(&self, mut rq: Request<'_>) -> io::Result<Outcome> {
+        let b: abi::BatchForgetIn = rq.body.take()?;
         let count = b.count as usize;
         if count
             .checked_mul(size_of::<abi::ForgetOne>())
-            .is_none_or(|n| n > a.rest.len())
+            .is_none_or(|n| n > rq.body.rest.len())
         {
             warn!("BATCH_FORGET count {count} exceeds the request; refused");
             return Ok(Outcome::NoReply);
         }
         let mut items = Vec::with_capacity(count);
         for _ in 0..count {
-            let f: abi::ForgetOne = a.take()?;
+            let f: abi::ForgetOne = rq.body.take()?;
             items.push((f.nodeid, f.nlookup));
         }
-        self.fs.batch_forget(ctx, &items);
+        self.fs.batch_forget(rq.ctx, &items);
         Ok(Outcome::NoReply)
     }
 
-    fn fallocate<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let f: abi::FallocateIn = a.take()?;
+    fn fallocate<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let f: abi::FallocateIn = rq.body.take()?;
         let kill_priv = self.killpriv_v2();
-        self.fs
-            .fallocate(ctx, h.nodeid, f.fh, f.mode, f.offset, f.length, kill_priv)?;
-        self.ok(w, h, &[])
+        self.fs.fallocate(
+            rq.ctx,
+            rq.h.nodeid,
+            f.fh,
+            f.mode,
+            f.offset,
+            f.length,
+            kill_priv,
+        )?;
+        self.ok(w, rq.h, &[])
     }
 
-    fn readdirplus<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        self.list_dir(ctx, h, a, w, true)
+    fn readdirplus<W: Writer>(&self, rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        self.list_dir(rq, w, true)
     }
 
     /// With idmapped mounts, the caller's ids count only for a rename that leaves a whiteout:
     /// the only one that creates an inode.
-    fn rename2<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let r: abi::Rename2In = a.take()?;
-        let old = a.name()?;
-        let new = a.name()?;
-        let mut ctx = *ctx;
+    fn rename2<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let r: abi::Rename2In = rq.body.take()?;
+        let old = rq.body.name()?;
+        let new = rq.body.name()?;
+        let mut ctx = *rq.ctx;
         if self.options() & abi::init::ALLOW_IDMAP != 0 && r.flags & libc::RENAME_WHITEOUT == 0 {
             without_ids(&mut ctx);
         }
         self.fs
-            .rename(&ctx, h.nodeid, old, r.newdir, new, r.flags)?;
-        self.ok(w, h, &[])
+            .rename(&ctx, rq.h.nodeid, old, r.newdir, new, r.flags)?;
+        self.ok(w, rq.h, &[])
     }
 
-    fn lseek<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let l: abi::LseekIn = a.take()?;
-        let offset = self.fs.lseek(ctx, h.nodeid, l.fh, l.offset, l.whence)?;
-        self.ok(w, h, &[abi::LseekOut { offset }.as_bytes()])
+    fn lseek<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let l: abi::LseekIn = rq.body.take()?;
+        let offset = self
+            .fs
+            .lseek(rq.ctx, rq.h.nodeid, l.fh, l.offset, l.whence)?;
+        self.ok(w, rq.h, &[abi::LseekOut { offset }.as_bytes()])
     }
 
-    fn copy_file_range<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let c: abi::CopyFileRangeIn = a.take()?;
+    fn copy_file_range<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let c: abi::CopyFileRangeIn = rq.body.take()?;
         let n = self.fs.copy_file_range(
-            ctx,
-            h.nodeid,
+            rq.ctx,
+            rq.h.nodeid,
             c.fh_in,
             c.off_in,
             c.nodeid_out,
@@ -1211,37 +1036,24 @@ impl<F: FileSystem> Server<F> {
         )?;
         // The reply carries a 32-bit count; a larger copy is reported as a short one.
         let size = u32::try_from(n).unwrap_or(u32::MAX);
-        self.ok(w, h, &[abi::WriteOut { size, padding: 0 }.as_bytes()])
+        self.ok(w, rq.h, &[abi::WriteOut { size, padding: 0 }.as_bytes()])
     }
 
-    fn syncfs<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        w: &mut W,
-    ) -> io::Result<Outcome> {
-        let _: abi::SyncfsIn = a.take()?;
-        self.fs.syncfs(ctx, h.nodeid)?;
-        self.ok(w, h, &[])
+    fn syncfs<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let _: abi::SyncfsIn = rq.body.take()?;
+        self.fs.syncfs(rq.ctx, rq.h.nodeid)?;
+        self.ok(w, rq.h, &[])
     }
 
-    fn tmpfile<W: Writer>(
-        &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
-        secctx: &[SecCtx<'_>],
-        w: &mut W,
-    ) -> io::Result<Outcome> {
+    fn tmpfile<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
         need_room(w, CREATE_REPLY_SIZE)?;
-        let c: abi::CreateIn = a.take()?;
-        let (e, opened) = self
-            .fs
-            .tmpfile(ctx, h.nodeid, c.mode, c.flags, c.umask, secctx)?;
+        let c: abi::CreateIn = rq.body.take()?;
+        let (e, opened) =
+            self.fs
+                .tmpfile(rq.ctx, rq.h.nodeid, c.mode, c.flags, c.umask, rq.secctx)?;
         self.ok(
             w,
-            h,
+            rq.h,
             &[entry_out(&e).as_bytes(), open_out(&opened).as_bytes()],
         )
     }
@@ -1250,13 +1062,11 @@ impl<F: FileSystem> Server<F> {
     /// and the reply buffer.
     fn list_dir<W: Writer>(
         &self,
-        ctx: &Context,
-        h: &abi::InHeader,
-        mut a: Body<'_>,
+        mut rq: Request<'_>,
         w: &mut W,
         plus: bool,
     ) -> io::Result<Outcome> {
-        let ri: abi::ReadIn = a.take()?;
+        let ri: abi::ReadIn = rq.body.take()?;
         if w.remaining() < OUT_HEADER_SIZE {
             return Err(einval());
         }
@@ -1300,13 +1110,17 @@ impl<F: FileSystem> Server<F> {
             Ok(size)
         };
         if plus {
-            self.fs
-                .readdirplus(ctx, h.nodeid, ri.fh, ri.size, ri.offset, &mut |d, e| {
-                    push(&d, Some(&e))
-                })?;
+            self.fs.readdirplus(
+                rq.ctx,
+                rq.h.nodeid,
+                ri.fh,
+                ri.size,
+                ri.offset,
+                &mut |d, e| push(&d, Some(&e)),
+            )?;
         } else {
             self.fs
-                .readdir(ctx, h.nodeid, ri.fh, ri.size, ri.offset, &mut |d| {
+                .readdir(rq.ctx, rq.h.nodeid, ri.fh, ri.size, ri.offset, &mut |d| {
                     push(&d, None)
                 })?;
         }
@@ -1314,7 +1128,7 @@ impl<F: FileSystem> Server<F> {
         let out = abi::OutHeader {
             len: total as u32,
             error: 0,
-            unique: h.unique,
+            unique: rq.h.unique,
         };
         w.write_all(out.as_bytes())?;
         Ok(Outcome::Reply(total))
