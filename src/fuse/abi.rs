@@ -23,58 +23,138 @@ pub const MIN_KERNEL_MINOR_VERSION: u32 = 27;
 /// Node id of the root directory.
 pub const ROOT_ID: u64 = 1;
 
-/// Request opcodes.
-pub mod opcode {
-    pub const LOOKUP: u32 = 1;
-    pub const FORGET: u32 = 2;
-    pub const GETATTR: u32 = 3;
-    pub const SETATTR: u32 = 4;
-    pub const READLINK: u32 = 5;
-    pub const SYMLINK: u32 = 6;
-    pub const MKNOD: u32 = 8;
-    pub const MKDIR: u32 = 9;
-    pub const UNLINK: u32 = 10;
-    pub const RMDIR: u32 = 11;
-    pub const RENAME: u32 = 12;
-    pub const LINK: u32 = 13;
-    pub const OPEN: u32 = 14;
-    pub const READ: u32 = 15;
-    pub const WRITE: u32 = 16;
-    pub const STATFS: u32 = 17;
-    pub const RELEASE: u32 = 18;
-    pub const FSYNC: u32 = 20;
-    pub const SETXATTR: u32 = 21;
-    pub const GETXATTR: u32 = 22;
-    pub const LISTXATTR: u32 = 23;
-    pub const REMOVEXATTR: u32 = 24;
-    pub const FLUSH: u32 = 25;
-    pub const INIT: u32 = 26;
-    pub const OPENDIR: u32 = 27;
-    pub const READDIR: u32 = 28;
-    pub const RELEASEDIR: u32 = 29;
-    pub const FSYNCDIR: u32 = 30;
-    pub const GETLK: u32 = 31;
-    pub const SETLK: u32 = 32;
-    pub const SETLKW: u32 = 33;
-    pub const ACCESS: u32 = 34;
-    pub const CREATE: u32 = 35;
-    pub const INTERRUPT: u32 = 36;
-    pub const BMAP: u32 = 37;
-    pub const DESTROY: u32 = 38;
-    pub const IOCTL: u32 = 39;
-    pub const POLL: u32 = 40;
-    pub const NOTIFY_REPLY: u32 = 41;
-    pub const BATCH_FORGET: u32 = 42;
-    pub const FALLOCATE: u32 = 43;
-    pub const READDIRPLUS: u32 = 44;
-    pub const RENAME2: u32 = 45;
-    pub const LSEEK: u32 = 46;
-    pub const COPY_FILE_RANGE: u32 = 47;
-    pub const SETUPMAPPING: u32 = 48;
-    pub const REMOVEMAPPING: u32 = 49;
-    pub const SYNCFS: u32 = 50;
-    pub const TMPFILE: u32 = 51;
-    pub const STATX: u32 = 52;
+/// Declares the request opcodes once: the numbers (module [`opcode`]), the [`Opcode`] enum,
+/// its conversion from a number and its name (the constant's, as `fuse.h` spells it without the
+/// `FUSE_` prefix).
+macro_rules! opcodes {
+    ($($variant:ident = $name:ident = $num:literal,)*) => {
+        /// Request opcodes, as numbers (`fuse_in_header::opcode`).
+        pub mod opcode {
+            $(pub const $name: u32 = $num;)*
+        }
+
+        /// A request's opcode: every one the protocol defines, served or not.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(u32)]
+        pub enum Opcode {
+            $($variant = $num,)*
+        }
+
+        impl TryFrom<u32> for Opcode {
+            type Error = UnknownOpcode;
+
+            fn try_from(n: u32) -> Result<Self, UnknownOpcode> {
+                match n {
+                    $($num => Ok(Opcode::$variant),)*
+                    _ => Err(UnknownOpcode(n)),
+                }
+            }
+        }
+
+        impl Opcode {
+            /// The name messages give the opcode: `"LOOKUP"`, `"COPY_FILE_RANGE"`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Opcode::$variant => stringify!($name),)*
+                }
+            }
+        }
+    };
+}
+
+opcodes! {
+    Lookup = LOOKUP = 1,
+    Forget = FORGET = 2,
+    Getattr = GETATTR = 3,
+    Setattr = SETATTR = 4,
+    Readlink = READLINK = 5,
+    Symlink = SYMLINK = 6,
+    Mknod = MKNOD = 8,
+    Mkdir = MKDIR = 9,
+    Unlink = UNLINK = 10,
+    Rmdir = RMDIR = 11,
+    Rename = RENAME = 12,
+    Link = LINK = 13,
+    Open = OPEN = 14,
+    Read = READ = 15,
+    Write = WRITE = 16,
+    Statfs = STATFS = 17,
+    Release = RELEASE = 18,
+    Fsync = FSYNC = 20,
+    Setxattr = SETXATTR = 21,
+    Getxattr = GETXATTR = 22,
+    Listxattr = LISTXATTR = 23,
+    Removexattr = REMOVEXATTR = 24,
+    Flush = FLUSH = 25,
+    Init = INIT = 26,
+    Opendir = OPENDIR = 27,
+    Readdir = READDIR = 28,
+    Releasedir = RELEASEDIR = 29,
+    Fsyncdir = FSYNCDIR = 30,
+    Getlk = GETLK = 31,
+    Setlk = SETLK = 32,
+    Setlkw = SETLKW = 33,
+    Access = ACCESS = 34,
+    Create = CREATE = 35,
+    Interrupt = INTERRUPT = 36,
+    Bmap = BMAP = 37,
+    Destroy = DESTROY = 38,
+    Ioctl = IOCTL = 39,
+    Poll = POLL = 40,
+    NotifyReply = NOTIFY_REPLY = 41,
+    BatchForget = BATCH_FORGET = 42,
+    Fallocate = FALLOCATE = 43,
+    Readdirplus = READDIRPLUS = 44,
+    Rename2 = RENAME2 = 45,
+    Lseek = LSEEK = 46,
+    CopyFileRange = COPY_FILE_RANGE = 47,
+    SetupMapping = SETUPMAPPING = 48,
+    RemoveMapping = REMOVEMAPPING = 49,
+    Syncfs = SYNCFS = 50,
+    Tmpfile = TMPFILE = 51,
+    Statx = STATX = 52,
+}
+
+/// A number no opcode of the protocol has: the request gets `ENOSYS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("unknown opcode {0}")]
+pub struct UnknownOpcode(pub u32);
+
+impl Opcode {
+    /// Whether a request of this opcode carries the creator's uid/gid when
+    /// `init::ALLOW_IDMAP` was agreed (RENAME2 only with `RENAME_WHITEOUT`, which the caller
+    /// checks).
+    pub fn carries_creator_ids(self) -> bool {
+        matches!(
+            self,
+            Opcode::Mknod
+                | Opcode::Mkdir
+                | Opcode::Symlink
+                | Opcode::Create
+                | Opcode::Tmpfile
+                | Opcode::Rename2
+        )
+    }
+}
+
+impl std::fmt::Display for Opcode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An opcode number as messages show it: the name of a known opcode (`LOOKUP`), the number of
+/// any other.
+#[derive(Debug, Clone, Copy)]
+pub struct OpcodeName(pub u32);
+
+impl std::fmt::Display for OpcodeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match Opcode::try_from(self.0) {
+            Ok(op) => f.write_str(op.name()),
+            Err(_) => write!(f, "{}", self.0),
+        }
+    }
 }
 
 /// `FUSE_INIT` flags (`flags` is the low 32 bits, `flags2` the high 32 bits).
@@ -121,20 +201,6 @@ pub mod init {
 /// `init::ALLOW_IDMAP`). Never a real id: Linux reserves `(uid_t)-1`, and without
 /// `ALLOW_IDMAP` the kernel refuses (`EOVERFLOW`) or munges an unmapped id rather than send it.
 pub const INVALID_UIDGID: u32 = u32::MAX;
-
-/// Whether a request of `opcode` carries the creator's uid/gid when `init::ALLOW_IDMAP` was
-/// agreed (RENAME2 only with `RENAME_WHITEOUT`, which the caller checks).
-pub fn carries_creator_ids(opcode: u32) -> bool {
-    matches!(
-        opcode,
-        opcode::MKNOD
-            | opcode::MKDIR
-            | opcode::SYMLINK
-            | opcode::CREATE
-            | opcode::TMPFILE
-            | opcode::RENAME2
-    )
-}
 
 /// `fuse_open_out::open_flags`.
 pub mod fopen {
@@ -784,6 +850,28 @@ mod tests {
         let h = InHeader::from_prefix(&bytes).unwrap();
         assert_eq!((h.len, h.opcode, h.unique), (40, opcode::GETATTR, 7));
         assert_eq!(h.as_bytes(), &bytes[..]);
+    }
+
+    #[test]
+    fn every_opcode_number_converts_back_to_itself() {
+        let known: Vec<u32> = (0..64).filter(|&n| Opcode::try_from(n).is_ok()).collect();
+        // 1 to 52 but for 7 (the old GETDIR) and 19 (never used).
+        let expected: Vec<u32> = (1..=52).filter(|&n| n != 7 && n != 19).collect();
+        assert_eq!(known, expected);
+        for n in known {
+            assert_eq!(Opcode::try_from(n).unwrap() as u32, n);
+        }
+        assert_eq!(Opcode::try_from(53), Err(UnknownOpcode(53)));
+    }
+
+    #[test]
+    fn opcodes_are_named_as_fuse_h_names_them() {
+        assert_eq!(Opcode::try_from(opcode::LOOKUP).unwrap().name(), "LOOKUP");
+        assert_eq!(Opcode::CopyFileRange.to_string(), "COPY_FILE_RANGE");
+        assert_eq!(Opcode::Readdirplus.to_string(), "READDIRPLUS");
+        assert_eq!(OpcodeName(opcode::STATX).to_string(), "STATX");
+        assert_eq!(OpcodeName(1000).to_string(), "1000");
+        assert_eq!(UnknownOpcode(1000).to_string(), "unknown opcode 1000");
     }
 
     #[test]

@@ -506,7 +506,8 @@ QEMU log: $(tail -n 5 "$logs/qemu.log")"
 # count_requests ROUND COLUMN LOGS: the requests of each step in the daemon's debug log, cut at
 # the FSYNCDIR (opcode 30) the guest makes before and after each step ("#MARK NAME" on the
 # console, in the same order); one line per step in $OUT/requests.tsv. Ours logs
-# "request unique=U opcode=N ...", the reference "Received request: opcode=Name (N), ...".
+# "request unique=U opcode=NAME ..." (the number of an opcode it does not know), the
+# reference "Received request: opcode=Name (N), ...".
 count_requests() {
     local marks
     marks="$(sed -n 's/^#MARK \([A-Za-z0-9_-]*\)$/\1/p' "$3/console.txt" | tr '\n' ' ')"
@@ -516,12 +517,16 @@ count_requests() {
             split("LOOKUP FORGET GETATTR SETATTR READLINK SYMLINK - MKNOD MKDIR UNLINK RMDIR RENAME LINK OPEN READ WRITE STATFS RELEASE - FSYNC SETXATTR GETXATTR LISTXATTR REMOVEXATTR FLUSH INIT OPENDIR READDIR RELEASEDIR FSYNCDIR GETLK SETLK SETLKW ACCESS CREATE INTERRUPT BMAP DESTROY IOCTL POLL NOTIFY_REPLY BATCH_FORGET FALLOCATE READDIRPLUS RENAME2 LSEEK COPY_FILE_RANGE SETUPMAPPING REMOVEMAPPING SYNCFS TMPFILE STATX", N, " ")
             k = 0   # marks passed
         }
-        /request unique=[0-9]+ opcode=[0-9]+ |Received request: opcode=[A-Za-z]+ \([0-9]+\)/ {
-            if (match($0, /opcode=[0-9]+/)) op = substr($0, RSTART + 7, RLENGTH - 7) + 0
-            else { match($0, /opcode=[A-Za-z]+ \([0-9]+\)/); s = substr($0, RSTART, RLENGTH); sub(/.*\(/, "", s); op = s + 0 }
-            if (op == 30 && k < nm) { k++; next }
-            if (k % 2 == 1) {   # inside step M[k]
+        /request unique=[0-9]+ opcode=[A-Z0-9_]+ |Received request: opcode=[A-Za-z]+ \([0-9]+\)/ {
+            if (match($0, /opcode=[A-Za-z]+ \([0-9]+\)/)) {
+                s = substr($0, RSTART, RLENGTH); sub(/.*\(/, "", s); op = s + 0
                 name = (op in N && N[op] != "-") ? N[op] : "op" op
+            } else {
+                match($0, /opcode=[A-Z0-9_]+ /); name = substr($0, RSTART + 7, RLENGTH - 8)
+                if (name ~ /^[0-9]+$/) name = "op" name
+            }
+            if (name == "FSYNCDIR" && k < nm) { k++; next }
+            if (k % 2 == 1) {   # inside step M[k]
                 c[k, name]++; t[k]++; seen[k] = 1
                 if (!(name in known)) { known[name] = 1; names[++nn] = name }
             }

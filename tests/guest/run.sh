@@ -571,12 +571,12 @@ $(tail -n 15 "$logs/daemon.log")"
     fi
     [ -e "$sock" ] && echo "# note: the daemon left its socket file $sock behind"
     if [ "$suite" = main ] && grep -q '^#DONE' "$console"; then
-        # The guest's umount sends FUSE_DESTROY (opcode 38) before the device goes away.
-        if grep -q 'opcode=38 ' "$logs/daemon.log"; then
+        # The guest's umount sends FUSE_DESTROY before the device goes away.
+        if grep -q 'opcode=DESTROY ' "$logs/daemon.log"; then
             result ok "${prefix}daemon received FUSE_DESTROY on unmount"
         else
             result fail "${prefix}daemon received FUSE_DESTROY on unmount" \
-                "no 'request ... opcode=38' line in the debug log; log tail:
+                "no 'request ... opcode=DESTROY' line in the debug log; log tail:
 $(tail -n 10 "$logs/daemon.log")"
         fi
     fi
@@ -646,8 +646,9 @@ except OSError as e: print("error:", e.strerror)' "$1" "$2"
 }
 
 # requests_between LOGS FROM TO OPCODES WHAT: the requests the daemon logged between the guest's
-# marks FROM and TO whose opcode matches the regex OPCODES: WHAT=count prints their number,
-# WHAT=by-opcode " opN:COUNT, ..." (run.sh took the log's length at each mark)
+# marks FROM and TO whose opcode (its name, as the log gives it) matches the regex OPCODES:
+# WHAT=count prints their number, WHAT=by-opcode " NAME:COUNT, ..." (run.sh took the log's
+# length at each mark)
 requests_between() {
     local a b lines
     a="$(cat "$1/loglines-$2.txt")"; b="$(cat "$1/loglines-$3.txt")"
@@ -655,8 +656,8 @@ requests_between() {
     if [ "$5" = count ]; then
         [ -n "$lines" ] && printf '%s\n' "$lines" | wc -l || echo 0
     else
-        printf '%s\n' "$lines" | sed -n 's/.*opcode=//p' | sort -n | uniq -c |
-            awk '{ printf "%s op%s:%s", sep, $2, $1; sep = "," }'
+        printf '%s\n' "$lines" | sed -n 's/.*opcode=//p' | sort | uniq -c |
+            awk '{ printf "%s %s:%s", sep, $2, $1; sep = "," }'
     fi
 }
 
@@ -714,15 +715,15 @@ host_checks_main() {
     done
     # The warm tar of the 30k tree (tar-30k-warm-reread): requests the daemon received between
     # the warm-start and warm-end marks, by opcode. With --cache always the guest sends no
-    # OPEN (14), RELEASE (18), FLUSH (25), OPENDIR (27) or RELEASEDIR (29): the daemon answers
-    # OPEN, OPENDIR and FLUSH with ENOSYS once and the kernel stops sending them.
+    # OPEN, RELEASE, FLUSH, OPENDIR or RELEASEDIR: the daemon answers OPEN, OPENDIR and FLUSH
+    # with ENOSYS once and the kernel stops sending them.
     got="$(data_of "$c" tar_30k)"
     [ -n "$got" ] && echo "# ${prefix%host: }tar of the 30k tree: $got"
     local name="${prefix}warm re-read of the 30k tree sends no OPEN/FLUSH/RELEASE with --cache always"
     if [ -f "$logs/loglines-warm-start.txt" ] && [ -f "$logs/loglines-warm-end.txt" ]; then
         local counts opens
-        counts="$(requests_between "$logs" warm-start warm-end '[0-9]+' by-opcode)"
-        opens="$(requests_between "$logs" warm-start warm-end '(14|18|25|27|29)' count)"
+        counts="$(requests_between "$logs" warm-start warm-end '[A-Z0-9_]+' by-opcode)"
+        opens="$(requests_between "$logs" warm-start warm-end '(OPEN|RELEASE|FLUSH|OPENDIR|RELEASEDIR)' count)"
         echo "# ${prefix%host: }requests during the warm tar: ${counts:-none}"
         if [[ " $BOOT_FLAGS " != *" --cache always "* ]]; then
             result skip "$name" "not --cache always; OPEN/RELEASE/FLUSH/OPENDIR/RELEASEDIR: $opens"
@@ -742,8 +743,8 @@ host_checks_main() {
     name="${prefix}a warm find after the timeout sends a request per listing page, not per file"
     if [ -f "$logs/loglines-findwarm-start.txt" ] && [ -f "$logs/loglines-findwarm-end.txt" ]; then
         local fcounts ftotal flimit=$(( (5 + 100 + 2000) + 4 * 1101 ))
-        fcounts="$(requests_between "$logs" findwarm-start findwarm-end '[0-9]+' by-opcode)"
-        ftotal="$(requests_between "$logs" findwarm-start findwarm-end '[0-9]+' count)"
+        fcounts="$(requests_between "$logs" findwarm-start findwarm-end '[A-Z0-9_]+' by-opcode)"
+        ftotal="$(requests_between "$logs" findwarm-start findwarm-end '[A-Z0-9_]+' count)"
         echo "# ${prefix%host: }requests during the warm find after the timeout: $ftotal (${fcounts:-none})"
         if [[ " $BOOT_FLAGS " != *" --cache auto "* ]]; then
             result skip "$name" "not --cache auto: $ftotal requests"
@@ -825,10 +826,10 @@ host_checks_idmap() {
     else
         result fail "${prefix}FUSE_ALLOW_IDMAP agreed in FUSE_INIT" "daemon log: '$session'"
     fi
-    # MKNOD 8, MKDIR 9, SYMLINK 6, CREATE 35 carry ids; LOOKUP 1, GETATTR 3, SETATTR 4, OPEN 14,
-    # WRITE 16, UNLINK 10, LINK 13 must not. Only the requests of the idmap suite are checked
-    # (from its idmap-start mark): the guest kernel gives a submount (--announce-submounts) a
-    # super block of its own, whose requests carry ids whatever FUSE_ALLOW_IDMAP says.
+    # MKNOD, MKDIR, SYMLINK, CREATE carry ids; LOOKUP, GETATTR, SETATTR, OPEN, WRITE, UNLINK,
+    # LINK must not. Only the requests of the idmap suite are checked (from its idmap-start
+    # mark): the guest kernel gives a submount (--announce-submounts) a super block of its own,
+    # whose requests carry ids whatever FUSE_ALLOW_IDMAP says.
     # One exception: with --writeback the kernel's flusher writes dirty pages back whoever
     # dirtied them, as a WRITE with FUSE_WRITE_CACHE (write_flags bit 0) and no caller at all
     # (header uid=gid=pid=0, the kernel's "nocreds" requests). Those are told apart by the
@@ -840,17 +841,17 @@ host_checks_idmap() {
     local u f wbfile="$logs/idmap-writeback-uniques.txt" withids="$logs/idmap-requests-with-ids.log"
     sed -n 's/.* write unique=\([0-9]*\) .* write_flags=\(0x[0-9a-f]*\).*/\1 \2/p' "$reqlog" |
         while read -r u f; do (( f & 1 )) && echo "$u"; done > "$wbfile"
-    creating="$(grep -E 'request unique=[0-9]+ opcode=(6|8|9|35) ' "$reqlog" |
+    creating="$(grep -E 'request unique=[0-9]+ opcode=(SYMLINK|MKNOD|MKDIR|CREATE) ' "$reqlog" |
         grep -vc 'uid=4294967295' || true)"
     # non-creating requests with ids into $withids, without the write-backs (WRITE_CACHE,
     # uid=gid=0), which are counted instead
     local flushed
     : > "$withids"
-    flushed="$(grep -E 'request unique=[0-9]+ opcode=(1|3|4|10|13|14|16) ' "$reqlog" |
+    flushed="$(grep -E 'request unique=[0-9]+ opcode=(LOOKUP|GETATTR|SETATTR|UNLINK|LINK|OPEN|WRITE) ' "$reqlog" |
         grep -v 'uid=4294967295 gid=4294967295' |
         awk -v out="$withids" 'FILENAME == ARGV[1] { wb[$1] = 1; next }
              { u = $0; sub(/.*request unique=/, "", u); sub(/ .*/, "", u) }
-             / opcode=16 / && / uid=0 gid=0$/ && (u in wb) { n++; next }
+             / opcode=WRITE / && / uid=0 gid=0$/ && (u in wb) { n++; next }
              { print > out }
              END { close(out); print n + 0 }' "$wbfile" -)"
     other="$(wc -l < "$withids")"
