@@ -12,20 +12,15 @@
 //! - [`socket_lock`]: one daemon per socket path (`<socket>.pid`);
 //! - [`error`]: showing an error with its causes.
 //!
-//! With the `test-utils` feature (and in the library's own unit tests), `frontend` holds the
-//! test frontend that plays QEMU and the guest kernel (integration tests, `virtiofsd-bench`, the
-//! fuzz harness); the daemon is built without it.
-
-#![deny(unsafe_op_in_unsafe_fn)]
-#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+//! The test frontend that plays QEMU and the guest kernel (for the integration tests, the
+//! benchmark and the fuzz harness) is a crate of its own, `virtiofsd-frontend`
+//! (`crates/frontend/`): the daemon is built without it.
 
 pub mod activation;
 pub mod cli;
 pub mod daemon;
 pub mod error;
 pub mod filesystem;
-#[cfg(any(test, feature = "test-utils"))]
-pub mod frontend;
 pub mod fuse;
 pub mod idmap;
 pub mod logging;

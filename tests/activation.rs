@@ -21,7 +21,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
-use virtiofsd::frontend::FsFrontend;
+use virtiofsd_frontend::FsFrontend;
 use virtiofsd::fuse::abi::ROOT_ID;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");

@@ -17,7 +17,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
-use virtiofsd::frontend::FsFrontend;
+use virtiofsd_frontend::FsFrontend;
 use virtiofsd::fuse::abi::{self, ROOT_ID};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use virtiofsd::frontend::{FsFrontend, FuseClient};
+use virtiofsd_frontend::{FsFrontend, FuseClient};
 use virtiofsd::fuse::abi::{fattr, ROOT_ID};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");

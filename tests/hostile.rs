@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use virtiofsd::frontend::fuse_client::{build_request, cstr};
-use virtiofsd::frontend::virtqueue::VIRTQ_DESC_F_INDIRECT;
-use virtiofsd::frontend::{Buffer, Next, RawDesc};
+use virtiofsd_frontend::fuse_client::{build_request, cstr};
+use virtiofsd_frontend::virtqueue::VIRTQ_DESC_F_INDIRECT;
+use virtiofsd_frontend::{Buffer, Next, RawDesc};
 use virtiofsd::fuse::abi::{self, opcode, Pod, ROOT_ID};
 
 /// The tests of this file run one at a time: the 100,000-cycle test counts the descriptors and
@@ -784,7 +784,7 @@ fn names_with_a_nul_inside_never_reach_outside() {
 }
 
 fn abi_name(op: u32) -> &'static str {
-    virtiofsd::frontend::fuse_client::opcode_name(op)
+    virtiofsd_frontend::fuse_client::opcode_name(op)
 }
 
 // ---- sizes -------------------------------------------------------------------------------------
@@ -885,16 +885,16 @@ fn descriptor_loops_inside_an_indirect_table() {
     let len = req.len() as u32;
     let wa = room(&d, 256);
     let mut self_loop = RawDesc::chain(&[Buffer::readable(ra, len)]);
-    self_loop[0].flags |= virtiofsd::frontend::virtqueue::VIRTQ_DESC_F_NEXT;
+    self_loop[0].flags |= virtiofsd_frontend::virtqueue::VIRTQ_DESC_F_NEXT;
     self_loop[0].next = Next::Slot(0);
     let mut two = RawDesc::chain(&[
         Buffer::readable(ra, 40),
         Buffer::readable(ra + 40, len - 40),
     ]);
-    two[1].flags |= virtiofsd::frontend::virtqueue::VIRTQ_DESC_F_NEXT;
+    two[1].flags |= virtiofsd_frontend::virtqueue::VIRTQ_DESC_F_NEXT;
     two[1].next = Next::Slot(0);
     let mut back = RawDesc::chain(&[Buffer::readable(ra, len), Buffer::writable(wa, 256)]);
-    back[1].flags |= virtiofsd::frontend::virtqueue::VIRTQ_DESC_F_NEXT;
+    back[1].flags |= virtiofsd_frontend::virtqueue::VIRTQ_DESC_F_NEXT;
     back[1].next = Next::Slot(0);
     for (what, t) in [("self", self_loop), ("pair", two)] {
         let tk =
@@ -911,7 +911,7 @@ fn descriptor_loops_inside_an_indirect_table() {
     let used = d.c.wait_completion(tk).unwrap().used_len;
     if used != 0 {
         let data = d.c.memory().read_vec(wa, used as usize).unwrap();
-        let r = virtiofsd::frontend::fuse_client::parse_reply(&data, Some(unique_of(&req)), 0)
+        let r = virtiofsd_frontend::fuse_client::parse_reply(&data, Some(unique_of(&req)), 0)
             .expect("a well-formed reply");
         assert_eq!(r.error, 0);
         assert!(d.host("made").is_dir());
@@ -1040,7 +1040,7 @@ fn forgets_of_unknown_nodes_and_huge_counts() {
 fn descriptor_exhaustion_gets_emfile_and_the_daemon_recovers() {
     let _serial = serial();
     use std::process::{Command, Stdio};
-    use virtiofsd::frontend::FsFrontend;
+    use virtiofsd_frontend::FsFrontend;
 
     clear_umask();
     let tmp = tempfile::tempdir().unwrap();
@@ -1169,7 +1169,7 @@ fn memory_held_for_forgotten_nodes_goes_back_to_the_system() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut fe = virtiofsd::frontend::FsFrontend::connect(&socket, 1).unwrap();
+    let mut fe = virtiofsd_frontend::FsFrontend::connect(&socket, 1).unwrap();
     let mut c = fe.client(0).unwrap();
     c.init().unwrap();
     let pid = child.id();

@@ -11,7 +11,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::process::Command;
 
 use common::*;
-use virtiofsd::frontend::XattrReply;
+use virtiofsd_frontend::XattrReply;
 use virtiofsd::fuse::abi::{fattr, ROOT_ID};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");

@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::wait_exit;
-use virtiofsd::frontend::FsFrontend;
+use virtiofsd_frontend::FsFrontend;
 use virtiofsd::fuse::abi::ROOT_ID;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");

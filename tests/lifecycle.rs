@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use virtiofsd::daemon::{self, DaemonConfig, DaemonError, SocketSpec};
-use virtiofsd::frontend::FsFrontend;
+use virtiofsd_frontend::FsFrontend;
 use virtiofsd::fuse::abi::ROOT_ID;
 use virtiofsd::passthrough::{CacheMode, Config};
 
@@ -530,12 +530,12 @@ fn tag_and_queue_count_are_in_the_device_configuration_space() {
 /// Serves one frontend that gives `shared` of its memory; returns how `serve` ended and the
 /// frontend's own result.
 fn serve_a_frontend_sharing(
-    shared: virtiofsd::frontend::SharedMemory,
+    shared: virtiofsd_frontend::SharedMemory,
 ) -> (Result<(), DaemonError>, bool) {
     let d = run_dirs();
     let cfg = config(&d.share, &d.socket);
     let daemon = std::thread::spawn(move || daemon::serve(cfg));
-    let fe_cfg = virtiofsd::frontend::FrontendConfig {
+    let fe_cfg = virtiofsd_frontend::FrontendConfig {
         shared_memory: shared,
         ..Default::default()
     };
@@ -552,7 +552,7 @@ fn serve_a_frontend_sharing(
 
 #[test]
 fn a_frontend_that_shares_no_guest_memory_is_told_to_start_qemu_with_share_on() {
-    use virtiofsd::frontend::SharedMemory;
+    use virtiofsd_frontend::SharedMemory;
     use virtiofsd::vhost_user::backend::UnsharedMemory;
     let (served, connected) = serve_a_frontend_sharing(SharedMemory::Nothing);
     assert!(!connected, "set up without guest memory");
@@ -574,7 +574,7 @@ fn a_frontend_that_shares_no_guest_memory_is_told_to_start_qemu_with_share_on() 
 
 #[test]
 fn a_frontend_whose_rings_lie_in_memory_it_did_not_share_is_told_so() {
-    use virtiofsd::frontend::SharedMemory;
+    use virtiofsd_frontend::SharedMemory;
     use virtiofsd::vhost_user::backend::UnsharedMemory;
     let (served, connected) = serve_a_frontend_sharing(SharedMemory::FirstPage);
     assert!(!connected, "set up with the rings outside shared memory");
@@ -593,7 +593,7 @@ fn a_frontend_whose_rings_lie_in_memory_it_did_not_share_is_told_so() {
 
 #[test]
 fn a_frontend_that_shares_all_of_its_memory_is_served_without_that_error() {
-    let (served, connected) = serve_a_frontend_sharing(virtiofsd::frontend::SharedMemory::All);
+    let (served, connected) = serve_a_frontend_sharing(virtiofsd_frontend::SharedMemory::All);
     assert!(connected);
     assert!(served.is_ok(), "{served:?}");
 }

@@ -9,11 +9,11 @@ use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 use common::*;
-use virtiofsd::frontend::fuse_client::{build_request, cstr, parse_reply};
-use virtiofsd::frontend::virtqueue::{
+use virtiofsd_frontend::fuse_client::{build_request, cstr, parse_reply};
+use virtiofsd_frontend::virtqueue::{
     RawDescriptor, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
 };
-use virtiofsd::frontend::{Buffer, Next, RawDesc};
+use virtiofsd_frontend::{Buffer, Next, RawDesc};
 use virtiofsd::fuse::abi::{self, opcode, InHeader, Pod, ROOT_ID};
 
 /// A daemon (with `opts`, short reply timeout) serving a share that holds the file `probe`;
@@ -96,7 +96,7 @@ fn run_indirect(d: &mut Daemon, head_flags: u16, table: &[RawDesc], len: Option<
 }
 
 /// The reply the device wrote at `addr`, `used` bytes long, checked as the kernel would.
-fn reply_at(d: &Daemon, addr: u64, used: u32, unique: u64) -> virtiofsd::frontend::Reply {
+fn reply_at(d: &Daemon, addr: u64, used: u32, unique: u64) -> virtiofsd_frontend::Reply {
     let data = d.c.memory().read_vec(addr, used as usize).unwrap();
     parse_reply(&data, Some(unique), 0).expect("well-formed reply")
 }

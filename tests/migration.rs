@@ -13,7 +13,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 
 use common::*;
-use virtiofsd::frontend::fuse_client::DirEntry;
+use virtiofsd_frontend::fuse_client::DirEntry;
 use virtiofsd::fuse::abi::ROOT_ID;
 use virtiofsd::migration::{Mode, OnError, Options as Migration};
 use virtiofsd::passthrough::CacheMode;
@@ -769,7 +769,7 @@ fn id_translation_goes_on_after_the_migration() {
 fn sandboxed_destination(
     share: &std::path::Path,
     dir: &std::path::Path,
-) -> (std::process::Child, virtiofsd::frontend::FsFrontend) {
+) -> (std::process::Child, virtiofsd_frontend::FsFrontend) {
     destination_binary(
         share,
         dir,
@@ -787,7 +787,7 @@ fn destination_binary(
     share: &std::path::Path,
     dir: &std::path::Path,
     args: &[&str],
-) -> (std::process::Child, virtiofsd::frontend::FsFrontend) {
+) -> (std::process::Child, virtiofsd_frontend::FsFrontend) {
     let socket = dir.join("dst.sock");
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_virtiofsd"))
         .args(args)
@@ -804,7 +804,7 @@ fn destination_binary(
         .stderr(fs::File::create(dir.join("stderr")).unwrap())
         .spawn()
         .expect("start virtiofsd");
-    let fe = virtiofsd::frontend::FsFrontend::connect(&socket, 1).expect("connect to the binary");
+    let fe = virtiofsd_frontend::FsFrontend::connect(&socket, 1).expect("connect to the binary");
     (child, fe)
 }
 

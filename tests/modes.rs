@@ -149,7 +149,7 @@ fn readonly_still_serves_every_read() {
     d.c.access(f.nodeid, libc::R_OK as u32).unwrap();
     assert_eq!(
         d.c.getxattr(f.nodeid, "user.k", 64).unwrap(),
-        virtiofsd::frontend::XattrReply::Data(b"v".to_vec())
+        virtiofsd_frontend::XattrReply::Data(b"v".to_vec())
     );
     assert!(d.c.listxattr(f.nodeid, 0).is_ok());
     d.c.syncfs().unwrap();

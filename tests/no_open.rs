@@ -9,8 +9,8 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 
 use common::*;
-use virtiofsd::frontend::fuse_client::DEFAULT_INIT_FLAGS;
-use virtiofsd::frontend::KernelState;
+use virtiofsd_frontend::fuse_client::DEFAULT_INIT_FLAGS;
+use virtiofsd_frontend::KernelState;
 use virtiofsd::fuse::abi::{fattr, fopen, init, ROOT_ID};
 use virtiofsd::passthrough::CacheMode;
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use virtiofsd::frontend::{FuseClient, SgLayout};
+use virtiofsd_frontend::{FuseClient, SgLayout};
 use virtiofsd::fuse::abi::{self, opcode, Pod, ROOT_ID};
 
 /// Creates, writes, reads back and (every other file) unlinks `files` files named
@@ -375,7 +375,7 @@ fn with_polling_an_idle_guest_costs_the_daemon_no_cpu() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut fe = virtiofsd::frontend::FsFrontend::connect(&socket, 1).unwrap();
+    let mut fe = virtiofsd_frontend::FsFrontend::connect(&socket, 1).unwrap();
     let mut c = fe.client(0).unwrap();
     c.init().unwrap();
     let window = std::time::Duration::from_micros(400);

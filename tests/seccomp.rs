@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use virtiofsd::frontend::{FsFrontend, FuseClient};
+use virtiofsd_frontend::{FsFrontend, FuseClient};
 use virtiofsd::fuse::abi::{self, fattr, ROOT_ID};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
@@ -192,11 +192,11 @@ fn exercise(c: &mut FuseClient, share: &Path) {
         Some(&b"value"[..])
     );
     match c.getxattr(f.nodeid, "user.seccomp", 100).unwrap() {
-        virtiofsd::frontend::XattrReply::Data(v) => assert_eq!(v, b"value"),
+        virtiofsd_frontend::XattrReply::Data(v) => assert_eq!(v, b"value"),
         other => panic!("{other:?}"),
     }
     match c.listxattr(f.nodeid, 0).unwrap() {
-        virtiofsd::frontend::XattrReply::Size(n) => assert!(n >= 13),
+        virtiofsd_frontend::XattrReply::Size(n) => assert!(n >= 13),
         other => panic!("{other:?}"),
     }
     c.listxattr(f.nodeid, 1024).unwrap();

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::wait_exit;
-use virtiofsd::frontend::FsFrontend;
+use virtiofsd_frontend::FsFrontend;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
 

@@ -230,7 +230,7 @@ fn unprivileged_process_cannot_map_foreign_ids_without_the_helpers() {
 fn daemon_with_id_maps_creates_files_as_the_mapped_host_ids() {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
-    use virtiofsd::frontend::FsFrontend;
+    use virtiofsd_frontend::FsFrontend;
     use virtiofsd::fuse::abi::ROOT_ID;
 
     if !user_namespaces_work() {

@@ -10,7 +10,7 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use common::*;
-use virtiofsd::frontend::{secctx_extension, XattrReply};
+use virtiofsd_frontend::{secctx_extension, XattrReply};
 use virtiofsd::fuse::abi::{self, fattr, init, ROOT_ID};
 use virtiofsd::passthrough::Negotiate;
 
@@ -226,7 +226,7 @@ fn acl_attributes_are_refused_and_hidden_without_posix_acl() {
 /// A daemon with `--posix-acl=always` after an INIT offering what ACLs need.
 fn acl_daemon() -> Daemon {
     let mut d = Daemon::with(Options::default().posix_acl(Negotiate::Always).no_init());
-    let flags = virtiofsd::frontend::fuse_client::DEFAULT_INIT_FLAGS | init::DONT_MASK;
+    let flags = virtiofsd_frontend::fuse_client::DEFAULT_INIT_FLAGS | init::DONT_MASK;
     let out = d.c.init_with(38, flags, 1 << 17, true).unwrap();
     let want = init::POSIX_ACL | init::DONT_MASK | init::SETXATTR_EXT;
     assert_eq!(u64::from(out.flags) & want, want, "ACL flags agreed");
@@ -237,7 +237,7 @@ fn acl_daemon() -> Daemon {
 
 #[test]
 fn posix_acl_always_refuses_a_guest_without_support_and_auto_goes_on() {
-    let flags = virtiofsd::frontend::fuse_client::DEFAULT_INIT_FLAGS & !init::POSIX_ACL;
+    let flags = virtiofsd_frontend::fuse_client::DEFAULT_INIT_FLAGS & !init::POSIX_ACL;
     let mut d = Daemon::with(Options::default().posix_acl(Negotiate::Always).no_init());
     assert_eq!(
         d.c.init_with(38, flags, 1 << 17, true).unwrap_err(),
@@ -320,7 +320,7 @@ fn setting_the_access_acl_with_kill_sgid_clears_set_group_id() {
 /// A daemon with `--security-label=always` after an INIT offering `FUSE_SECURITY_CTX`.
 fn label_daemon(opts: Options) -> Daemon {
     let mut d = Daemon::with(opts.security_label(Negotiate::Always).no_init());
-    let flags = virtiofsd::frontend::fuse_client::DEFAULT_INIT_FLAGS | init::SECURITY_CTX;
+    let flags = virtiofsd_frontend::fuse_client::DEFAULT_INIT_FLAGS | init::SECURITY_CTX;
     let out = d.c.init_with(38, flags, 1 << 17, true).unwrap();
     assert_ne!(out.flags2 & (init::SECURITY_CTX >> 32) as u32, 0);
     d.init = Some(out);

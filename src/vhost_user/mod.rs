@@ -5,8 +5,6 @@ pub mod backend;
 pub mod descriptor;
 mod dirty_log;
 pub mod poll;
-#[cfg(test)]
-mod pool_tests;
 pub mod vring;
 
 pub use backend::FsBackend;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 use virtiofsd::daemon::{self, DaemonConfig, DaemonError, SocketSpec};
-use virtiofsd::frontend::{FrontendConfig, FsFrontend, FuseClient};
+use virtiofsd_frontend::{FrontendConfig, FsFrontend, FuseClient};
 use virtiofsd::fuse::abi::{self, InitOut, ROOT_ID};
 use virtiofsd::idmap::{IdMap, Translation};
 use virtiofsd::passthrough::xattrmap::XattrMap;
@@ -96,7 +96,7 @@ impl Default for Options {
             tag: None,
             queues: 1,
             init: true,
-            init_flags: virtiofsd::frontend::fuse_client::DEFAULT_INIT_FLAGS,
+            init_flags: virtiofsd_frontend::fuse_client::DEFAULT_INIT_FLAGS,
             frontend: FrontendConfig {
                 mem_size: 32 << 20,
                 timeout: Duration::from_secs(10),
@@ -355,7 +355,7 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("connect to {}: {e}", socket.display()));
         let mut c = fe.client(0).expect("client on request queue 0");
         let init = if opts.init {
-            use virtiofsd::frontend::fuse_client::{DEFAULT_MAX_READAHEAD, INIT_MINOR};
+            use virtiofsd_frontend::fuse_client::{DEFAULT_MAX_READAHEAD, INIT_MINOR};
             Some(
                 c.init_with(INIT_MINOR, opts.init_flags, DEFAULT_MAX_READAHEAD, true)
                     .expect("FUSE_INIT"),

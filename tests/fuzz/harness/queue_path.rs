@@ -8,7 +8,7 @@
 //! bit 1: event index enabled. At most 64 chains are popped, so no input can loop forever.
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use virtiofsd::frontend::VringLayout;
+use virtiofsd_frontend::VringLayout;
 use virtiofsd::fuse::io::{SliceReader, VecWriter};
 use virtiofsd::fuse::server::Server;
 use virtiofsd::vhost_user::descriptor::split_chain;

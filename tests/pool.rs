@@ -13,11 +13,11 @@ use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-use super::backend::{FsBackend, POOL_BACKLOG};
-use crate::filesystem::{Context, FileSystem};
-use crate::frontend::{FrontendConfig, FsFrontend};
-use crate::fuse::abi::{opcode, Pod};
-use crate::migration::StateError;
+use virtiofsd::filesystem::{Context, FileSystem};
+use virtiofsd::fuse::abi::{opcode, Pod};
+use virtiofsd::migration::StateError;
+use virtiofsd::vhost_user::backend::{FsBackend, POOL_BACKLOG};
+use virtiofsd_frontend::{FrontendConfig, FsFrontend};
 
 /// A filesystem whose GETATTR waits until the gate opens.
 #[derive(Default)]
@@ -40,7 +40,7 @@ struct GatedFs(Arc<Gated>);
 
 impl FileSystem for GatedFs {
     /// Nothing to migrate but the session: a state is refused only by the device.
-    fn save_state(&self, _out: &mut crate::migration::Encoder) -> Result<(), StateError> {
+    fn save_state(&self, _out: &mut virtiofsd::migration::Encoder) -> Result<(), StateError> {
         Ok(())
     }
 
@@ -155,7 +155,7 @@ fn flood(pool: usize, queues: usize, per_queue: usize, event_idx: bool) {
     for (q, node, t) in tickets {
         let r = clients[q].wait(t).unwrap();
         assert_eq!(r.error, 0, "GETATTR {node} on queue {q}");
-        let out = <crate::fuse::abi::AttrOut as Pod>::from_prefix(&r.body).unwrap();
+        let out = <virtiofsd::fuse::abi::AttrOut as Pod>::from_prefix(&r.body).unwrap();
         assert_eq!(out.attr.ino, node);
     }
     assert_eq!(

@@ -1089,7 +1089,7 @@ impl Virtqueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frontend::memory::DEFAULT_GPA_BASE;
+    use crate::memory::DEFAULT_GPA_BASE;
 
     #[test]
     fn layout_math_matches_the_spec() {

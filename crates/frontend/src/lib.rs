@@ -13,7 +13,7 @@
 //! - this module: [`FsFrontend`], the vhost-user connection and handshake.
 //!
 //! ```no_run
-//! use virtiofsd::frontend::FsFrontend;
+//! use virtiofsd_frontend::FsFrontend;
 //! use virtiofsd::fuse::abi::ROOT_ID;
 //!
 //! let mut fs = FsFrontend::connect("/tmp/vfsd.sock", 1).unwrap();

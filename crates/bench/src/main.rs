@@ -1,6 +1,6 @@
 //! `virtiofsd-bench`: compares the throughput and CPU cost of this virtio-fs daemon with the
 //! reference `virtiofsd` on the same workloads, driving both through the in-process test
-//! frontend ([`virtiofsd::frontend`]), which plays QEMU and the guest kernel.
+//! frontend ([`virtiofsd_frontend`]), which plays QEMU and the guest kernel.
 //!
 //! For each round and each daemon in turn (ours, reference, ours, reference, ...) the daemon is
 //! spawned on a fresh socket, the frontend connects (one request queue) and sends FUSE_INIT,
@@ -19,17 +19,11 @@
 //! `--reference-defaults`, both with `--sandbox=none --seccomp=none`.
 //! `tests/bench/run.sh` builds and installs everything and runs the full comparison.
 
-#[path = "virtiofsd-bench/daemon.rs"]
 mod daemon;
-#[path = "virtiofsd-bench/hold.rs"]
 mod hold;
-#[path = "virtiofsd-bench/latency.rs"]
 mod latency;
-#[path = "virtiofsd-bench/report.rs"]
 mod report;
-#[path = "virtiofsd-bench/tree.rs"]
 mod tree;
-#[path = "virtiofsd-bench/workloads.rs"]
 mod workloads;
 
 use std::ffi::OsString;
@@ -39,7 +33,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use virtiofsd::frontend::{FrontendConfig, FsFrontend};
+use virtiofsd_frontend::{FrontendConfig, FsFrontend};
 
 use daemon::{DaemonSpec, Running, Strace};
 use report::{Machine, Results};

@@ -23,7 +23,7 @@ use vm_memory::{
 };
 
 use super::{Error, Result};
-use crate::fuse::abi::Pod;
+use virtiofsd::fuse::abi::Pod;
 
 /// Default size of guest memory: 64 MiB.
 pub const DEFAULT_MEM_SIZE: usize = 64 << 20;

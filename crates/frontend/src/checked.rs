@@ -8,7 +8,7 @@
 //! errno. Requests are laid out exactly as by the panicking helpers.
 //!
 //! ```no_run
-//! use virtiofsd::frontend::FsFrontend;
+//! use virtiofsd_frontend::FsFrontend;
 //! use virtiofsd::fuse::abi::ROOT_ID;
 //!
 //! let mut fs = FsFrontend::connect("/tmp/vfsd.sock", 1).unwrap();
@@ -26,7 +26,7 @@ use super::fuse_client::{
     KernelState, DEFAULT_INIT_FLAGS, DEFAULT_MAX_READAHEAD, INIT_MINOR,
 };
 use super::{Error, FuseResult, Result};
-use crate::fuse::abi::{self, opcode, Pod};
+use virtiofsd::fuse::abi::{self, opcode, Pod};
 
 fn exact<T: Pod>(op: u32, body: &[u8]) -> Result<T> {
     let size = std::mem::size_of::<T>();

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use virtiofsd::frontend::{FsFrontend, FuseClient, FuseResult};
+use virtiofsd_frontend::{FsFrontend, FuseClient, FuseResult};
 use virtiofsd::fuse::abi::{self, opcode, Pod, ROOT_ID};
 
 use crate::daemon::{CpuTime, Running};
@@ -279,7 +279,7 @@ impl Refs {
 /// Sends one FORGET per node (the virtio-fs driver does not batch) on the high-priority queue,
 /// [`FORGET_WINDOW`] at a time, and waits until the device returned them all.
 pub fn forget_all(hp: &mut FuseClient, refs: Refs) -> Result<(), String> {
-    let err = |e: virtiofsd::frontend::Error| format!("FORGET on the high-priority queue: {e}");
+    let err = |e: virtiofsd_frontend::Error| format!("FORGET on the high-priority queue: {e}");
     let mut in_flight = 0;
     for (nodeid, nlookup) in refs.0 {
         let arg = abi::ForgetIn { nlookup };
@@ -293,7 +293,7 @@ pub fn forget_all(hp: &mut FuseClient, refs: Refs) -> Result<(), String> {
     drain(hp, &mut in_flight).map_err(err)
 }
 
-fn drain(hp: &mut FuseClient, in_flight: &mut usize) -> virtiofsd::frontend::Result<()> {
+fn drain(hp: &mut FuseClient, in_flight: &mut usize) -> virtiofsd_frontend::Result<()> {
     hp.publish()?;
     while *in_flight > 0 {
         hp.complete()?.into_reply()?;
@@ -522,7 +522,7 @@ fn seq_read(s: &mut Session, daemon: &Running, settings: &Settings) -> Result<Me
     })?
     .fh;
     let depth = settings.seq_depth.max(1);
-    let err = |e: virtiofsd::frontend::Error| format!("READ of '{BIG_FILE}': {e}");
+    let err = |e: virtiofsd_frontend::Error| format!("READ of '{BIG_FILE}': {e}");
 
     let m = Meter::start(daemon)?;
     // Reads cover `passes` times the file: request k reads at (k * size) mod file size.
