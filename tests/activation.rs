@@ -21,8 +21,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
-use virtiofsd_frontend::FsFrontend;
 use virtiofsd::fuse::abi::ROOT_ID;
+use virtiofsd_frontend::FsFrontend;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
 

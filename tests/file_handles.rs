@@ -12,8 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use virtiofsd_frontend::{FsFrontend, FuseClient};
 use virtiofsd::fuse::abi::{fattr, ROOT_ID};
+use virtiofsd_frontend::{FsFrontend, FuseClient};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
 

@@ -9,12 +9,12 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
+use virtiofsd::fuse::abi::{self, fattr, init, opcode, Pod, ROOT_ID};
+use virtiofsd::passthrough::CacheMode;
 use virtiofsd_frontend::fuse_client::{
     build_request, DEFAULT_INIT_FLAGS, INIT_COMPAT_MINOR, INIT_MINOR, LINUX_5_4_INIT_FLAGS,
 };
 use virtiofsd_frontend::{DirEntry, XattrReply};
-use virtiofsd::fuse::abi::{self, fattr, init, opcode, Pod, ROOT_ID};
-use virtiofsd::passthrough::CacheMode;
 
 const RENAME_NOREPLACE: u32 = 1;
 const RENAME_EXCHANGE: u32 = 2;

@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
+use virtiofsd::fuse::abi::{self, opcode, Pod, ROOT_ID};
 use virtiofsd_frontend::fuse_client::{build_request, cstr};
 use virtiofsd_frontend::virtqueue::VIRTQ_DESC_F_INDIRECT;
 use virtiofsd_frontend::{Buffer, Next, RawDesc};
-use virtiofsd::fuse::abi::{self, opcode, Pod, ROOT_ID};
 
 /// The tests of this file run one at a time: the 100,000-cycle test counts the descriptors and
 /// memory of the whole process, which a daemon of another test would disturb.

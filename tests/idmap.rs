@@ -11,8 +11,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::process::Command;
 
 use common::*;
-use virtiofsd_frontend::XattrReply;
 use virtiofsd::fuse::abi::{fattr, ROOT_ID};
+use virtiofsd_frontend::XattrReply;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
 const RDWR: u32 = libc::O_RDWR as u32;

@@ -16,8 +16,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::wait_exit;
-use virtiofsd_frontend::FsFrontend;
 use virtiofsd::fuse::abi::ROOT_ID;
+use virtiofsd_frontend::FsFrontend;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
 

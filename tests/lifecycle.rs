@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use virtiofsd::daemon::{self, DaemonConfig, DaemonError, SocketSpec};
-use virtiofsd_frontend::FsFrontend;
 use virtiofsd::fuse::abi::ROOT_ID;
 use virtiofsd::passthrough::{CacheMode, Config};
+use virtiofsd_frontend::FsFrontend;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
 
@@ -552,8 +552,8 @@ fn serve_a_frontend_sharing(
 
 #[test]
 fn a_frontend_that_shares_no_guest_memory_is_told_to_start_qemu_with_share_on() {
-    use virtiofsd_frontend::SharedMemory;
     use virtiofsd::vhost_user::backend::UnsharedMemory;
+    use virtiofsd_frontend::SharedMemory;
     let (served, connected) = serve_a_frontend_sharing(SharedMemory::Nothing);
     assert!(!connected, "set up without guest memory");
     match served {
@@ -574,8 +574,8 @@ fn a_frontend_that_shares_no_guest_memory_is_told_to_start_qemu_with_share_on() 
 
 #[test]
 fn a_frontend_whose_rings_lie_in_memory_it_did_not_share_is_told_so() {
-    use virtiofsd_frontend::SharedMemory;
     use virtiofsd::vhost_user::backend::UnsharedMemory;
+    use virtiofsd_frontend::SharedMemory;
     let (served, connected) = serve_a_frontend_sharing(SharedMemory::FirstPage);
     assert!(!connected, "set up with the rings outside shared memory");
     match served {

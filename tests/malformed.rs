@@ -9,12 +9,12 @@ use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 use common::*;
+use virtiofsd::fuse::abi::{self, opcode, InHeader, Pod, ROOT_ID};
 use virtiofsd_frontend::fuse_client::{build_request, cstr, parse_reply};
 use virtiofsd_frontend::virtqueue::{
     RawDescriptor, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
 };
 use virtiofsd_frontend::{Buffer, Next, RawDesc};
-use virtiofsd::fuse::abi::{self, opcode, InHeader, Pod, ROOT_ID};
 
 /// A daemon (with `opts`, short reply timeout) serving a share that holds the file `probe`;
 /// returns it with a snapshot of the host taken before any malformed input.

@@ -13,10 +13,10 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 
 use common::*;
-use virtiofsd_frontend::fuse_client::DirEntry;
 use virtiofsd::fuse::abi::ROOT_ID;
 use virtiofsd::migration::{Mode, OnError, Options as Migration};
 use virtiofsd::passthrough::CacheMode;
+use virtiofsd_frontend::fuse_client::DirEntry;
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.

@@ -9,10 +9,10 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 
 use common::*;
-use virtiofsd_frontend::fuse_client::DEFAULT_INIT_FLAGS;
-use virtiofsd_frontend::KernelState;
 use virtiofsd::fuse::abi::{fattr, fopen, init, ROOT_ID};
 use virtiofsd::passthrough::CacheMode;
+use virtiofsd_frontend::fuse_client::DEFAULT_INIT_FLAGS;
+use virtiofsd_frontend::KernelState;
 
 fn always() -> Daemon {
     Daemon::with(Options::default().cache(CacheMode::Always))

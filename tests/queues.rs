@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use virtiofsd_frontend::{FuseClient, SgLayout};
 use virtiofsd::fuse::abi::{self, opcode, Pod, ROOT_ID};
+use virtiofsd_frontend::{FuseClient, SgLayout};
 
 /// Creates, writes, reads back and (every other file) unlinks `files` files named
 /// `{prefix}-{i}` through `c`, interleaving a GETATTR and a LOOKUP; returns the requests sent.

@@ -14,8 +14,8 @@ use std::process::{Child, Command, Stdio};
 
 use common::{clear_umask, fuse_dev, serving_child, setattr_in, wait_exit};
 use tempfile::TempDir;
-use virtiofsd_frontend::FsFrontend;
 use virtiofsd::fuse::abi::{fattr, ROOT_ID};
+use virtiofsd_frontend::FsFrontend;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofsd");
 

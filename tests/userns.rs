@@ -230,8 +230,8 @@ fn unprivileged_process_cannot_map_foreign_ids_without_the_helpers() {
 fn daemon_with_id_maps_creates_files_as_the_mapped_host_ids() {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
-    use virtiofsd_frontend::FsFrontend;
     use virtiofsd::fuse::abi::ROOT_ID;
+    use virtiofsd_frontend::FsFrontend;
 
     if !user_namespaces_work() {
         return;

@@ -10,9 +10,9 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use common::*;
-use virtiofsd_frontend::{secctx_extension, XattrReply};
 use virtiofsd::fuse::abi::{self, fattr, init, ROOT_ID};
 use virtiofsd::passthrough::Negotiate;
+use virtiofsd_frontend::{secctx_extension, XattrReply};
 
 const RDWR: u32 = libc::O_RDWR as u32;
 

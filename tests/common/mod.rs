@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 use virtiofsd::daemon::{self, DaemonConfig, DaemonError, SocketSpec};
-use virtiofsd_frontend::{FrontendConfig, FsFrontend, FuseClient};
 use virtiofsd::fuse::abi::{self, InitOut, ROOT_ID};
 use virtiofsd::idmap::{IdMap, Translation};
 use virtiofsd::passthrough::xattrmap::XattrMap;
 use virtiofsd::passthrough::{CacheMode, Config, InodeFileHandles, Negotiate};
+use virtiofsd_frontend::{FrontendConfig, FsFrontend, FuseClient};
 
 /// Content of `outside/secret`.
 pub const SECRET: &[u8] = b"host secret, never to be served\n";

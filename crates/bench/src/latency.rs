@@ -14,8 +14,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use virtiofsd_frontend::FuseClient;
 use virtiofsd::fuse::abi::{self, opcode, Pod, ROOT_ID};
+use virtiofsd_frontend::FuseClient;
 
 use crate::daemon::Running;
 use crate::tree::{BIG_FILE, SCRATCH_PREFIX};

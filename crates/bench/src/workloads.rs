@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use virtiofsd_frontend::{FsFrontend, FuseClient, FuseResult};
 use virtiofsd::fuse::abi::{self, opcode, Pod, ROOT_ID};
+use virtiofsd_frontend::{FsFrontend, FuseClient, FuseResult};
 
 use crate::daemon::{CpuTime, Running};
 use crate::tree::{TreeStats, BIG_FILE, SCRATCH_PREFIX};
