@@ -63,13 +63,13 @@ echo "== $(cargo --version), $(command -v cargo)"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== cargo clippy (the daemon alone, then with the test frontend)"
-cargo clippy --all-targets --locked -- -D warnings
-cargo clippy --all-targets --locked --features test-utils -- -D warnings
+echo "== cargo clippy (the daemon as it ships, then the workspace: tests, frontend, benchmark)"
+cargo clippy --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked -- -D warnings
 
-echo "== unit and in-process integration tests"
-# The integration tests drive the daemon through the test frontend (feature test-utils).
-mkdir -p target && cargo test --locked --all-targets --features test-utils 2>&1 | tee target/test-output.txt
+echo "== unit and in-process integration tests (the daemon's, the test frontend's, the benchmark's)"
+# The daemon's integration tests drive it through the test frontend (crates/frontend).
+mkdir -p target && cargo test --workspace --locked --all-targets 2>&1 | tee target/test-output.txt
 
 echo "== fuzzing: each cargo-fuzz target for 60 s (a crash leaves its input in tests/fuzz/artifacts/)"
 tests/fuzz/run.sh 60

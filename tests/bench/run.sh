@@ -17,7 +17,10 @@ TREE=${TREE:-/var/tmp/virtiofsd-bench-tree}
 ROUNDS=${ROUNDS:-3}
 
 echo "== building virtiofsd and virtiofsd-bench (release)" >&2
-cargo build --release --locked --bins --features test-utils >&2
+# The daemon as it ships (alone, as packaging/install.sh builds it), then the benchmark
+# (crates/bench).
+cargo build --release --locked --bin virtiofsd >&2
+cargo build --release --locked -p virtiofsd-bench >&2
 
 # shellcheck source=tests/bench/reference.sh
 . tests/bench/reference.sh
