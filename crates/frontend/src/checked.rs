@@ -5,7 +5,7 @@
 //! trust (the benchmark) must instead report such failures, so each helper here returns a
 //! [`FuseResult`]: the outer [`Result`] carries transport and protocol failures (timeouts,
 //! malformed replies) as an [`Error`], the inner one the FUSE answer, a value or a positive
-//! errno. Requests are laid out exactly as by the panicking helpers.
+//! errno. Every request is laid out here and only here: the panicking helpers unwrap these.
 //!
 //! ```no_run
 //! use virtiofsd_frontend::FsFrontend;
@@ -22,8 +22,9 @@
 //! ```
 
 use super::fuse_client::{
-    cstr, opcode_name, parse_direntplus, parse_dirents, DirEntry, DirEntryPlus, FuseClient,
-    KernelState, DEFAULT_INIT_FLAGS, DEFAULT_MAX_READAHEAD, INIT_MINOR,
+    cstr, opcode_name, parse_direntplus, parse_dirents, request_header, DirEntry, DirEntryPlus,
+    FuseClient, KernelState, XattrReply, DEFAULT_INIT_FLAGS, DEFAULT_MAX_READAHEAD,
+    INIT_COMPAT_MINOR, INIT_MINOR, LINUX_5_4_INIT_FLAGS, PAGE_SIZE,
 };
 use super::{Error, FuseResult, Result};
 use virtiofsd::fuse::abi::{self, opcode, Pod};
@@ -109,7 +110,7 @@ impl FuseClient {
         let mut all = args.to_vec();
         all.push(ext);
         let unique = self.next_unique();
-        let mut hdr = self.header(unique, op, nodeid, &all, self.ctx());
+        let mut hdr = request_header(unique, op, nodeid, self.ctx(), &all);
         hdr.total_extlen = (ext.len() / 8) as u16;
         let reply = self.request_with_header(hdr, &all, reply_cap)?;
         checked_body(op, reply.into_result(), reply_cap)
@@ -136,9 +137,21 @@ impl FuseClient {
         self.wait(t).map(|_| ())
     }
 
+    // ---- the requests, each laid out here only ---------------------------------------------
+
     /// FUSE_INIT as a Linux 6.x kernel sends it (see [`FuseClient::init`]).
     pub fn try_init(&mut self) -> FuseResult<abi::InitOut> {
         self.try_init_with(INIT_MINOR, DEFAULT_INIT_FLAGS, DEFAULT_MAX_READAHEAD, true)
+    }
+
+    /// FUSE_INIT as Linux 5.4 sends it (see [`FuseClient::init_compat`]).
+    pub fn try_init_compat(&mut self) -> FuseResult<abi::InitOut> {
+        self.try_init_with(
+            INIT_COMPAT_MINOR,
+            LINUX_5_4_INIT_FLAGS,
+            DEFAULT_MAX_READAHEAD,
+            false,
+        )
     }
 
     /// FUSE_INIT with any minor and flags (see [`FuseClient::init_with`]).
@@ -179,6 +192,11 @@ impl FuseClient {
         let out = exact::<abi::InitOut>(opcode::INIT, &full)?;
         self.set_init_out(out);
         Ok(Ok(out))
+    }
+
+    /// FUSE_DESTROY.
+    pub fn try_destroy(&mut self) -> FuseResult<()> {
+        self.try_call_empty(opcode::DESTROY, 0, &[])
     }
 
     /// FUSE_LOOKUP of `name` in `parent`, read as the Linux client reads it: a reply with node
@@ -229,12 +247,177 @@ impl FuseClient {
         self.try_call_obj(opcode::GETATTR, nodeid, &[arg.as_bytes()])
     }
 
+    /// FUSE_SETATTR.
+    pub fn try_setattr(&mut self, nodeid: u64, attr: &abi::SetattrIn) -> FuseResult<abi::AttrOut> {
+        self.try_call_obj(opcode::SETATTR, nodeid, &[attr.as_bytes()])
+    }
+
+    /// FUSE_ACCESS with an `R_OK`/`W_OK`/`X_OK`/`F_OK` mask.
+    pub fn try_access(&mut self, nodeid: u64, mask: u32) -> FuseResult<()> {
+        let arg = abi::AccessIn { mask, padding: 0 };
+        self.try_call_empty(opcode::ACCESS, nodeid, &[arg.as_bytes()])
+    }
+
+    /// FUSE_STATFS.
+    pub fn try_statfs(&mut self, nodeid: u64) -> FuseResult<abi::Kstatfs> {
+        self.try_call_obj(opcode::STATFS, nodeid, &[])
+    }
+
+    /// FUSE_READLINK.
+    pub fn try_readlink(&mut self, nodeid: u64) -> FuseResult<Vec<u8>> {
+        self.try_call(opcode::READLINK, nodeid, &[], PAGE_SIZE)
+    }
+
+    /// FUSE_MKDIR (`mode` without `S_IFDIR`, as the kernel sends it).
+    pub fn try_mkdir(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+        mode: u32,
+        umask: u32,
+    ) -> FuseResult<abi::EntryOut> {
+        self.try_mkdir_ext(parent, name, mode, umask, &[])
+    }
+
+    /// FUSE_MKDIR with request extensions `ext` (may be empty).
+    pub fn try_mkdir_ext(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+        mode: u32,
+        umask: u32,
+        ext: &[u8],
+    ) -> FuseResult<abi::EntryOut> {
+        let arg = abi::MkdirIn { mode, umask };
+        let n = cstr(name.as_ref());
+        self.try_call_ext_obj(opcode::MKDIR, parent, &[arg.as_bytes(), &n], ext)
+    }
+
+    /// FUSE_MKNOD.
+    pub fn try_mknod(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    ) -> FuseResult<abi::EntryOut> {
+        self.try_mknod_ext(parent, name, mode, rdev, umask, &[])
+    }
+
+    /// FUSE_MKNOD with request extensions `ext` (may be empty).
+    pub fn try_mknod_ext(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+        ext: &[u8],
+    ) -> FuseResult<abi::EntryOut> {
+        let arg = abi::MknodIn {
+            mode,
+            rdev,
+            umask,
+            padding: 0,
+        };
+        let n = cstr(name.as_ref());
+        self.try_call_ext_obj(opcode::MKNOD, parent, &[arg.as_bytes(), &n], ext)
+    }
+
+    /// FUSE_SYMLINK: creates `name` in `parent` pointing at `target`.
+    pub fn try_symlink(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+        target: impl AsRef<[u8]>,
+    ) -> FuseResult<abi::EntryOut> {
+        self.try_symlink_ext(parent, name, target, &[])
+    }
+
+    /// FUSE_SYMLINK with request extensions `ext` (may be empty).
+    pub fn try_symlink_ext(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+        target: impl AsRef<[u8]>,
+        ext: &[u8],
+    ) -> FuseResult<abi::EntryOut> {
+        let n = cstr(name.as_ref());
+        let t = cstr(target.as_ref());
+        self.try_call_ext_obj(opcode::SYMLINK, parent, &[&n, &t], ext)
+    }
+
+    /// FUSE_LINK: a new name `newname` in `newparent` for `oldnodeid`.
+    pub fn try_link(
+        &mut self,
+        oldnodeid: u64,
+        newparent: u64,
+        newname: impl AsRef<[u8]>,
+    ) -> FuseResult<abi::EntryOut> {
+        let arg = abi::LinkIn { oldnodeid };
+        let n = cstr(newname.as_ref());
+        self.try_call_obj(opcode::LINK, newparent, &[arg.as_bytes(), &n])
+    }
+
+    /// FUSE_UNLINK.
+    pub fn try_unlink(&mut self, parent: u64, name: impl AsRef<[u8]>) -> FuseResult<()> {
+        let n = cstr(name.as_ref());
+        self.try_call_empty(opcode::UNLINK, parent, &[&n])
+    }
+
+    /// FUSE_RMDIR.
+    pub fn try_rmdir(&mut self, parent: u64, name: impl AsRef<[u8]>) -> FuseResult<()> {
+        let n = cstr(name.as_ref());
+        self.try_call_empty(opcode::RMDIR, parent, &[&n])
+    }
+
+    /// FUSE_RENAME.
+    pub fn try_rename(
+        &mut self,
+        olddir: u64,
+        oldname: impl AsRef<[u8]>,
+        newdir: u64,
+        newname: impl AsRef<[u8]>,
+    ) -> FuseResult<()> {
+        let arg = abi::RenameIn { newdir };
+        let o = cstr(oldname.as_ref());
+        let n = cstr(newname.as_ref());
+        self.try_call_empty(opcode::RENAME, olddir, &[arg.as_bytes(), &o, &n])
+    }
+
+    /// FUSE_RENAME2 with `RENAME_*` flags.
+    pub fn try_rename2(
+        &mut self,
+        olddir: u64,
+        oldname: impl AsRef<[u8]>,
+        newdir: u64,
+        newname: impl AsRef<[u8]>,
+        flags: u32,
+    ) -> FuseResult<()> {
+        let arg = abi::Rename2In {
+            newdir,
+            flags,
+            padding: 0,
+        };
+        let o = cstr(oldname.as_ref());
+        let n = cstr(newname.as_ref());
+        self.try_call_empty(opcode::RENAME2, olddir, &[arg.as_bytes(), &o, &n])
+    }
+
     /// FUSE_OPEN with `O_*` flags.
     pub fn try_open(&mut self, nodeid: u64, flags: u32) -> FuseResult<abi::OpenOut> {
-        let arg = abi::OpenIn {
-            flags,
-            open_flags: 0,
-        };
+        self.try_open_with(nodeid, flags, 0)
+    }
+
+    /// FUSE_OPEN with `open_flags` (`FUSE_OPEN_KILL_SUIDGID`).
+    pub fn try_open_with(
+        &mut self,
+        nodeid: u64,
+        flags: u32,
+        open_flags: u32,
+    ) -> FuseResult<abi::OpenOut> {
+        let arg = abi::OpenIn { flags, open_flags };
         self.try_call_obj(opcode::OPEN, nodeid, &[arg.as_bytes()])
     }
 
@@ -247,14 +430,47 @@ impl FuseClient {
         mode: u32,
         umask: u32,
     ) -> FuseResult<(abi::EntryOut, abi::OpenOut)> {
+        self.try_create_ext(parent, name, flags, mode, umask, 0, &[])
+    }
+
+    /// FUSE_CREATE with `open_flags` (`FUSE_OPEN_KILL_SUIDGID`) and request extensions `ext`
+    /// (may be empty).
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_create_ext(
+        &mut self,
+        parent: u64,
+        name: impl AsRef<[u8]>,
+        flags: u32,
+        mode: u32,
+        umask: u32,
+        open_flags: u32,
+        ext: &[u8],
+    ) -> FuseResult<(abi::EntryOut, abi::OpenOut)> {
+        let arg = abi::CreateIn {
+            flags,
+            mode,
+            umask,
+            open_flags,
+        };
+        let n = cstr(name.as_ref());
+        self.try_create_like(opcode::CREATE, parent, &arg, &n, ext)
+    }
+
+    /// FUSE_TMPFILE (sent, like the kernel, with the name "/").
+    pub fn try_tmpfile(
+        &mut self,
+        parent: u64,
+        flags: u32,
+        mode: u32,
+        umask: u32,
+    ) -> FuseResult<(abi::EntryOut, abi::OpenOut)> {
         let arg = abi::CreateIn {
             flags,
             mode,
             umask,
             open_flags: 0,
         };
-        let n = cstr(name.as_ref());
-        self.try_create_like(opcode::CREATE, parent, &arg, &n, &[])
+        self.try_create_like(opcode::TMPFILE, parent, &arg, &cstr(b"/"), &[])
     }
 
     /// FUSE_CREATE or FUSE_TMPFILE with a caller-made `fuse_create_in`, the name (NUL
@@ -297,13 +513,35 @@ impl FuseClient {
         offset: u64,
         size: u32,
     ) -> FuseResult<Vec<u8>> {
-        let arg = abi::ReadIn {
+        self.try_read_with(nodeid, &read_in(fh, offset, size))
+    }
+
+    /// FUSE_READ with a caller-made `fuse_read_in`.
+    pub fn try_read_with(&mut self, nodeid: u64, arg: &abi::ReadIn) -> FuseResult<Vec<u8>> {
+        self.try_call(opcode::READ, nodeid, &[arg.as_bytes()], arg.size as usize)
+    }
+
+    /// FUSE_WRITE of `data` at `offset`; returns the byte count written.
+    pub fn try_write(&mut self, nodeid: u64, fh: u64, offset: u64, data: &[u8]) -> FuseResult<u32> {
+        let arg = abi::WriteIn {
             fh,
             offset,
-            size,
+            size: data.len() as u32,
             ..Default::default()
         };
-        self.try_call(opcode::READ, nodeid, &[arg.as_bytes()], size as usize)
+        self.try_write_with(nodeid, &arg, data)
+    }
+
+    /// FUSE_WRITE with a caller-made `fuse_write_in` (its `size` is sent as is).
+    pub fn try_write_with(
+        &mut self,
+        nodeid: u64,
+        arg: &abi::WriteIn,
+        data: &[u8],
+    ) -> FuseResult<u32> {
+        let out =
+            self.try_call_obj::<abi::WriteOut>(opcode::WRITE, nodeid, &[arg.as_bytes(), data])?;
+        Ok(out.map(|o| o.size))
     }
 
     /// FUSE_FLUSH.
@@ -319,14 +557,233 @@ impl FuseClient {
 
     /// FUSE_RELEASE (`flags` are the open flags).
     pub fn try_release(&mut self, nodeid: u64, fh: u64, flags: u32) -> FuseResult<()> {
-        let arg = abi::ReleaseIn {
-            fh,
-            flags,
-            release_flags: 0,
-            lock_owner: 0,
-        };
-        self.try_call_empty(opcode::RELEASE, nodeid, &[arg.as_bytes()])
+        self.try_release_with(opcode::RELEASE, nodeid, &release_in(fh, flags))
     }
+
+    /// FUSE_RELEASE or FUSE_RELEASEDIR with a caller-made `fuse_release_in`.
+    pub fn try_release_with(
+        &mut self,
+        op: u32,
+        nodeid: u64,
+        arg: &abi::ReleaseIn,
+    ) -> FuseResult<()> {
+        self.try_call_empty(op, nodeid, &[arg.as_bytes()])
+    }
+
+    /// FUSE_FSYNC.
+    pub fn try_fsync(&mut self, nodeid: u64, fh: u64, datasync: bool) -> FuseResult<()> {
+        self.try_fsync_like(opcode::FSYNC, nodeid, fh, datasync)
+    }
+
+    /// FUSE_FSYNCDIR.
+    pub fn try_fsyncdir(&mut self, nodeid: u64, fh: u64, datasync: bool) -> FuseResult<()> {
+        self.try_fsync_like(opcode::FSYNCDIR, nodeid, fh, datasync)
+    }
+
+    /// FUSE_FSYNC or FUSE_FSYNCDIR: one layout.
+    fn try_fsync_like(&mut self, op: u32, nodeid: u64, fh: u64, datasync: bool) -> FuseResult<()> {
+        let arg = abi::FsyncIn {
+            fh,
+            fsync_flags: if datasync { abi::FSYNC_FDATASYNC } else { 0 },
+            padding: 0,
+        };
+        self.try_call_empty(op, nodeid, &[arg.as_bytes()])
+    }
+
+    /// FUSE_FALLOCATE.
+    pub fn try_fallocate(
+        &mut self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        length: u64,
+        mode: u32,
+    ) -> FuseResult<()> {
+        let arg = abi::FallocateIn {
+            fh,
+            offset,
+            length,
+            mode,
+            padding: 0,
+        };
+        self.try_call_empty(opcode::FALLOCATE, nodeid, &[arg.as_bytes()])
+    }
+
+    /// FUSE_LSEEK; returns the resulting offset.
+    pub fn try_lseek(&mut self, nodeid: u64, fh: u64, offset: u64, whence: u32) -> FuseResult<u64> {
+        let arg = abi::LseekIn {
+            fh,
+            offset,
+            whence,
+            padding: 0,
+        };
+        let out = self.try_call_obj::<abi::LseekOut>(opcode::LSEEK, nodeid, &[arg.as_bytes()])?;
+        Ok(out.map(|o| o.offset))
+    }
+
+    /// FUSE_COPY_FILE_RANGE from `nodeid_in`; returns the byte count copied.
+    pub fn try_copy_file_range(
+        &mut self,
+        nodeid_in: u64,
+        arg: &abi::CopyFileRangeIn,
+    ) -> FuseResult<u32> {
+        let out = self.try_call_obj::<abi::WriteOut>(
+            opcode::COPY_FILE_RANGE,
+            nodeid_in,
+            &[arg.as_bytes()],
+        )?;
+        Ok(out.map(|o| o.size))
+    }
+
+    /// FUSE_OPENDIR.
+    pub fn try_opendir(&mut self, nodeid: u64, flags: u32) -> FuseResult<abi::OpenOut> {
+        let arg = abi::OpenIn {
+            flags,
+            open_flags: 0,
+        };
+        self.try_call_obj(opcode::OPENDIR, nodeid, &[arg.as_bytes()])
+    }
+
+    /// FUSE_READDIR or FUSE_READDIRPLUS: one layout, the raw reply body.
+    fn try_readdir_raw(
+        &mut self,
+        op: u32,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> FuseResult<Vec<u8>> {
+        let arg = read_in(fh, offset, size);
+        self.try_call(op, nodeid, &[arg.as_bytes()], size as usize)
+    }
+
+    /// FUSE_READDIR from `offset` with `size` bytes of room; parsed entries.
+    pub fn try_readdir(
+        &mut self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> FuseResult<Vec<DirEntry>> {
+        match self.try_readdir_raw(opcode::READDIR, nodeid, fh, offset, size)? {
+            Ok(body) => parse_dirents(&body)
+                .map(Ok)
+                .map_err(|e| Error::Protocol(format!("READDIR: malformed reply: {e}"))),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    /// FUSE_READDIRPLUS from `offset` with `size` bytes of room; parsed entries.
+    pub fn try_readdirplus(
+        &mut self,
+        nodeid: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> FuseResult<Vec<DirEntryPlus>> {
+        match self.try_readdir_raw(opcode::READDIRPLUS, nodeid, fh, offset, size)? {
+            Ok(body) => parse_direntplus(&body)
+                .map(Ok)
+                .map_err(|e| Error::Protocol(format!("READDIRPLUS: malformed reply: {e}"))),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    /// FUSE_RELEASEDIR.
+    pub fn try_releasedir(&mut self, nodeid: u64, fh: u64, flags: u32) -> FuseResult<()> {
+        self.try_release_with(opcode::RELEASEDIR, nodeid, &release_in(fh, flags))
+    }
+
+    /// FUSE_SETXATTR; uses the extended `fuse_setxattr_in` when INIT negotiated `SETXATTR_EXT`.
+    pub fn try_setxattr(
+        &mut self,
+        nodeid: u64,
+        name: impl AsRef<[u8]>,
+        value: &[u8],
+        flags: u32,
+    ) -> FuseResult<()> {
+        let ext = self
+            .init_out()
+            .is_some_and(|i| u64::from(i.flags) & abi::init::SETXATTR_EXT != 0);
+        if ext {
+            return self.try_setxattr_ext(nodeid, name, value, flags, 0);
+        }
+        let arg = abi::SetxattrInCompat {
+            size: value.len() as u32,
+            flags,
+        };
+        let n = cstr(name.as_ref());
+        self.try_call_empty(opcode::SETXATTR, nodeid, &[arg.as_bytes(), &n, value])
+    }
+
+    /// FUSE_SETXATTR in the extended format (as after `SETXATTR_EXT`) with `setxattr_flags`
+    /// (e.g. `SETXATTR_ACL_KILL_SGID`).
+    pub fn try_setxattr_ext(
+        &mut self,
+        nodeid: u64,
+        name: impl AsRef<[u8]>,
+        value: &[u8],
+        flags: u32,
+        setxattr_flags: u32,
+    ) -> FuseResult<()> {
+        let arg = abi::SetxattrIn {
+            size: value.len() as u32,
+            flags,
+            setxattr_flags,
+            padding: 0,
+        };
+        let n = cstr(name.as_ref());
+        self.try_call_empty(opcode::SETXATTR, nodeid, &[arg.as_bytes(), &n, value])
+    }
+
+    /// FUSE_GETXATTR: with `size` 0 the size probe, else the value (at most `size` bytes).
+    pub fn try_getxattr(
+        &mut self,
+        nodeid: u64,
+        name: impl AsRef<[u8]>,
+        size: u32,
+    ) -> FuseResult<XattrReply> {
+        let arg = abi::GetxattrIn { size, padding: 0 };
+        let n = cstr(name.as_ref());
+        self.try_xattr_call(opcode::GETXATTR, nodeid, &[arg.as_bytes(), &n], size)
+    }
+
+    /// FUSE_LISTXATTR: with `size` 0 the size probe, else the NUL-separated list.
+    pub fn try_listxattr(&mut self, nodeid: u64, size: u32) -> FuseResult<XattrReply> {
+        let arg = abi::GetxattrIn { size, padding: 0 };
+        self.try_xattr_call(opcode::LISTXATTR, nodeid, &[arg.as_bytes()], size)
+    }
+
+    /// GETXATTR or LISTXATTR: a `fuse_getxattr_out` for a size probe, else the bytes.
+    fn try_xattr_call(
+        &mut self,
+        op: u32,
+        nodeid: u64,
+        args: &[&[u8]],
+        size: u32,
+    ) -> FuseResult<XattrReply> {
+        if size == 0 {
+            let out = self.try_call_obj::<abi::GetxattrOut>(op, nodeid, args)?;
+            Ok(out.map(|o| XattrReply::Size(o.size)))
+        } else {
+            let body = self.try_call(op, nodeid, args, size as usize)?;
+            Ok(body.map(XattrReply::Data))
+        }
+    }
+
+    /// FUSE_REMOVEXATTR.
+    pub fn try_removexattr(&mut self, nodeid: u64, name: impl AsRef<[u8]>) -> FuseResult<()> {
+        let n = cstr(name.as_ref());
+        self.try_call_empty(opcode::REMOVEXATTR, nodeid, &[&n])
+    }
+
+    /// FUSE_SYNCFS (sent on the root node, like the kernel).
+    pub fn try_syncfs(&mut self) -> FuseResult<()> {
+        let arg = abi::SyncfsIn { padding: 0 };
+        self.try_call_empty(opcode::SYNCFS, abi::ROOT_ID, &[arg.as_bytes()])
+    }
+
+    // ---- as the Linux client sends them -----------------------------------------------------
 
     /// What the `kernel_*` helpers learnt from `ENOSYS` answers so far.
     pub fn kernel_state(&self) -> KernelState {
@@ -404,98 +861,24 @@ impl FuseClient {
         }
         self.try_releasedir(nodeid, fh, flags)
     }
+}
 
-    /// FUSE_OPENDIR.
-    pub fn try_opendir(&mut self, nodeid: u64, flags: u32) -> FuseResult<abi::OpenOut> {
-        let arg = abi::OpenIn {
-            flags,
-            open_flags: 0,
-        };
-        self.try_call_obj(opcode::OPENDIR, nodeid, &[arg.as_bytes()])
+/// The `fuse_read_in` of READ, READDIR and READDIRPLUS.
+fn read_in(fh: u64, offset: u64, size: u32) -> abi::ReadIn {
+    abi::ReadIn {
+        fh,
+        offset,
+        size,
+        ..Default::default()
     }
+}
 
-    fn try_readdir_raw(
-        &mut self,
-        op: u32,
-        nodeid: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-    ) -> FuseResult<Vec<u8>> {
-        let arg = abi::ReadIn {
-            fh,
-            offset,
-            size,
-            ..Default::default()
-        };
-        self.try_call(op, nodeid, &[arg.as_bytes()], size as usize)
-    }
-
-    /// FUSE_READDIR from `offset` with `size` bytes of room; parsed entries.
-    pub fn try_readdir(
-        &mut self,
-        nodeid: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-    ) -> FuseResult<Vec<DirEntry>> {
-        match self.try_readdir_raw(opcode::READDIR, nodeid, fh, offset, size)? {
-            Ok(body) => parse_dirents(&body)
-                .map(Ok)
-                .map_err(|e| Error::Protocol(format!("READDIR: malformed reply: {e}"))),
-            Err(e) => Ok(Err(e)),
-        }
-    }
-
-    /// FUSE_READDIRPLUS from `offset` with `size` bytes of room; parsed entries.
-    pub fn try_readdirplus(
-        &mut self,
-        nodeid: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-    ) -> FuseResult<Vec<DirEntryPlus>> {
-        match self.try_readdir_raw(opcode::READDIRPLUS, nodeid, fh, offset, size)? {
-            Ok(body) => parse_direntplus(&body)
-                .map(Ok)
-                .map_err(|e| Error::Protocol(format!("READDIRPLUS: malformed reply: {e}"))),
-            Err(e) => Ok(Err(e)),
-        }
-    }
-
-    /// FUSE_RELEASEDIR.
-    pub fn try_releasedir(&mut self, nodeid: u64, fh: u64, flags: u32) -> FuseResult<()> {
-        let arg = abi::ReleaseIn {
-            fh,
-            flags,
-            release_flags: 0,
-            lock_owner: 0,
-        };
-        self.try_call_empty(opcode::RELEASEDIR, nodeid, &[arg.as_bytes()])
-    }
-
-    /// FUSE_MKDIR (`mode` without `S_IFDIR`, as the kernel sends it).
-    pub fn try_mkdir(
-        &mut self,
-        parent: u64,
-        name: impl AsRef<[u8]>,
-        mode: u32,
-        umask: u32,
-    ) -> FuseResult<abi::EntryOut> {
-        let arg = abi::MkdirIn { mode, umask };
-        let n = cstr(name.as_ref());
-        self.try_call_obj(opcode::MKDIR, parent, &[arg.as_bytes(), &n])
-    }
-
-    /// FUSE_UNLINK.
-    pub fn try_unlink(&mut self, parent: u64, name: impl AsRef<[u8]>) -> FuseResult<()> {
-        let n = cstr(name.as_ref());
-        self.try_call_empty(opcode::UNLINK, parent, &[&n])
-    }
-
-    /// FUSE_RMDIR.
-    pub fn try_rmdir(&mut self, parent: u64, name: impl AsRef<[u8]>) -> FuseResult<()> {
-        let n = cstr(name.as_ref());
-        self.try_call_empty(opcode::RMDIR, parent, &[&n])
+/// The `fuse_release_in` of RELEASE and RELEASEDIR as the kernel sends it on close.
+fn release_in(fh: u64, flags: u32) -> abi::ReleaseIn {
+    abi::ReleaseIn {
+        fh,
+        flags,
+        release_flags: 0,
+        lock_owner: 0,
     }
 }

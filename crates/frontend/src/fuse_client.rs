@@ -265,11 +265,10 @@ pub fn parse_reply(data: &[u8], expected_unique: Option<u64>, op: u32) -> Result
     })
 }
 
-/// Builds the readable bytes of a request: `fuse_in_header` (with `len` covering the arguments)
-/// followed by the arguments.
-pub fn build_request(unique: u64, opcode: u32, nodeid: u64, ctx: Ctx, args: &[&[u8]]) -> Vec<u8> {
+/// The `fuse_in_header` of a request with arguments `args`: `len` covers them, no extensions.
+pub fn request_header(unique: u64, opcode: u32, nodeid: u64, ctx: Ctx, args: &[&[u8]]) -> InHeader {
     let body: usize = args.iter().map(|a| a.len()).sum();
-    let hdr = InHeader {
+    InHeader {
         len: (std::mem::size_of::<InHeader>() + body) as u32,
         opcode,
         unique,
@@ -279,7 +278,13 @@ pub fn build_request(unique: u64, opcode: u32, nodeid: u64, ctx: Ctx, args: &[&[
         pid: ctx.pid,
         total_extlen: 0,
         padding: 0,
-    };
+    }
+}
+
+/// Builds the readable bytes of a request: `fuse_in_header` (with `len` covering the arguments)
+/// followed by the arguments.
+pub fn build_request(unique: u64, opcode: u32, nodeid: u64, ctx: Ctx, args: &[&[u8]]) -> Vec<u8> {
+    let hdr = request_header(unique, opcode, nodeid, ctx, args);
     let mut v = Vec::with_capacity(hdr.len as usize);
     v.extend_from_slice(hdr.as_bytes());
     for a in args {
@@ -593,7 +598,7 @@ impl FuseClient {
         reply_cap: usize,
     ) -> Result<Ticket> {
         let unique = self.next_unique();
-        let hdr = self.header(unique, opcode, nodeid, args, self.ctx);
+        let hdr = request_header(unique, opcode, nodeid, self.ctx, args);
         self.enqueue_header(hdr, args, reply_cap)
     }
 
@@ -676,28 +681,6 @@ impl FuseClient {
             unique,
             opcode,
             kind,
-        }
-    }
-
-    pub(super) fn header(
-        &self,
-        unique: u64,
-        opcode: u32,
-        nodeid: u64,
-        args: &[&[u8]],
-        ctx: Ctx,
-    ) -> InHeader {
-        let body: usize = args.iter().map(|a| a.len()).sum();
-        InHeader {
-            len: (std::mem::size_of::<InHeader>() + body) as u32,
-            opcode,
-            unique,
-            nodeid,
-            uid: ctx.uid,
-            gid: ctx.gid,
-            pid: ctx.pid,
-            total_extlen: 0,
-            padding: 0,
         }
     }
 
@@ -933,7 +916,7 @@ impl FuseClient {
         pid: u32,
     ) -> Result<Reply> {
         let unique = self.next_unique();
-        let hdr = self.header(unique, opcode, nodeid, args, Ctx { uid, gid, pid });
+        let hdr = request_header(unique, opcode, nodeid, Ctx { uid, gid, pid }, args);
         self.request_with_header(hdr, args, reply_cap)
     }
 
@@ -957,34 +940,9 @@ impl FuseClient {
 
     // ---- typed helpers -------------------------------------------------------------------
     //
-    // Each is a thin wrapper over its fallible `try_*` twin (`checked.rs`), which lays out the
-    // request and checks the reply: one call path, two ways to report a broken daemon.
-
-    /// Sends a request, panicking on transport/protocol failure; returns the body or the errno.
-    fn call(
-        &mut self,
-        op: u32,
-        nodeid: u64,
-        args: &[&[u8]],
-        reply_cap: usize,
-    ) -> std::result::Result<Vec<u8>, i32> {
-        settle(op, self.try_call(op, nodeid, args, reply_cap))
-    }
-
-    /// Like `call`, for replies that must be exactly one `T`.
-    fn call_obj<T: Pod>(
-        &mut self,
-        op: u32,
-        nodeid: u64,
-        args: &[&[u8]],
-    ) -> std::result::Result<T, i32> {
-        settle(op, self.try_call_obj(op, nodeid, args))
-    }
-
-    /// Like `call`, for replies without a body.
-    fn call_empty(&mut self, op: u32, nodeid: u64, args: &[&[u8]]) -> std::result::Result<(), i32> {
-        settle(op, self.try_call_empty(op, nodeid, args))
-    }
+    // Each unwraps its fallible `try_*` twin (`checked.rs`), which lays out the request and
+    // checks the reply: every request is laid out once, and a broken daemon is a panic here, an
+    // `Error` there.
 
     /// FUSE_INIT as a Linux 6.x kernel sends it: 7.38, [`DEFAULT_INIT_FLAGS`], 64-byte
     /// `fuse_init_in` with `flags2`.
@@ -995,12 +953,7 @@ impl FuseClient {
     /// FUSE_INIT as Linux 5.4 sends it: 7.31, [`LINUX_5_4_INIT_FLAGS`], the 16-byte
     /// `fuse_init_in`.
     pub fn init_compat(&mut self) -> std::result::Result<abi::InitOut, i32> {
-        self.init_with(
-            INIT_COMPAT_MINOR,
-            LINUX_5_4_INIT_FLAGS,
-            DEFAULT_MAX_READAHEAD,
-            false,
-        )
+        settle(opcode::INIT, self.try_init_compat())
     }
 
     /// FUSE_INIT with any minor and flags; `ext` sends the 48-byte extension carrying the high
@@ -1020,7 +973,7 @@ impl FuseClient {
 
     /// FUSE_DESTROY.
     pub fn destroy(&mut self) -> std::result::Result<(), i32> {
-        self.call_empty(opcode::DESTROY, 0, &[])
+        settle(opcode::DESTROY, self.try_destroy())
     }
 
     /// FUSE_LOOKUP of `name` in `parent`; a negative entry (node id 0) is `ENOENT`, as the
@@ -1071,12 +1024,12 @@ impl FuseClient {
         nodeid: u64,
         attr: &abi::SetattrIn,
     ) -> std::result::Result<abi::AttrOut, i32> {
-        self.call_obj(opcode::SETATTR, nodeid, &[attr.as_bytes()])
+        settle(opcode::SETATTR, self.try_setattr(nodeid, attr))
     }
 
     /// FUSE_READLINK.
     pub fn readlink(&mut self, nodeid: u64) -> std::result::Result<Vec<u8>, i32> {
-        self.call(opcode::READLINK, nodeid, &[], PAGE_SIZE)
+        settle(opcode::READLINK, self.try_readlink(nodeid))
     }
 
     /// FUSE_SYMLINK: creates `name` in `parent` pointing at `target`.
@@ -1086,9 +1039,7 @@ impl FuseClient {
         name: impl AsRef<[u8]>,
         target: impl AsRef<[u8]>,
     ) -> std::result::Result<abi::EntryOut, i32> {
-        let n = cstr(name.as_ref());
-        let t = cstr(target.as_ref());
-        self.call_obj(opcode::SYMLINK, parent, &[&n, &t])
+        settle(opcode::SYMLINK, self.try_symlink(parent, name, target))
     }
 
     /// FUSE_MKNOD.
@@ -1100,14 +1051,10 @@ impl FuseClient {
         rdev: u32,
         umask: u32,
     ) -> std::result::Result<abi::EntryOut, i32> {
-        let arg = abi::MknodIn {
-            mode,
-            rdev,
-            umask,
-            padding: 0,
-        };
-        let n = cstr(name.as_ref());
-        self.call_obj(opcode::MKNOD, parent, &[arg.as_bytes(), &n])
+        settle(
+            opcode::MKNOD,
+            self.try_mknod(parent, name, mode, rdev, umask),
+        )
     }
 
     /// FUSE_MKDIR (`mode` without `S_IFDIR`, as the kernel sends it).
@@ -1139,10 +1086,10 @@ impl FuseClient {
         newdir: u64,
         newname: impl AsRef<[u8]>,
     ) -> std::result::Result<(), i32> {
-        let arg = abi::RenameIn { newdir };
-        let o = cstr(oldname.as_ref());
-        let n = cstr(newname.as_ref());
-        self.call_empty(opcode::RENAME, olddir, &[arg.as_bytes(), &o, &n])
+        settle(
+            opcode::RENAME,
+            self.try_rename(olddir, oldname, newdir, newname),
+        )
     }
 
     /// FUSE_RENAME2 with `RENAME_*` flags.
@@ -1154,14 +1101,10 @@ impl FuseClient {
         newname: impl AsRef<[u8]>,
         flags: u32,
     ) -> std::result::Result<(), i32> {
-        let arg = abi::Rename2In {
-            newdir,
-            flags,
-            padding: 0,
-        };
-        let o = cstr(oldname.as_ref());
-        let n = cstr(newname.as_ref());
-        self.call_empty(opcode::RENAME2, olddir, &[arg.as_bytes(), &o, &n])
+        settle(
+            opcode::RENAME2,
+            self.try_rename2(olddir, oldname, newdir, newname, flags),
+        )
     }
 
     /// FUSE_LINK: a new name `newname` in `newparent` for `oldnodeid`.
@@ -1171,9 +1114,7 @@ impl FuseClient {
         newparent: u64,
         newname: impl AsRef<[u8]>,
     ) -> std::result::Result<abi::EntryOut, i32> {
-        let arg = abi::LinkIn { oldnodeid };
-        let n = cstr(newname.as_ref());
-        self.call_obj(opcode::LINK, newparent, &[arg.as_bytes(), &n])
+        settle(opcode::LINK, self.try_link(oldnodeid, newparent, newname))
     }
 
     /// FUSE_OPEN with `O_*` flags.
@@ -1204,15 +1145,9 @@ impl FuseClient {
         mode: u32,
         umask: u32,
     ) -> std::result::Result<(abi::EntryOut, abi::OpenOut), i32> {
-        let arg = abi::CreateIn {
-            flags,
-            mode,
-            umask,
-            open_flags: 0,
-        };
         settle(
             opcode::TMPFILE,
-            self.try_create_like(opcode::TMPFILE, parent, &arg, &cstr(b"/"), &[]),
+            self.try_tmpfile(parent, flags, mode, umask),
         )
     }
 
@@ -1233,7 +1168,7 @@ impl FuseClient {
         nodeid: u64,
         arg: &abi::ReadIn,
     ) -> std::result::Result<Vec<u8>, i32> {
-        self.call(opcode::READ, nodeid, &[arg.as_bytes()], arg.size as usize)
+        settle(opcode::READ, self.try_read_with(nodeid, arg))
     }
 
     /// FUSE_WRITE of `data` at `offset`; returns the byte count written.
@@ -1244,13 +1179,7 @@ impl FuseClient {
         offset: u64,
         data: &[u8],
     ) -> std::result::Result<u32, i32> {
-        let arg = abi::WriteIn {
-            fh,
-            offset,
-            size: data.len() as u32,
-            ..Default::default()
-        };
-        self.write_with(nodeid, &arg, data)
+        settle(opcode::WRITE, self.try_write(nodeid, fh, offset, data))
     }
 
     /// FUSE_WRITE with a caller-made `fuse_write_in` (its `size` is sent as is).
@@ -1260,8 +1189,7 @@ impl FuseClient {
         arg: &abi::WriteIn,
         data: &[u8],
     ) -> std::result::Result<u32, i32> {
-        let out: abi::WriteOut = self.call_obj(opcode::WRITE, nodeid, &[arg.as_bytes(), data])?;
-        Ok(out.size)
+        settle(opcode::WRITE, self.try_write_with(nodeid, arg, data))
     }
 
     /// FUSE_FLUSH.
@@ -1281,12 +1209,12 @@ impl FuseClient {
         nodeid: u64,
         arg: &abi::ReleaseIn,
     ) -> std::result::Result<(), i32> {
-        self.call_empty(op, nodeid, &[arg.as_bytes()])
+        settle(op, self.try_release_with(op, nodeid, arg))
     }
 
     /// FUSE_FSYNC.
     pub fn fsync(&mut self, nodeid: u64, fh: u64, datasync: bool) -> std::result::Result<(), i32> {
-        self.fsync_like(opcode::FSYNC, nodeid, fh, datasync)
+        settle(opcode::FSYNC, self.try_fsync(nodeid, fh, datasync))
     }
 
     /// FUSE_FSYNCDIR.
@@ -1296,22 +1224,7 @@ impl FuseClient {
         fh: u64,
         datasync: bool,
     ) -> std::result::Result<(), i32> {
-        self.fsync_like(opcode::FSYNCDIR, nodeid, fh, datasync)
-    }
-
-    fn fsync_like(
-        &mut self,
-        op: u32,
-        nodeid: u64,
-        fh: u64,
-        datasync: bool,
-    ) -> std::result::Result<(), i32> {
-        let arg = abi::FsyncIn {
-            fh,
-            fsync_flags: if datasync { abi::FSYNC_FDATASYNC } else { 0 },
-            padding: 0,
-        };
-        self.call_empty(op, nodeid, &[arg.as_bytes()])
+        settle(opcode::FSYNCDIR, self.try_fsyncdir(nodeid, fh, datasync))
     }
 
     /// FUSE_OPENDIR.
@@ -1351,13 +1264,12 @@ impl FuseClient {
 
     /// FUSE_STATFS.
     pub fn statfs(&mut self, nodeid: u64) -> std::result::Result<abi::Kstatfs, i32> {
-        self.call_obj(opcode::STATFS, nodeid, &[])
+        settle(opcode::STATFS, self.try_statfs(nodeid))
     }
 
     /// FUSE_ACCESS with an `R_OK`/`W_OK`/`X_OK`/`F_OK` mask.
     pub fn access(&mut self, nodeid: u64, mask: u32) -> std::result::Result<(), i32> {
-        let arg = abi::AccessIn { mask, padding: 0 };
-        self.call_empty(opcode::ACCESS, nodeid, &[arg.as_bytes()])
+        settle(opcode::ACCESS, self.try_access(nodeid, mask))
     }
 
     /// FUSE_SETXATTR; uses the extended `fuse_setxattr_in` when INIT negotiated `SETXATTR_EXT`.
@@ -1368,25 +1280,10 @@ impl FuseClient {
         value: &[u8],
         flags: u32,
     ) -> std::result::Result<(), i32> {
-        let ext = self
-            .init_out
-            .is_some_and(|i| u64::from(i.flags) & abi::init::SETXATTR_EXT != 0);
-        let n = cstr(name.as_ref());
-        if ext {
-            let arg = abi::SetxattrIn {
-                size: value.len() as u32,
-                flags,
-                setxattr_flags: 0,
-                padding: 0,
-            };
-            self.call_empty(opcode::SETXATTR, nodeid, &[arg.as_bytes(), &n, value])
-        } else {
-            let arg = abi::SetxattrInCompat {
-                size: value.len() as u32,
-                flags,
-            };
-            self.call_empty(opcode::SETXATTR, nodeid, &[arg.as_bytes(), &n, value])
-        }
+        settle(
+            opcode::SETXATTR,
+            self.try_setxattr(nodeid, name, value, flags),
+        )
     }
 
     /// FUSE_SETXATTR in the extended format (as after `SETXATTR_EXT`) with `setxattr_flags`
@@ -1399,14 +1296,10 @@ impl FuseClient {
         flags: u32,
         setxattr_flags: u32,
     ) -> std::result::Result<(), i32> {
-        let arg = abi::SetxattrIn {
-            size: value.len() as u32,
-            flags,
-            setxattr_flags,
-            padding: 0,
-        };
-        let n = cstr(name.as_ref());
-        self.call_empty(opcode::SETXATTR, nodeid, &[arg.as_bytes(), &n, value])
+        settle(
+            opcode::SETXATTR,
+            self.try_setxattr_ext(nodeid, name, value, flags, setxattr_flags),
+        )
     }
 
     /// Sends `op` with request extensions `ext` (whole 8-byte records, see
@@ -1432,10 +1325,10 @@ impl FuseClient {
         umask: u32,
         ext: &[u8],
     ) -> std::result::Result<abi::EntryOut, i32> {
-        let arg = abi::MkdirIn { mode, umask };
-        let n = cstr(name.as_ref());
-        let r = self.try_call_ext_obj(opcode::MKDIR, parent, &[arg.as_bytes(), &n], ext);
-        settle(opcode::MKDIR, r)
+        settle(
+            opcode::MKDIR,
+            self.try_mkdir_ext(parent, name, mode, umask, ext),
+        )
     }
 
     /// FUSE_MKNOD with request extensions.
@@ -1448,15 +1341,10 @@ impl FuseClient {
         umask: u32,
         ext: &[u8],
     ) -> std::result::Result<abi::EntryOut, i32> {
-        let arg = abi::MknodIn {
-            mode,
-            rdev,
-            umask,
-            padding: 0,
-        };
-        let n = cstr(name.as_ref());
-        let r = self.try_call_ext_obj(opcode::MKNOD, parent, &[arg.as_bytes(), &n], ext);
-        settle(opcode::MKNOD, r)
+        settle(
+            opcode::MKNOD,
+            self.try_mknod_ext(parent, name, mode, rdev, umask, ext),
+        )
     }
 
     /// FUSE_SYMLINK with request extensions.
@@ -1467,10 +1355,10 @@ impl FuseClient {
         target: impl AsRef<[u8]>,
         ext: &[u8],
     ) -> std::result::Result<abi::EntryOut, i32> {
-        let n = cstr(name.as_ref());
-        let t = cstr(target.as_ref());
-        let r = self.try_call_ext_obj(opcode::SYMLINK, parent, &[&n, &t], ext);
-        settle(opcode::SYMLINK, r)
+        settle(
+            opcode::SYMLINK,
+            self.try_symlink_ext(parent, name, target, ext),
+        )
     }
 
     /// FUSE_CREATE with `open_flags` (`FUSE_OPEN_KILL_SUIDGID`) and request extensions.
@@ -1485,16 +1373,9 @@ impl FuseClient {
         open_flags: u32,
         ext: &[u8],
     ) -> std::result::Result<(abi::EntryOut, abi::OpenOut), i32> {
-        let arg = abi::CreateIn {
-            flags,
-            mode,
-            umask,
-            open_flags,
-        };
-        let n = cstr(name.as_ref());
         settle(
             opcode::CREATE,
-            self.try_create_like(opcode::CREATE, parent, &arg, &n, ext),
+            self.try_create_ext(parent, name, flags, mode, umask, open_flags, ext),
         )
     }
 
@@ -1505,8 +1386,7 @@ impl FuseClient {
         flags: u32,
         open_flags: u32,
     ) -> std::result::Result<abi::OpenOut, i32> {
-        let arg = abi::OpenIn { flags, open_flags };
-        self.call_obj(opcode::OPEN, nodeid, &[arg.as_bytes()])
+        settle(opcode::OPEN, self.try_open_with(nodeid, flags, open_flags))
     }
 
     /// FUSE_GETXATTR: with `size` 0 the size probe, else the value (at most `size` bytes).
@@ -1516,35 +1396,12 @@ impl FuseClient {
         name: impl AsRef<[u8]>,
         size: u32,
     ) -> std::result::Result<XattrReply, i32> {
-        let arg = abi::GetxattrIn { size, padding: 0 };
-        let n = cstr(name.as_ref());
-        self.xattr_call(opcode::GETXATTR, nodeid, &[arg.as_bytes(), &n], size)
+        settle(opcode::GETXATTR, self.try_getxattr(nodeid, name, size))
     }
 
     /// FUSE_LISTXATTR: with `size` 0 the size probe, else the NUL-separated list.
     pub fn listxattr(&mut self, nodeid: u64, size: u32) -> std::result::Result<XattrReply, i32> {
-        let arg = abi::GetxattrIn { size, padding: 0 };
-        self.xattr_call(opcode::LISTXATTR, nodeid, &[arg.as_bytes()], size)
-    }
-
-    fn xattr_call(
-        &mut self,
-        op: u32,
-        nodeid: u64,
-        args: &[&[u8]],
-        size: u32,
-    ) -> std::result::Result<XattrReply, i32> {
-        if size == 0 {
-            let out: abi::GetxattrOut = self.call_obj(op, nodeid, args)?;
-            Ok(XattrReply::Size(out.size))
-        } else {
-            Ok(XattrReply::Data(self.call(
-                op,
-                nodeid,
-                args,
-                size as usize,
-            )?))
-        }
+        settle(opcode::LISTXATTR, self.try_listxattr(nodeid, size))
     }
 
     /// FUSE_REMOVEXATTR.
@@ -1553,8 +1410,7 @@ impl FuseClient {
         nodeid: u64,
         name: impl AsRef<[u8]>,
     ) -> std::result::Result<(), i32> {
-        let n = cstr(name.as_ref());
-        self.call_empty(opcode::REMOVEXATTR, nodeid, &[&n])
+        settle(opcode::REMOVEXATTR, self.try_removexattr(nodeid, name))
     }
 
     /// FUSE_FALLOCATE.
@@ -1566,14 +1422,10 @@ impl FuseClient {
         length: u64,
         mode: u32,
     ) -> std::result::Result<(), i32> {
-        let arg = abi::FallocateIn {
-            fh,
-            offset,
-            length,
-            mode,
-            padding: 0,
-        };
-        self.call_empty(opcode::FALLOCATE, nodeid, &[arg.as_bytes()])
+        settle(
+            opcode::FALLOCATE,
+            self.try_fallocate(nodeid, fh, offset, length, mode),
+        )
     }
 
     /// FUSE_LSEEK; returns the resulting offset.
@@ -1584,14 +1436,7 @@ impl FuseClient {
         offset: u64,
         whence: u32,
     ) -> std::result::Result<u64, i32> {
-        let arg = abi::LseekIn {
-            fh,
-            offset,
-            whence,
-            padding: 0,
-        };
-        let out: abi::LseekOut = self.call_obj(opcode::LSEEK, nodeid, &[arg.as_bytes()])?;
-        Ok(out.offset)
+        settle(opcode::LSEEK, self.try_lseek(nodeid, fh, offset, whence))
     }
 
     /// FUSE_COPY_FILE_RANGE from `nodeid_in`; returns the byte count copied.
@@ -1600,15 +1445,15 @@ impl FuseClient {
         nodeid_in: u64,
         arg: &abi::CopyFileRangeIn,
     ) -> std::result::Result<u32, i32> {
-        let out: abi::WriteOut =
-            self.call_obj(opcode::COPY_FILE_RANGE, nodeid_in, &[arg.as_bytes()])?;
-        Ok(out.size)
+        settle(
+            opcode::COPY_FILE_RANGE,
+            self.try_copy_file_range(nodeid_in, arg),
+        )
     }
 
     /// FUSE_SYNCFS (sent on the root node, like the kernel).
     pub fn syncfs(&mut self) -> std::result::Result<(), i32> {
-        let arg = abi::SyncfsIn { padding: 0 };
-        self.call_empty(opcode::SYNCFS, abi::ROOT_ID, &[arg.as_bytes()])
+        settle(opcode::SYNCFS, self.try_syncfs())
     }
 }
 

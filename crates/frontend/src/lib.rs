@@ -9,7 +9,8 @@
 //! - [`fuse_client`]: FUSE requests over a request queue, as the Linux virtio-fs driver sends
 //!   them, with typed helpers for every opcode the daemon serves;
 //! - [`checked`]: the same typed helpers in a fallible form (`try_lookup`, ...) for tools that
-//!   must report a misbehaving daemon instead of panicking;
+//!   must report a misbehaving daemon instead of panicking; each request is laid out there
+//!   once, and the panicking helpers unwrap them;
 //! - this module: [`FsFrontend`], the vhost-user connection and handshake.
 //!
 //! ```no_run
