@@ -71,7 +71,7 @@ struct Args {
     cache: String,
 
     /// Comma-separated workloads, or "all": walk-readdirplus, walk-readdir-lookup, getattr,
-    /// open-read-close, seq-read-1m, create-unlink
+    /// open-read-close, seq-read-1m, create-unlink, read-twice
     #[arg(long, value_name = "LIST", default_value = "all")]
     workloads: String,
 
