@@ -1,0 +1,115 @@
+//! The legacy `-o a,b=c` options of the old C virtiofsd, applied onto the flags.
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+
+use super::args::NegotiateArg;
+use super::{not_yet, Args, UsageError};
+use crate::passthrough::xattrmap::XattrMap;
+use crate::sandbox::caps;
+
+/// Parses the value of a legacy `-o` option (`flag`, e.g. `-o sandbox`) that names one of the
+/// choices of `T`; an invalid value is refused naming `what` and the listed choices.
+fn legacy_choice<T: ValueEnum>(
+    flag: &str,
+    what: &'static str,
+    value: &str,
+) -> Result<T, UsageError> {
+    T::from_str(value, false).map_err(|_| {
+        let all: Vec<String> = T::value_variants()
+            .iter()
+            .filter_map(T::to_possible_value)
+            .filter(|p| !p.is_hide_set())
+            .map(|p| p.get_name().to_owned())
+            .collect();
+        UsageError::LegacyValue {
+            flag: flag.to_owned(),
+            what,
+            value: value.to_owned(),
+            expected: all.join(", "),
+        }
+    })
+}
+
+impl Args {
+    /// Applies the legacy `-o a,b=c` options onto the flags. As with the reference, they apply
+    /// after the other flags, whatever their order.
+    pub(super) fn apply_compat_options(&mut self) -> Result<(), UsageError> {
+        let options: Vec<String> = self
+            .compat_options
+            .iter()
+            .flat_map(|o| o.split(','))
+            // A stray comma ("cache=auto,") leaves an empty item: nothing to apply.
+            .filter(|o| !o.is_empty())
+            .map(str::to_owned)
+            .collect();
+        for opt in options {
+            self.apply_compat_option(&opt)?;
+        }
+        Ok(())
+    }
+
+    fn apply_compat_option(&mut self, opt: &str) -> Result<(), UsageError> {
+        let flag = format!("-o {opt}");
+        let value_for = |name: &str| format!("-o {name}");
+        match opt.split_once('=') {
+            Some(("source", dir)) => self.shared_dir = Some(PathBuf::from(dir)),
+            Some(("cache", mode)) => {
+                self.cache = legacy_choice(&value_for("cache"), "cache mode", mode)?;
+            }
+            Some(("loglevel" | "log_level", level)) => {
+                // "err" is the old C virtiofsd's spelling.
+                let level = if level == "err" { "error" } else { level };
+                self.log_level = legacy_choice(&value_for("loglevel"), "level", level)?;
+            }
+            Some(("sandbox", kind)) => {
+                self.sandbox = legacy_choice(&value_for("sandbox"), "value", kind)?;
+            }
+            Some(("xattrmap", rules)) => {
+                XattrMap::parse(rules).map_err(|message| UsageError::Xattrmap {
+                    flag: "-o xattrmap",
+                    message,
+                })?;
+                self.xattrmap = Some(rules.to_owned());
+            }
+            Some(("modcaps", caps)) => {
+                caps::parse_modcaps(caps).map_err(|e| {
+                    UsageError::Modcaps(e.replacen("--modcaps", &value_for("modcaps"), 1))
+                })?;
+                self.modcaps = Some(caps.to_owned());
+            }
+            Some(("timeout", _)) => return Err(UsageError::LegacyTimeout(flag)),
+            Some(_) => return Err(UsageError::UnknownLegacy(flag)),
+            None => match opt {
+                "xattr" => self.xattr = true,
+                "no_xattr" => self.xattr = false,
+                "readdirplus" => self.no_readdirplus = false,
+                "no_readdirplus" => self.no_readdirplus = true,
+                "writeback" => self.writeback = true,
+                "no_writeback" => self.writeback = false,
+                "allow_direct_io" => self.allow_direct_io = true,
+                "no_allow_direct_io" => self.allow_direct_io = false,
+                "killpriv_v2" => {
+                    self.killpriv_v2 = true;
+                    self.no_killpriv_v2 = false;
+                }
+                "no_killpriv_v2" => self.killpriv_v2 = false,
+                "posix_acl" => self.posix_acl = NegotiateArg::Always,
+                "no_posix_acl" => self.posix_acl = NegotiateArg::Never,
+                "security_label" => self.security_label = NegotiateArg::Always,
+                "no_security_label" => self.security_label = NegotiateArg::Never,
+                // No locks are offered to the guest: these ask for what already happens.
+                "no_posix_lock" | "no_flock" => {}
+                "announce_submounts" => {
+                    self.announce_submounts = true;
+                    self.no_announce_submounts = false;
+                }
+                "posix_lock" | "flock" => return Err(not_yet(&flag, "")),
+                "norace" => return Err(UsageError::LegacyUnsupported(flag)),
+                _ => return Err(UsageError::UnknownLegacy(flag)),
+            },
+        }
+        Ok(())
+    }
+}
