@@ -1,12 +1,17 @@
 //! The flags, as clap parses them, and the parsers of their values.
 
+use std::ffi::OsStr;
+use std::path::PathBuf;
+
+use clap::builder::{EnumValueParser, PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Parser, ValueEnum};
+use log::LevelFilter;
 
 use super::VERSION;
+use crate::migration;
 use crate::passthrough::{CacheMode, InodeFileHandles, Negotiate};
 use crate::sandbox::seccomp;
 use crate::sandbox::SandboxMode;
-use std::path::PathBuf;
 
 /// vhost-user virtio-fs daemon: serves a host directory to a guest.
 #[derive(Debug, Parser)]
@@ -76,7 +81,7 @@ pub struct Args {
         default_missing_value = "always",
         hide_possible_values = true
     )]
-    pub posix_acl: NegotiateArg,
+    pub posix_acl: Negotiate,
 
     /// Rules translating extended attribute names between guest and host, e.g.
     /// :map::user.virtiofs.: (see doc/configuration.md); implies --xattr
@@ -141,9 +146,10 @@ pub struct Args {
         value_name = "MODE",
         require_equals = true,
         default_value = "never",
+        value_parser = InodeFileHandlesParser,
         hide_possible_values = true
     )]
-    pub inode_file_handles: InodeFileHandlesArg,
+    pub inode_file_handles: InodeFileHandlesFlag,
 
     /// Caching policy the guest may use: never, metadata, auto or always
     #[arg(
@@ -152,7 +158,7 @@ pub struct Args {
         default_value = "auto",
         hide_possible_values = true
     )]
-    pub cache: CachePolicy,
+    pub cache: CacheMode,
 
     /// With --cache=never or --cache=metadata, let the guest mmap shared files; only safe when
     /// nothing else changes the shared directory
@@ -189,9 +195,10 @@ pub struct Args {
         long = "log-level",
         value_name = "LEVEL",
         default_value = "info",
+        value_parser = log_level(),
         hide_possible_values = true
     )]
-    pub log_level: LogLevel,
+    pub log_level: LevelFilter,
 
     /// Log to syslog instead of stderr
     #[arg(long = "syslog")]
@@ -256,7 +263,7 @@ pub struct Args {
         default_missing_value = "always",
         hide_possible_values = true
     )]
-    pub security_label: NegotiateArg,
+    pub security_label: Negotiate,
 
     /// Run the daemon in a user namespace mapping this range of uids from the host, given as
     /// :namespace_uid:host_uid:count: (repeat for several ranges)
@@ -314,7 +321,7 @@ pub struct Args {
         default_value = "find-paths",
         hide_possible_values = true
     )]
-    pub migration_mode: MigrationMode,
+    pub migration_mode: migration::Mode,
 
     /// What a file the destination cannot find again becomes: abort (the migration fails and the
     /// source goes on) or guest-error (the guest gets an error on that file only)
@@ -324,7 +331,7 @@ pub struct Args {
         default_value = "abort",
         hide_possible_values = true
     )]
-    pub migration_on_error: MigrationOnError,
+    pub migration_on_error: migration::OnError,
 
     /// With find-paths: the destination checks that each path opens the very file the source
     /// had (by file handle; source and destination share one file system)
@@ -337,103 +344,50 @@ pub struct Args {
     pub migration_confirm_paths: bool,
 }
 
-/// `--cache`: how much the guest may cache (the reference's `CachePolicy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum CachePolicy {
-    // "none" is the old C virtiofsd's spelling (`-o cache=none`).
-    #[value(alias = "none")]
-    Never,
-    Metadata,
-    Auto,
-    Always,
+/// `--inode-file-handles` as given: the mode, and whether it was named "fallback", the
+/// reference's deprecated name of "prefer" (accepted with a warning, not listed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InodeFileHandlesFlag {
+    pub mode: InodeFileHandles,
+    pub fallback: bool,
 }
 
-impl From<CachePolicy> for CacheMode {
-    fn from(c: CachePolicy) -> CacheMode {
-        match c {
-            CachePolicy::Never => CacheMode::Never,
-            CachePolicy::Metadata => CacheMode::Metadata,
-            CachePolicy::Auto => CacheMode::Auto,
-            CachePolicy::Always => CacheMode::Always,
-        }
+/// Parses `--inode-file-handles` as [`InodeFileHandles`]' own names do, noting the deprecated
+/// one.
+#[derive(Clone)]
+struct InodeFileHandlesParser;
+
+impl TypedValueParser for InodeFileHandlesParser {
+    type Value = InodeFileHandlesFlag;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &OsStr,
+    ) -> Result<InodeFileHandlesFlag, clap::Error> {
+        let mode = EnumValueParser::<InodeFileHandles>::new().parse_ref(cmd, arg, value)?;
+        Ok(InodeFileHandlesFlag {
+            mode,
+            fallback: value == "fallback",
+        })
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(
+            InodeFileHandles::value_variants()
+                .iter()
+                .filter_map(ValueEnum::to_possible_value),
+        ))
     }
 }
 
-/// `--posix-acl`, `--security-label`: whether to offer a feature the guest kernel must agree to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum NegotiateArg {
-    Never,
-    Auto,
-    Always,
-}
+/// The values of `--log-level` (and `-o loglevel`), in the order a refusal lists them.
+pub(super) const LOG_LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
 
-impl From<NegotiateArg> for Negotiate {
-    fn from(n: NegotiateArg) -> Negotiate {
-        match n {
-            NegotiateArg::Never => Negotiate::Never,
-            NegotiateArg::Auto => Negotiate::Auto,
-            NegotiateArg::Always => Negotiate::Always,
-        }
-    }
-}
-
-/// `--inode-file-handles`: when inodes are referenced by file handle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum InodeFileHandlesArg {
-    Never,
-    Prefer,
-    Mandatory,
-    // The reference's deprecated name of "prefer": accepted with a warning, not listed.
-    #[value(hide = true)]
-    Fallback,
-}
-
-impl From<InodeFileHandlesArg> for InodeFileHandles {
-    fn from(m: InodeFileHandlesArg) -> InodeFileHandles {
-        match m {
-            InodeFileHandlesArg::Never => InodeFileHandles::Never,
-            InodeFileHandlesArg::Prefer | InodeFileHandlesArg::Fallback => InodeFileHandles::Prefer,
-            InodeFileHandlesArg::Mandatory => InodeFileHandles::Mandatory,
-        }
-    }
-}
-
-/// `--log-level`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogLevel {
-    Error,
-    Warn,
-    Info,
-    Debug,
-    Trace,
-    Off,
-}
-
-impl From<LogLevel> for log::LevelFilter {
-    fn from(l: LogLevel) -> log::LevelFilter {
-        match l {
-            LogLevel::Error => log::LevelFilter::Error,
-            LogLevel::Warn => log::LevelFilter::Warn,
-            LogLevel::Info => log::LevelFilter::Info,
-            LogLevel::Debug => log::LevelFilter::Debug,
-            LogLevel::Trace => log::LevelFilter::Trace,
-            LogLevel::Off => log::LevelFilter::Off,
-        }
-    }
-}
-
-/// `--migration-mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum MigrationMode {
-    FindPaths,
-    FileHandles,
-}
-
-/// `--migration-on-error`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum MigrationOnError {
-    Abort,
-    GuestError,
+/// Parses `--log-level`: one of [`LOG_LEVELS`], spelled as listed.
+fn log_level() -> impl TypedValueParser<Value = LevelFilter> {
+    PossibleValuesParser::new(LOG_LEVELS).try_map(|v| v.parse::<LevelFilter>())
 }
 
 /// A whole number (clap's own refusal says only "invalid digit found in string").

@@ -21,12 +21,11 @@ use crate::daemon::{DaemonConfig, ProcessOptions, SocketSpec};
 use crate::idmap::Translation;
 use crate::migration;
 use crate::passthrough::xattrmap::XattrMap;
-use crate::passthrough::{CacheMode, Config, Negotiate};
+use crate::passthrough::{Config, Negotiate};
 use crate::sandbox::caps;
 use crate::sandbox::userns::{self, IdMapRange};
 
-pub use args::{Args, MAX_THREAD_POOL};
-use args::{InodeFileHandlesArg, LogLevel, MigrationMode, MigrationOnError};
+pub use args::{Args, InodeFileHandlesFlag, MAX_THREAD_POOL};
 
 /// The reference `virtiofsd` release whose command line and behaviour this daemon matches. It
 /// moves only when this daemon catches up with a later reference release.
@@ -332,7 +331,7 @@ impl Args {
         }
         if self.compat_debug {
             warnings.push(deprecated("-d", "use --log-level=debug"));
-            self.log_level = LogLevel::Debug;
+            self.log_level = log::LevelFilter::Debug;
         }
         if self.compat_foreground {
             warnings.push(deprecated(
@@ -343,7 +342,7 @@ impl Args {
         if self.socket.is_some() {
             warnings.push(deprecated("--socket", "use --socket-path"));
         }
-        let level = log::LevelFilter::from(self.log_level);
+        let level = self.log_level;
 
         let shared_dir = self.shared_dir.take().ok_or(UsageError::MissingSharedDir)?;
         if !shared_dir.exists() {
@@ -352,7 +351,7 @@ impl Args {
         if !shared_dir.is_dir() {
             return Err(UsageError::NotADirectory(shared_dir));
         }
-        let cache = CacheMode::from(self.cache);
+        let cache = self.cache;
         if let Some(tag) = &self.tag {
             if tag.is_empty() || tag.len() > 36 {
                 return Err(UsageError::TagLength);
@@ -389,8 +388,8 @@ impl Args {
 
         let translate = Translation::parse(&self.translate_uid, &self.translate_gid)
             .map_err(UsageError::Translate)?;
-        let posix_acl = Negotiate::from(self.posix_acl);
-        let security_label = Negotiate::from(self.security_label);
+        let posix_acl = self.posix_acl;
+        let security_label = self.security_label;
         if posix_acl != Negotiate::Never && !translate.is_empty() {
             // An ACL stores raw ids, which the translation cannot reach.
             return Err(UsageError::AclWithTranslation(spelled(&self.posix_acl)));
@@ -430,9 +429,9 @@ impl Args {
         fs.allow_direct_io = self.allow_direct_io;
         fs.allow_mmap = self.allow_mmap;
         fs.preserve_noatime = self.preserve_noatime;
-        fs.inode_file_handles = self.inode_file_handles.into();
+        fs.inode_file_handles = self.inode_file_handles.mode;
         fs.migration = migration;
-        if self.inode_file_handles == InodeFileHandlesArg::Fallback {
+        if self.inode_file_handles.fallback {
             warnings.push(deprecated(
                 "--inode-file-handles=fallback",
                 "use --inode-file-handles=prefer",
@@ -468,10 +467,7 @@ impl Args {
 impl Args {
     /// The `--migration-*` flags; the checks of a path only go with paths.
     fn migration_options(&self) -> Result<migration::Options, UsageError> {
-        let mode = match self.migration_mode {
-            MigrationMode::FindPaths => migration::Mode::FindPaths,
-            MigrationMode::FileHandles => migration::Mode::FileHandles,
-        };
+        let mode = self.migration_mode;
         if mode == migration::Mode::FileHandles {
             if self.migration_verify_handles {
                 return Err(UsageError::MigrationPathsOnly("--migration-verify-handles"));
@@ -482,10 +478,7 @@ impl Args {
         }
         Ok(migration::Options {
             mode,
-            on_error: match self.migration_on_error {
-                MigrationOnError::Abort => migration::OnError::Abort,
-                MigrationOnError::GuestError => migration::OnError::GuestError,
-            },
+            on_error: self.migration_on_error,
             verify_handles: self.migration_verify_handles,
             confirm_paths: self.migration_confirm_paths,
         })

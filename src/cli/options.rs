@@ -3,10 +3,12 @@
 use std::path::PathBuf;
 
 use clap::ValueEnum;
+use log::LevelFilter;
 
-use super::args::NegotiateArg;
+use super::args::LOG_LEVELS;
 use super::{not_yet, Args, UsageError};
 use crate::passthrough::xattrmap::XattrMap;
+use crate::passthrough::Negotiate;
 use crate::sandbox::caps;
 
 /// Parses the value of a legacy `-o` option (`flag`, e.g. `-o sandbox`) that names one of the
@@ -17,19 +19,39 @@ fn legacy_choice<T: ValueEnum>(
     value: &str,
 ) -> Result<T, UsageError> {
     T::from_str(value, false).map_err(|_| {
-        let all: Vec<String> = T::value_variants()
+        let listed = T::value_variants()
             .iter()
             .filter_map(T::to_possible_value)
             .filter(|p| !p.is_hide_set())
-            .map(|p| p.get_name().to_owned())
-            .collect();
-        UsageError::LegacyValue {
-            flag: flag.to_owned(),
-            what,
-            value: value.to_owned(),
-            expected: all.join(", "),
-        }
+            .map(|p| p.get_name().to_owned());
+        invalid_choice(flag, what, value, listed)
     })
+}
+
+/// Parses `-o loglevel=LEVEL`: a level of `--log-level`, or "err", the old C virtiofsd's
+/// spelling of "error".
+fn legacy_level(value: &str) -> Result<LevelFilter, UsageError> {
+    let level = if value == "err" { "error" } else { value };
+    match LOG_LEVELS.contains(&level).then(|| level.parse()) {
+        Some(Ok(l)) => Ok(l),
+        _ => Err(invalid_choice("-o loglevel", "level", value, LOG_LEVELS)),
+    }
+}
+
+/// The refusal of `value`, not one of the `choices` of the legacy option `flag`.
+fn invalid_choice(
+    flag: &str,
+    what: &'static str,
+    value: &str,
+    choices: impl IntoIterator<Item = impl Into<String>>,
+) -> UsageError {
+    let choices: Vec<String> = choices.into_iter().map(Into::into).collect();
+    UsageError::LegacyValue {
+        flag: flag.to_owned(),
+        what,
+        value: value.to_owned(),
+        expected: choices.join(", "),
+    }
 }
 
 impl Args {
@@ -58,11 +80,7 @@ impl Args {
             Some(("cache", mode)) => {
                 self.cache = legacy_choice(&value_for("cache"), "cache mode", mode)?;
             }
-            Some(("loglevel" | "log_level", level)) => {
-                // "err" is the old C virtiofsd's spelling.
-                let level = if level == "err" { "error" } else { level };
-                self.log_level = legacy_choice(&value_for("loglevel"), "level", level)?;
-            }
+            Some(("loglevel" | "log_level", level)) => self.log_level = legacy_level(level)?,
             Some(("sandbox", kind)) => {
                 self.sandbox = legacy_choice(&value_for("sandbox"), "value", kind)?;
             }
@@ -95,10 +113,10 @@ impl Args {
                     self.no_killpriv_v2 = false;
                 }
                 "no_killpriv_v2" => self.killpriv_v2 = false,
-                "posix_acl" => self.posix_acl = NegotiateArg::Always,
-                "no_posix_acl" => self.posix_acl = NegotiateArg::Never,
-                "security_label" => self.security_label = NegotiateArg::Always,
-                "no_security_label" => self.security_label = NegotiateArg::Never,
+                "posix_acl" => self.posix_acl = Negotiate::Always,
+                "no_posix_acl" => self.posix_acl = Negotiate::Never,
+                "security_label" => self.security_label = Negotiate::Always,
+                "no_security_label" => self.security_label = Negotiate::Never,
                 // No locks are offered to the guest: these ask for what already happens.
                 "no_posix_lock" | "no_flock" => {}
                 "announce_submounts" => {

@@ -3,6 +3,7 @@
 use clap::Parser;
 
 use super::*;
+use crate::passthrough::CacheMode;
 use crate::sandbox::{seccomp, SandboxMode};
 
 fn settings_with(args: &[&str], activated: Option<RawFd>) -> Result<Box<Settings>, UsageError> {
