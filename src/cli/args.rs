@@ -9,7 +9,9 @@ use log::LevelFilter;
 
 use super::VERSION;
 use crate::migration;
+use crate::passthrough::xattrmap::XattrMap;
 use crate::passthrough::{CacheMode, InodeFileHandles, Negotiate};
+use crate::sandbox::caps::ModCaps;
 use crate::sandbox::seccomp;
 use crate::sandbox::SandboxMode;
 
@@ -86,7 +88,7 @@ pub struct Args {
     /// Rules translating extended attribute names between guest and host, e.g.
     /// :map::user.virtiofs.: (see doc/configuration.md); implies --xattr
     #[arg(long = "xattrmap", value_name = "RULES")]
-    pub xattrmap: Option<String>,
+    pub xattrmap: Option<XattrMap>,
 
     /// Sandbox mechanism confining the daemon to the shared directory: namespace, chroot or
     /// none
@@ -188,7 +190,7 @@ pub struct Args {
     /// fsetid, setgid, setuid, mknod and setfcap (and dac_read_search with
     /// --inode-file-handles=prefer or mandatory); otherwise none.
     #[arg(long = "modcaps", value_name = "CAPS")]
-    pub modcaps: Option<String>,
+    pub modcaps: Option<ModCaps>,
 
     /// Log level: error, warn, info, debug, trace or off (RUST_LOG, when set, refines it)
     #[arg(

@@ -20,9 +20,9 @@ use clap::ValueEnum;
 use crate::daemon::{DaemonConfig, ProcessOptions, SocketSpec};
 use crate::idmap::Translation;
 use crate::migration;
-use crate::passthrough::xattrmap::XattrMap;
+use crate::passthrough::xattrmap::XattrMapError;
 use crate::passthrough::{Config, Negotiate};
-use crate::sandbox::caps;
+use crate::sandbox::caps::ModCapsError;
 use crate::sandbox::userns::{self, IdMapRange};
 
 pub use args::{Args, InodeFileHandlesFlag, MAX_THREAD_POOL};
@@ -133,15 +133,15 @@ pub enum UsageError {
          (translating ids would break POSIX ACLs); use --posix-acl=never"
     )]
     AclWithTranslation(String),
-    /// Bad `--xattrmap` rules (`flag` is `--xattrmap` or `-o xattrmap`).
-    #[error("{flag}: {message}")]
-    Xattrmap { flag: &'static str, message: String },
+    /// Bad `-o xattrmap` rules.
+    #[error("-o xattrmap: invalid value '{value}': {error}")]
+    LegacyXattrmap { value: String, error: XattrMapError },
     /// A bad `--uid-map`/`--gid-map` value or set of values.
     #[error("{0}")]
     IdMap(String),
-    /// A bad `--modcaps` (or `-o modcaps`) list.
-    #[error("{0}")]
-    Modcaps(String),
+    /// A bad `-o modcaps` list.
+    #[error("-o modcaps: invalid value '{value}': {error}")]
+    LegacyModcaps { value: String, error: ModCapsError },
     /// A legacy `-o` option whose value is not one of its choices.
     #[error("{flag}: invalid {what} '{value}': expected one of {expected}")]
     LegacyValue {
@@ -359,13 +359,7 @@ impl Args {
         }
         let migration = self.migration_options()?;
         let sandbox = self.sandbox;
-        let modcaps = self
-            .modcaps
-            .as_deref()
-            .map(caps::parse_modcaps)
-            .transpose()
-            .map_err(UsageError::Modcaps)?
-            .unwrap_or_default();
+        let modcaps = self.modcaps.take().unwrap_or_default();
         let seccomp = self.seccomp;
 
         let socket_group = self.socket_group.as_deref().map(group_id).transpose()?;
@@ -394,24 +388,15 @@ impl Args {
             // An ACL stores raw ids, which the translation cannot reach.
             return Err(UsageError::AclWithTranslation(spelled(&self.posix_acl)));
         }
-        let xattrmap = self
-            .xattrmap
-            .as_deref()
-            .map(XattrMap::parse)
-            .transpose()
-            .map_err(|message| UsageError::Xattrmap {
-                flag: "--xattrmap",
-                message,
-            })?;
         let uid_map = id_maps("--uid-map", &self.uid_map)?;
         let gid_map = id_maps("--gid-map", &self.gid_map)?;
         let mut fs = Config::new(shared_dir, cache);
         // Each of these needs extended attributes, and turns them on (as the reference does).
         fs.xattr = self.xattr
-            || xattrmap.is_some()
+            || self.xattrmap.is_some()
             || posix_acl != Negotiate::Never
             || security_label != Negotiate::Never;
-        fs.xattrmap = xattrmap;
+        fs.xattrmap = self.xattrmap;
         fs.posix_acl = posix_acl;
         fs.security_label = security_label;
         fs.killpriv_v2 = self.killpriv_v2 && !self.no_killpriv_v2;

@@ -7,9 +7,7 @@ use log::LevelFilter;
 
 use super::args::LOG_LEVELS;
 use super::{not_yet, Args, UsageError};
-use crate::passthrough::xattrmap::XattrMap;
 use crate::passthrough::Negotiate;
-use crate::sandbox::caps;
 
 /// Parses the value of a legacy `-o` option (`flag`, e.g. `-o sandbox`) that names one of the
 /// choices of `T`; an invalid value is refused naming `what` and the listed choices.
@@ -85,17 +83,18 @@ impl Args {
                 self.sandbox = legacy_choice(&value_for("sandbox"), "value", kind)?;
             }
             Some(("xattrmap", rules)) => {
-                XattrMap::parse(rules).map_err(|message| UsageError::Xattrmap {
-                    flag: "-o xattrmap",
-                    message,
+                let map = rules.parse().map_err(|error| UsageError::LegacyXattrmap {
+                    value: rules.to_owned(),
+                    error,
                 })?;
-                self.xattrmap = Some(rules.to_owned());
+                self.xattrmap = Some(map);
             }
             Some(("modcaps", caps)) => {
-                caps::parse_modcaps(caps).map_err(|e| {
-                    UsageError::Modcaps(e.replacen("--modcaps", &value_for("modcaps"), 1))
+                let modcaps = caps.parse().map_err(|error| UsageError::LegacyModcaps {
+                    value: caps.to_owned(),
+                    error,
                 })?;
-                self.modcaps = Some(caps.to_owned());
+                self.modcaps = Some(modcaps);
             }
             Some(("timeout", _)) => return Err(UsageError::LegacyTimeout(flag)),
             Some(_) => return Err(UsageError::UnknownLegacy(flag)),
