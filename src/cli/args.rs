@@ -13,6 +13,7 @@ use crate::passthrough::xattrmap::XattrMap;
 use crate::passthrough::{CacheMode, InodeFileHandles, Negotiate};
 use crate::sandbox::caps::ModCaps;
 use crate::sandbox::seccomp;
+use crate::sandbox::userns::IdMapRange;
 use crate::sandbox::SandboxMode;
 
 /// vhost-user virtio-fs daemon: serves a host directory to a guest.
@@ -270,12 +271,12 @@ pub struct Args {
     /// Run the daemon in a user namespace mapping this range of uids from the host, given as
     /// :namespace_uid:host_uid:count: (repeat for several ranges)
     #[arg(long = "uid-map", value_name = "MAP", action = clap::ArgAction::Append)]
-    pub uid_map: Vec<String>,
+    pub uid_map: Vec<IdMapRange>,
 
     /// Run the daemon in a user namespace mapping this range of gids from the host, given as
     /// :namespace_gid:host_gid:count: (repeat for several ranges)
     #[arg(long = "gid-map", value_name = "MAP", action = clap::ArgAction::Append)]
-    pub gid_map: Vec<String>,
+    pub gid_map: Vec<IdMapRange>,
 
     /// Translate uids between guest and host inside the daemon (no user namespace needed);
     /// repeat for several ranges

@@ -23,7 +23,7 @@ use crate::migration;
 use crate::passthrough::xattrmap::XattrMapError;
 use crate::passthrough::{Config, Negotiate};
 use crate::sandbox::caps::ModCapsError;
-use crate::sandbox::userns::{self, IdMapRange};
+use crate::sandbox::userns;
 
 pub use args::{Args, InodeFileHandlesFlag, MAX_THREAD_POOL};
 
@@ -54,17 +54,6 @@ pub const VERSION: &str = concat!(
 fn spelled<T: ValueEnum>(v: &T) -> String {
     v.to_possible_value()
         .map_or_else(String::new, |p| p.get_name().to_owned())
-}
-
-/// Parses and checks every occurrence of `--uid-map` or `--gid-map` (`flag`).
-fn id_maps(flag: &str, specs: &[String]) -> Result<Vec<IdMapRange>, UsageError> {
-    let maps = specs
-        .iter()
-        .map(|s| userns::parse_map(flag, s))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(UsageError::IdMap)?;
-    userns::check_maps(flag, &maps).map_err(UsageError::IdMap)?;
-    Ok(maps)
 }
 
 /// A command line refused before the daemon starts: one variant per refusal. Every message
@@ -136,7 +125,7 @@ pub enum UsageError {
     /// Bad `-o xattrmap` rules.
     #[error("-o xattrmap: invalid value '{value}': {error}")]
     LegacyXattrmap { value: String, error: XattrMapError },
-    /// A bad `--uid-map`/`--gid-map` value or set of values.
+    /// A set of `--uid-map` (or `--gid-map`) ranges the kernel would refuse.
     #[error("{0}")]
     IdMap(String),
     /// A bad `-o modcaps` list.
@@ -388,8 +377,9 @@ impl Args {
             // An ACL stores raw ids, which the translation cannot reach.
             return Err(UsageError::AclWithTranslation(spelled(&self.posix_acl)));
         }
-        let uid_map = id_maps("--uid-map", &self.uid_map)?;
-        let gid_map = id_maps("--gid-map", &self.gid_map)?;
+        // Each range is checked by clap; the ranges of a map together here.
+        userns::check_maps("--uid-map", &self.uid_map).map_err(UsageError::IdMap)?;
+        userns::check_maps("--gid-map", &self.gid_map).map_err(UsageError::IdMap)?;
         let mut fs = Config::new(shared_dir, cache);
         // Each of these needs extended attributes, and turns them on (as the reference does).
         fs.xattr = self.xattr
@@ -430,8 +420,8 @@ impl Args {
                 thread_pool_size: self.thread_pool_size,
                 poll_window: std::time::Duration::from_micros(self.poll_window.unwrap_or(0)),
                 translate,
-                uid_map,
-                gid_map,
+                uid_map: self.uid_map,
+                gid_map: self.gid_map,
             },
             process: ProcessOptions {
                 socket_group,

@@ -635,8 +635,21 @@ fn id_maps_repeat_and_reach_the_config() {
 
 #[test]
 fn malformed_id_map_is_refused_naming_the_flag() {
-    let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--uid-map=0:1:2"]).unwrap_err();
-    assert!(e.to_string().starts_with("--uid-map:"), "{e}");
+    let e = refused_by_clap(&["--uid-map=0:1:2"]);
+    assert!(
+        e.contains("invalid value '0:1:2' for '--uid-map <MAP>': it must start with a delimiter"),
+        "{e}"
+    );
+    assert!(e.contains("expected :namespace_id:host_id:count:"), "{e}");
+    // Ranges that are each fine may still overlap: refused naming the flag.
+    let e = parse(&[
+        "--shared-dir=/tmp",
+        "--socket-path=/s",
+        "--gid-map=:0:1000:10:",
+        "--gid-map=:5:2000:10:",
+    ])
+    .unwrap_err();
+    assert!(e.to_string().starts_with("--gid-map: ranges"), "{e}");
 }
 
 #[test]
