@@ -8,6 +8,7 @@ use clap::{Parser, ValueEnum};
 use log::LevelFilter;
 
 use super::VERSION;
+use crate::idmap::{Rule, RuleError, EXPECTED_FORM};
 use crate::migration;
 use crate::passthrough::xattrmap::XattrMap;
 use crate::passthrough::{CacheMode, InodeFileHandles, Negotiate};
@@ -302,13 +303,19 @@ pub struct Args {
     #[arg(
         long = "translate-uid",
         value_name = "RULE",
-        action = clap::ArgAction::Append
+        action = clap::ArgAction::Append,
+        value_parser = translate_rule
     )]
-    pub translate_uid: Vec<String>,
+    pub translate_uid: Vec<Rule>,
 
     /// Translate gids between guest and host inside the daemon; same rules as --translate-uid
-    #[arg(long = "translate-gid", value_name = "RULE", action = clap::ArgAction::Append)]
-    pub translate_gid: Vec<String>,
+    #[arg(
+        long = "translate-gid",
+        value_name = "RULE",
+        action = clap::ArgAction::Append,
+        value_parser = translate_rule
+    )]
+    pub translate_gid: Vec<Rule>,
 
     /// Keep O_NOATIME from the guest (by default it is dropped from host opens, as an
     /// unprivileged daemon may not use it on files it does not own)
@@ -391,6 +398,13 @@ pub(super) const LOG_LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "tra
 /// Parses `--log-level`: one of [`LOG_LEVELS`], spelled as listed.
 fn log_level() -> impl TypedValueParser<Value = LevelFilter> {
     PossibleValuesParser::new(LOG_LEVELS).try_map(|v| v.parse::<LevelFilter>())
+}
+
+/// Parses a `--translate-uid` or `--translate-gid` rule on its own (whether it overlaps another
+/// is checked with all of them); a refusal ends with the expected form.
+fn translate_rule(v: &str) -> Result<Rule, String> {
+    v.parse()
+        .map_err(|e: RuleError| format!("{e}; expected {EXPECTED_FORM}"))
 }
 
 /// A whole number (clap's own refusal says only "invalid digit found in string").

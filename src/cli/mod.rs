@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use clap::ValueEnum;
 
 use crate::daemon::{DaemonConfig, ProcessOptions, SocketSpec};
-use crate::idmap::Translation;
+use crate::idmap::{TranslateError, Translation};
 use crate::migration;
 use crate::passthrough::xattrmap::XattrMapError;
 use crate::passthrough::{Config, Negotiate};
@@ -114,9 +114,9 @@ pub enum UsageError {
     SocketPathNotASocket { path: PathBuf, kind: &'static str },
     #[error("--socket-group: only applies to a socket the daemon creates with --socket-path")]
     SocketGroupWithoutPath,
-    /// A bad `--translate-uid`/`--translate-gid` rule.
-    #[error("{0}")]
-    Translate(String),
+    /// A `--translate-uid`/`--translate-gid` rule that overlaps another.
+    #[error(transparent)]
+    Translate(#[from] TranslateError),
     #[error(
         "--posix-acl={0}: cannot be used together with --translate-uid or --translate-gid \
          (translating ids would break POSIX ACLs); use --posix-acl=never"
@@ -369,8 +369,7 @@ impl Args {
             return Err(UsageError::SocketGroupWithoutPath);
         }
 
-        let translate = Translation::parse(&self.translate_uid, &self.translate_gid)
-            .map_err(UsageError::Translate)?;
+        let translate = Translation::from_rules(&self.translate_uid, &self.translate_gid)?;
         let posix_acl = self.posix_acl;
         let security_label = self.security_label;
         if posix_acl != Negotiate::Never && !translate.is_empty() {

@@ -587,35 +587,34 @@ fn translate_flags_repeat_and_reach_the_config() {
 
 #[test]
 fn bad_translate_rules_are_refused_naming_the_flag_and_the_form() {
-    for (args, flag) in [
-        (&["--translate-uid=map:0:1000"][..], "--translate-uid"),
-        (&["--translate-gid=guest:0:1000:x"][..], "--translate-gid"),
-        (
-            &["--translate-gid=guest:4294967290:0:10"][..],
-            "--translate-gid",
-        ),
-        (
-            &[
-                "--translate-uid=guest:0:1000:10",
-                "--translate-uid=map:9:0:1",
-            ][..],
-            "--translate-uid",
-        ),
+    let form = "<type>:<source base>:<target base>:<count>";
+    // A rule wrong on its own: clap refuses it.
+    for (flag, rule, says) in [
+        ("--translate-uid", "map:0:1000", "takes 3 numbers"),
+        ("--translate-gid", "guest:0:1000:x", "'x' is not an id"),
+        ("--translate-gid", "guest:4294967290:0:10", "runs past"),
     ] {
-        let mut v = vec!["--shared-dir=/tmp", "--socket-path=/s"];
-        v.extend_from_slice(args);
-        let e = parse(&v).unwrap_err();
+        let e = refused_by_clap(&[&format!("{flag}={rule}")]);
         assert!(
-            e.to_string()
-                .starts_with(&format!("{flag}: invalid rule '")),
+            e.contains(&format!("invalid value '{rule}' for '{flag} <RULE>': ")),
             "{e}"
         );
-        assert!(
-            e.to_string()
-                .contains("<type>:<source base>:<target base>:<count>"),
-            "{e}"
-        );
+        assert!(e.contains(says) && e.contains(form), "{e}");
     }
+    // Rules that overlap: refused naming the flag and the later rule.
+    let e = parse(&[
+        "--shared-dir=/tmp",
+        "--socket-path=/s",
+        "--translate-uid=guest:0:1000:10",
+        "--translate-uid=map:9:0:1",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("--translate-uid: invalid rule 'map:9:0:1': guest ids 9 to 9"),
+        "{e}"
+    );
+    assert!(e.contains(form), "{e}");
 }
 
 #[test]

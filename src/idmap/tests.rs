@@ -22,7 +22,9 @@ fn map(specs: &[&str]) -> IdMap {
 }
 
 fn refusal(specs: &[&str]) -> String {
-    IdMap::parse("--translate-gid", specs).unwrap_err()
+    IdMap::parse("--translate-gid", specs)
+        .unwrap_err()
+        .to_string()
 }
 
 // ---- parsing ---------------------------------------------------------------------------------
@@ -334,9 +336,20 @@ fn translation_flags_are_named_in_refusals() {
     assert!(!t.is_empty());
     assert!(Translation::parse::<&str>(&[], &[]).unwrap().is_empty());
     let e = Translation::parse(&["map:0:1000"], &[]).unwrap_err();
-    assert!(e.starts_with("--translate-uid: "), "{e}");
+    assert!(e.to_string().starts_with("--translate-uid: "), "{e}");
     let e = Translation::parse(&["map:0:1000:1"], &["nope"]).unwrap_err();
-    assert!(e.starts_with("--translate-gid: "), "{e}");
+    assert!(e.to_string().starts_with("--translate-gid: "), "{e}");
+    // Rules parsed one by one (as the command line does) are checked together.
+    let rules =
+        |specs: &[&str]| -> Vec<Rule> { specs.iter().map(|s| s.parse().unwrap()).collect() };
+    let t = Translation::from_rules(&rules(&["map:0:1000:10"]), &rules(&["host:5:0:1"])).unwrap();
+    assert_eq!(t.uid.to_host(9), Ok(1009));
+    let e = Translation::from_rules(&[], &rules(&["map:0:1000:10", "guest:9:0:1"])).unwrap_err();
+    assert_eq!(
+        (e.flag, e.rule.as_str()),
+        ("--translate-gid", "guest:9:0:1")
+    );
+    assert!(matches!(e.error, RuleError::Overlap { .. }), "{e}");
 }
 
 // ---- the wrapper -----------------------------------------------------------------------------
