@@ -33,7 +33,7 @@ pub struct Args {
 
     /// Tag exposed in the device's configuration space, 1 to 36 bytes (QEMU normally sets the
     /// tag itself and ignores this one)
-    #[arg(long = "tag", value_name = "TAG")]
+    #[arg(long = "tag", value_name = "TAG", value_parser = tag)]
     pub tag: Option<String>,
 
     /// Old name of --socket-path [deprecated]
@@ -53,7 +53,7 @@ pub struct Args {
     pub socket_group: Option<String>,
 
     /// File descriptor of an already-listening (not yet connected) vhost-user socket
-    #[arg(long = "fd", value_name = "FD", value_parser = number::<i32>)]
+    #[arg(long = "fd", value_name = "FD", value_parser = fd)]
     pub fd: Option<i32>,
 
     /// Threads per daemon that serve requests (at most 1024); 0 serves each queue on its own
@@ -411,6 +411,22 @@ fn translate_rule(v: &str) -> Result<Rule, String> {
 fn number<T: std::str::FromStr>(v: &str) -> Result<T, String> {
     v.parse()
         .map_err(|_| "expected a whole number N >= 0".to_owned())
+}
+
+/// The tag of the device's configuration space: 1 to 36 bytes (the size of its field).
+fn tag(v: &str) -> Result<String, String> {
+    match v.len() {
+        1..=36 => Ok(v.to_owned()),
+        _ => Err("expected a tag of 1 to 36 bytes".into()),
+    }
+}
+
+/// A file descriptor number.
+fn fd(v: &str) -> Result<i32, String> {
+    match v.parse::<i32>() {
+        Ok(n) if n >= 0 => Ok(n),
+        _ => Err("expected a whole number N >= 0".into()),
+    }
 }
 
 /// Most `--thread-pool-size` threads: far more than requests a guest keeps in flight on a

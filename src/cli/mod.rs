@@ -69,8 +69,6 @@ pub enum UsageError {
     SharedDirMissing(PathBuf),
     #[error("--shared-dir: '{}' is not a directory; expected --shared-dir=DIR", .0.display())]
     NotADirectory(PathBuf),
-    #[error("--tag: expected a tag of 1 to 36 bytes")]
-    TagLength,
     /// A flag, or a flag's value, this version does not implement; `hint` says what to use.
     #[error("{what}: not implemented yet in this version{hint}")]
     NotImplemented { what: String, hint: &'static str },
@@ -79,8 +77,6 @@ pub enum UsageError {
          number"
     )]
     UnknownGroup(String),
-    #[error("--fd: invalid file descriptor {0}; expected --fd=N with N >= 0")]
-    NegativeFd(RawFd),
     #[error("--fd: cannot be used together with --socket-path")]
     FdAndSocketPath,
     #[error(
@@ -341,11 +337,6 @@ impl Args {
             return Err(UsageError::NotADirectory(shared_dir));
         }
         let cache = self.cache;
-        if let Some(tag) = &self.tag {
-            if tag.is_empty() || tag.len() > 36 {
-                return Err(UsageError::TagLength);
-            }
-        }
         let migration = self.migration_options()?;
         let sandbox = self.sandbox;
         let modcaps = self.modcaps.take().unwrap_or_default();
@@ -354,8 +345,7 @@ impl Args {
         let socket_group = self.socket_group.as_deref().map(group_id).transpose()?;
         let socket = match (self.socket_path.take().or(self.socket.take()), self.fd) {
             (Some(p), None) => SocketSpec::Path(p),
-            (None, Some(fd)) if fd >= 0 => SocketSpec::Fd(fd),
-            (None, Some(fd)) => return Err(UsageError::NegativeFd(fd)),
+            (None, Some(fd)) => SocketSpec::Fd(fd),
             (Some(_), Some(_)) => return Err(UsageError::FdAndSocketPath),
             (None, None) => match activated().map_err(UsageError::Activation)? {
                 Some(fd) => SocketSpec::Fd(fd),

@@ -659,3 +659,32 @@ fn log_level_refusal_names_the_flag_and_the_levels() {
     let s = settings(&["--shared-dir=/tmp", "--socket-path=/s", "--log-level=trace"]);
     assert_eq!(s.unwrap().log.level, log::LevelFilter::Trace);
 }
+
+#[test]
+fn tag_and_fd_are_refused_by_clap_saying_what_is_expected() {
+    for bad in [String::new(), "t".repeat(37)] {
+        let e = refused_by_clap(&[&format!("--tag={bad}")]);
+        assert!(
+            e.contains("'--tag <TAG>': expected a tag of 1 to 36 bytes"),
+            "{e}"
+        );
+    }
+    let tag = "t".repeat(36);
+    let c = parse(&[
+        "--shared-dir=/tmp",
+        "--socket-path=/s",
+        &format!("--tag={tag}"),
+    ]);
+    assert_eq!(c.unwrap().tag, Some(tag));
+    for bad in ["-1", "x", "2147483648"] {
+        let e = Args::try_parse_from(["virtiofsd", "--shared-dir=/tmp", &format!("--fd={bad}")])
+            .expect_err("clap refuses")
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "invalid value '{bad}' for '--fd <FD>': expected a whole number"
+            )),
+            "{e}"
+        );
+    }
+}
