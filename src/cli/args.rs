@@ -1,4 +1,6 @@
-//! The flags, as clap parses them, and the parsers of their values.
+//! The flags, as clap parses them, and the parsers of their values. A value is parsed into the
+//! type the daemon uses (an enum deriving `clap::ValueEnum`, or a type implementing `FromStr`
+//! with a typed error), so that clap refuses a malformed one naming the flag.
 
 use std::ffi::OsStr;
 use std::path::PathBuf;

@@ -5,6 +5,12 @@
 //! a message that names it and says it is not implemented yet; none is silently ignored. The
 //! defaults are the reference's.
 //! `doc/configuration.md` describes each flag; `tests/cli.rs` checks both against the binary.
+//!
+//! clap parses each flag into the type its value has in the daemon (`args.rs`), so a malformed
+//! value is refused by clap, naming the flag, before anything else is looked at.
+//! [`Args::into_command`] then applies the legacy forms (`options.rs`: `-o` options and
+//! deprecated spellings) and checks what no single value shows: the host (the shared directory,
+//! the socket's directory, the group) and flags taken together.
 
 mod args;
 mod options;
@@ -56,11 +62,11 @@ fn spelled<T: ValueEnum>(v: &T) -> String {
         .map_or_else(String::new, |p| p.get_name().to_owned())
 }
 
-/// A command line refused before the daemon starts: one variant per refusal. Every message
-/// starts with the flag (or `-o` option) it is about. The checks of other modules (id maps,
-/// translations, capabilities, xattr rules, socket activation) give their message as text that
-/// already names the flag. Most are a wrong command line (exit status 2); a few are a well-formed
-/// one that names what the host does not have ([`UsageError::exit_code`]).
+/// A command line refused after clap parsed it: one variant per refusal. Every message starts
+/// with the flag (or `-o` option) it is about; the errors of other modules that some carry
+/// (overlapping translations, id map ranges taken together, socket activation) name it
+/// themselves. Most are a wrong command line (exit status 2); a few are a well-formed one that
+/// names what the host does not have ([`UsageError::exit_code`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UsageError {
     #[error("--shared-dir: missing; expected --shared-dir=DIR (or -o source=DIR)")]
@@ -291,58 +297,98 @@ pub const CAPABILITIES: &str = "{\n  \"type\": \"fs\",\n  \"features\": [\n    \
      \"migrate-precopy\",\n    \"posix-acl-negotiation-mode\",\n    \"security-label-negotiation-mode\",\n    \
      \"separate-options\"\n  ]\n}\n";
 
-/// The deprecation warning for flag spellings kept only for old command lines.
-fn deprecated(what: &str, instead: &str) -> String {
-    format!("warning: {what} is deprecated; {instead}")
-}
-
 impl Args {
     /// Checks the command line. `activated` is asked for a socket passed by systemd socket
     /// activation when the command line names none (see [`crate::activation`]).
+    ///
+    /// Each value was parsed and checked on its own by clap; what is left are the legacy forms,
+    /// the host (the shared directory, the socket's directory and group), and the checks that
+    /// take several flags or occurrences together, in this order.
     pub fn into_command(
         mut self,
         activated: impl FnOnce() -> Result<Option<RawFd>, String>,
     ) -> Result<Command, UsageError> {
-        let mut warnings = Vec::new();
-        if !self.compat_options.is_empty() {
-            warnings.push(deprecated(
-                "-o",
-                "give the options as flags (e.g. --cache=auto instead of -o cache=auto)",
-            ));
-        }
-        self.apply_compat_options()?;
+        let warnings = self.apply_legacy_forms()?;
         if self.print_capabilities {
             return Ok(Command::PrintCapabilities);
         }
-        if self.compat_debug {
-            warnings.push(deprecated("-d", "use --log-level=debug"));
-            self.log_level = log::LevelFilter::Debug;
-        }
-        if self.compat_foreground {
-            warnings.push(deprecated(
-                "-f",
-                "it has no effect (the daemon always runs in the foreground); remove it",
-            ));
-        }
-        if self.socket.is_some() {
-            warnings.push(deprecated("--socket", "use --socket-path"));
-        }
-        let level = self.log_level;
-
-        let shared_dir = self.shared_dir.take().ok_or(UsageError::MissingSharedDir)?;
-        if !shared_dir.exists() {
-            return Err(UsageError::SharedDirMissing(shared_dir));
-        }
-        if !shared_dir.is_dir() {
-            return Err(UsageError::NotADirectory(shared_dir));
-        }
-        let cache = self.cache;
+        let shared_dir = self.shared_dir()?;
         let migration = self.migration_options()?;
-        let sandbox = self.sandbox;
-        let modcaps = self.modcaps.take().unwrap_or_default();
-        let seccomp = self.seccomp;
-
         let socket_group = self.socket_group.as_deref().map(group_id).transpose()?;
+        let socket = self.socket(activated)?;
+        if socket_group.is_some() && !matches!(socket, SocketSpec::Path(_)) {
+            return Err(UsageError::SocketGroupWithoutPath);
+        }
+        let translate = Translation::from_rules(&self.translate_uid, &self.translate_gid)?;
+        if self.posix_acl != Negotiate::Never && !translate.is_empty() {
+            // An ACL stores raw ids, which the translation cannot reach.
+            return Err(UsageError::AclWithTranslation(spelled(&self.posix_acl)));
+        }
+        userns::check_maps("--uid-map", &self.uid_map).map_err(UsageError::IdMap)?;
+        userns::check_maps("--gid-map", &self.gid_map).map_err(UsageError::IdMap)?;
+        let fs = self.fs_config(shared_dir, migration);
+        Ok(Command::Run(Box::new(Settings {
+            daemon: DaemonConfig {
+                fs,
+                socket,
+                tag: self.tag,
+                thread_pool_size: self.thread_pool_size,
+                poll_window: std::time::Duration::from_micros(self.poll_window.unwrap_or(0)),
+                translate,
+                uid_map: self.uid_map,
+                gid_map: self.gid_map,
+            },
+            process: ProcessOptions {
+                socket_group,
+                rlimit_nofile: self.rlimit_nofile,
+                sandbox: self.sandbox,
+                modcaps: self.modcaps.unwrap_or_default(),
+                seccomp: self.seccomp,
+            },
+            log: LogSettings {
+                level: self.log_level,
+                syslog: self.syslog,
+            },
+            warnings,
+        })))
+    }
+
+    /// `--shared-dir` (or `-o source`): given, and a directory of the host.
+    fn shared_dir(&mut self) -> Result<PathBuf, UsageError> {
+        let dir = self.shared_dir.take().ok_or(UsageError::MissingSharedDir)?;
+        if !dir.exists() {
+            return Err(UsageError::SharedDirMissing(dir));
+        }
+        if !dir.is_dir() {
+            return Err(UsageError::NotADirectory(dir));
+        }
+        Ok(dir)
+    }
+
+    /// The `--migration-*` flags; the checks of a path only go with paths.
+    fn migration_options(&self) -> Result<migration::Options, UsageError> {
+        if self.migration_mode == migration::Mode::FileHandles {
+            if self.migration_verify_handles {
+                return Err(UsageError::MigrationPathsOnly("--migration-verify-handles"));
+            }
+            if self.migration_confirm_paths {
+                return Err(UsageError::MigrationPathsOnly("--migration-confirm-paths"));
+            }
+        }
+        Ok(migration::Options {
+            mode: self.migration_mode,
+            on_error: self.migration_on_error,
+            verify_handles: self.migration_verify_handles,
+            confirm_paths: self.migration_confirm_paths,
+        })
+    }
+
+    /// The socket: `--socket-path` (or `--socket`), `--fd`, or one passed by socket activation
+    /// (asked of `activated` only when the command line names none).
+    fn socket(
+        &mut self,
+        activated: impl FnOnce() -> Result<Option<RawFd>, String>,
+    ) -> Result<SocketSpec, UsageError> {
         let socket = match (self.socket_path.take().or(self.socket.take()), self.fd) {
             (Some(p), None) => SocketSpec::Path(p),
             (None, Some(fd)) => SocketSpec::Fd(fd),
@@ -355,29 +401,20 @@ impl Args {
         if let SocketSpec::Path(p) = &socket {
             check_socket_path(p)?;
         }
-        if socket_group.is_some() && !matches!(socket, SocketSpec::Path(_)) {
-            return Err(UsageError::SocketGroupWithoutPath);
-        }
+        Ok(socket)
+    }
 
-        let translate = Translation::from_rules(&self.translate_uid, &self.translate_gid)?;
-        let posix_acl = self.posix_acl;
-        let security_label = self.security_label;
-        if posix_acl != Negotiate::Never && !translate.is_empty() {
-            // An ACL stores raw ids, which the translation cannot reach.
-            return Err(UsageError::AclWithTranslation(spelled(&self.posix_acl)));
-        }
-        // Each range is checked by clap; the ranges of a map together here.
-        userns::check_maps("--uid-map", &self.uid_map).map_err(UsageError::IdMap)?;
-        userns::check_maps("--gid-map", &self.gid_map).map_err(UsageError::IdMap)?;
-        let mut fs = Config::new(shared_dir, cache);
+    /// The file system's settings.
+    fn fs_config(&mut self, shared_dir: PathBuf, migration: migration::Options) -> Config {
+        let mut fs = Config::new(shared_dir, self.cache);
         // Each of these needs extended attributes, and turns them on (as the reference does).
         fs.xattr = self.xattr
             || self.xattrmap.is_some()
-            || posix_acl != Negotiate::Never
-            || security_label != Negotiate::Never;
-        fs.xattrmap = self.xattrmap;
-        fs.posix_acl = posix_acl;
-        fs.security_label = security_label;
+            || self.posix_acl != Negotiate::Never
+            || self.security_label != Negotiate::Never;
+        fs.xattrmap = self.xattrmap.take();
+        fs.posix_acl = self.posix_acl;
+        fs.security_label = self.security_label;
         fs.killpriv_v2 = self.killpriv_v2 && !self.no_killpriv_v2;
         fs.readonly = self.readonly;
         fs.readdirplus = !self.no_readdirplus;
@@ -395,57 +432,7 @@ impl Args {
         fs.preserve_noatime = self.preserve_noatime;
         fs.inode_file_handles = self.inode_file_handles.mode;
         fs.migration = migration;
-        if self.inode_file_handles.fallback {
-            warnings.push(deprecated(
-                "--inode-file-handles=fallback",
-                "use --inode-file-handles=prefer",
-            ));
-        }
-        Ok(Command::Run(Box::new(Settings {
-            daemon: DaemonConfig {
-                fs,
-                socket,
-                tag: self.tag,
-                thread_pool_size: self.thread_pool_size,
-                poll_window: std::time::Duration::from_micros(self.poll_window.unwrap_or(0)),
-                translate,
-                uid_map: self.uid_map,
-                gid_map: self.gid_map,
-            },
-            process: ProcessOptions {
-                socket_group,
-                rlimit_nofile: self.rlimit_nofile,
-                sandbox,
-                modcaps,
-                seccomp,
-            },
-            log: LogSettings {
-                level,
-                syslog: self.syslog,
-            },
-            warnings,
-        })))
-    }
-}
-
-impl Args {
-    /// The `--migration-*` flags; the checks of a path only go with paths.
-    fn migration_options(&self) -> Result<migration::Options, UsageError> {
-        let mode = self.migration_mode;
-        if mode == migration::Mode::FileHandles {
-            if self.migration_verify_handles {
-                return Err(UsageError::MigrationPathsOnly("--migration-verify-handles"));
-            }
-            if self.migration_confirm_paths {
-                return Err(UsageError::MigrationPathsOnly("--migration-confirm-paths"));
-            }
-        }
-        Ok(migration::Options {
-            mode,
-            on_error: self.migration_on_error,
-            verify_handles: self.migration_verify_handles,
-            confirm_paths: self.migration_confirm_paths,
-        })
+        fs
     }
 }
 

@@ -1,4 +1,5 @@
-//! The legacy `-o a,b=c` options of the old C virtiofsd, applied onto the flags.
+//! The legacy forms of the command line: the `-o a,b=c` options of the old C virtiofsd,
+//! applied onto the flags, and the deprecated spellings, each of which earns a warning.
 
 use std::path::PathBuf;
 
@@ -52,10 +53,48 @@ fn invalid_choice(
     }
 }
 
+/// The deprecation warning for flag spellings kept only for old command lines.
+fn deprecated(what: &str, instead: &str) -> String {
+    format!("warning: {what} is deprecated; {instead}")
+}
+
 impl Args {
+    /// Applies the legacy forms onto the flags: the `-o` options, then `-d`. Returns a warning
+    /// for each deprecated form given.
+    pub(super) fn apply_legacy_forms(&mut self) -> Result<Vec<String>, UsageError> {
+        let mut warnings = Vec::new();
+        if !self.compat_options.is_empty() {
+            warnings.push(deprecated(
+                "-o",
+                "give the options as flags (e.g. --cache=auto instead of -o cache=auto)",
+            ));
+        }
+        self.apply_compat_options()?;
+        if self.compat_debug {
+            warnings.push(deprecated("-d", "use --log-level=debug"));
+            self.log_level = LevelFilter::Debug;
+        }
+        if self.compat_foreground {
+            warnings.push(deprecated(
+                "-f",
+                "it has no effect (the daemon always runs in the foreground); remove it",
+            ));
+        }
+        if self.socket.is_some() {
+            warnings.push(deprecated("--socket", "use --socket-path"));
+        }
+        if self.inode_file_handles.fallback {
+            warnings.push(deprecated(
+                "--inode-file-handles=fallback",
+                "use --inode-file-handles=prefer",
+            ));
+        }
+        Ok(warnings)
+    }
+
     /// Applies the legacy `-o a,b=c` options onto the flags. As with the reference, they apply
     /// after the other flags, whatever their order.
-    pub(super) fn apply_compat_options(&mut self) -> Result<(), UsageError> {
+    fn apply_compat_options(&mut self) -> Result<(), UsageError> {
         let options: Vec<String> = self
             .compat_options
             .iter()
