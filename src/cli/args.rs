@@ -273,12 +273,12 @@ pub struct Args {
 
     /// Run the daemon in a user namespace mapping this range of uids from the host, given as
     /// :namespace_uid:host_uid:count: (repeat for several ranges)
-    #[arg(long = "uid-map", value_name = "MAP", action = clap::ArgAction::Append)]
+    #[arg(long = "uid-map", value_name = "MAP")]
     pub uid_map: Vec<IdMapRange>,
 
     /// Run the daemon in a user namespace mapping this range of gids from the host, given as
     /// :namespace_gid:host_gid:count: (repeat for several ranges)
-    #[arg(long = "gid-map", value_name = "MAP", action = clap::ArgAction::Append)]
+    #[arg(long = "gid-map", value_name = "MAP")]
     pub gid_map: Vec<IdMapRange>,
 
     /// Translate uids between guest and host inside the daemon (no user namespace needed);
@@ -302,21 +302,11 @@ pub struct Args {
     /// Uids no rule covers are passed unchanged. Rules may not overlap in the same direction.
     /// While any translation is active, POSIX ACL attributes are refused (EOPNOTSUPP); cannot
     /// be combined with --posix-acl=auto|always.
-    #[arg(
-        long = "translate-uid",
-        value_name = "RULE",
-        action = clap::ArgAction::Append,
-        value_parser = translate_rule
-    )]
+    #[arg(long = "translate-uid", value_name = "RULE", value_parser = translate_rule)]
     pub translate_uid: Vec<Rule>,
 
     /// Translate gids between guest and host inside the daemon; same rules as --translate-uid
-    #[arg(
-        long = "translate-gid",
-        value_name = "RULE",
-        action = clap::ArgAction::Append,
-        value_parser = translate_rule
-    )]
+    #[arg(long = "translate-gid", value_name = "RULE", value_parser = translate_rule)]
     pub translate_gid: Vec<Rule>,
 
     /// Keep O_NOATIME from the guest (by default it is dropped from host opens, as an

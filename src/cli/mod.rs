@@ -108,12 +108,8 @@ pub enum UsageError {
     SocketDirMissing(PathBuf),
     #[error("--socket-path: '{}' is a directory; expected the path of a socket to create", .0.display())]
     SocketPathIsDir(PathBuf),
-    #[error(
-        "--socket-path: '{}' exists and is {kind}, not a socket; expected the path of a socket \
-         to create (only a socket left there is replaced)",
-        .path.display()
-    )]
-    SocketPathNotASocket { path: PathBuf, kind: &'static str },
+    #[error(transparent)]
+    SocketPathNotASocket(NotASocket),
     #[error("--socket-group: only applies to a socket the daemon creates with --socket-path")]
     SocketGroupWithoutPath,
     /// A `--translate-uid`/`--translate-gid` rule that overlaps another.
@@ -124,15 +120,15 @@ pub enum UsageError {
          (translating ids would break POSIX ACLs); use --posix-acl=never"
     )]
     AclWithTranslation(String),
-    /// Bad `-o xattrmap` rules.
-    #[error("-o xattrmap: invalid value '{value}': {error}")]
-    LegacyXattrmap { value: String, error: XattrMapError },
+    /// Bad `-o xattrmap` rules (as given, and why).
+    #[error("-o xattrmap: invalid value '{0}': {1}")]
+    LegacyXattrmap(String, XattrMapError),
     /// A set of `--uid-map` (or `--gid-map`) ranges the kernel would refuse.
     #[error("{0}")]
     IdMap(String),
-    /// A bad `-o modcaps` list.
-    #[error("-o modcaps: invalid value '{value}': {error}")]
-    LegacyModcaps { value: String, error: ModCapsError },
+    /// A bad `-o modcaps` list (as given, and why).
+    #[error("-o modcaps: invalid value '{0}': {1}")]
+    LegacyModcaps(String, ModCapsError),
     /// A legacy `-o` option whose value is not one of its choices.
     #[error("{flag}: invalid {what} '{value}': expected one of {expected}")]
     LegacyValue {
@@ -180,7 +176,7 @@ impl UsageError {
             | UsageError::NotADirectory(_)
             | UsageError::SocketDirMissing(_)
             | UsageError::SocketPathIsDir(_)
-            | UsageError::SocketPathNotASocket { .. } => 1,
+            | UsageError::SocketPathNotASocket(_) => 1,
             // An empty name is no group name at all.
             UsageError::UnknownGroup(g) if !g.is_empty() => 1,
             _ => 2,
@@ -213,16 +209,39 @@ fn check_socket_path(path: &Path) -> Result<(), UsageError> {
     }
     // Checked again (without following a symlink) just before the socket is made.
     match std::fs::symlink_metadata(path) {
-        Ok(m) if !m.file_type().is_socket() => Err(UsageError::SocketPathNotASocket {
-            path: path.to_path_buf(),
-            kind: file_kind(&m.file_type()),
-        }),
+        Ok(m) if !m.file_type().is_socket() => {
+            Err(UsageError::SocketPathNotASocket(NotASocket::at(path, &m)))
+        }
         _ => Ok(()),
     }
 }
 
+/// Something other than a socket at `--socket-path`: refused when the command line is checked,
+/// and again just before the socket is made (only a socket left there is replaced).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--socket-path: '{}' exists and is {kind}, not a socket; expected the path of a socket to \
+     create (only a socket left there is replaced)",
+    .path.display()
+)]
+pub struct NotASocket {
+    pub path: PathBuf,
+    /// What it is ("a regular file", "a symbolic link", ...).
+    pub kind: &'static str,
+}
+
+impl NotASocket {
+    /// What is at `path`, whose metadata (not following a symbolic link) is `m`.
+    pub fn at(path: &Path, m: &std::fs::Metadata) -> NotASocket {
+        NotASocket {
+            path: path.to_path_buf(),
+            kind: file_kind(&m.file_type()),
+        }
+    }
+}
+
 /// What a file that is not a socket is, for a message.
-pub fn file_kind(t: &std::fs::FileType) -> &'static str {
+fn file_kind(t: &std::fs::FileType) -> &'static str {
     if t.is_symlink() {
         "a symbolic link"
     } else if t.is_dir() {

@@ -2,6 +2,7 @@
 //! applied onto the flags, and the deprecated spellings, each of which earns a warning.
 
 use std::path::PathBuf;
+use std::str::FromStr;
 
 use clap::ValueEnum;
 use log::LevelFilter;
@@ -25,6 +26,15 @@ fn legacy_choice<T: ValueEnum>(
             .map(|p| p.get_name().to_owned());
         invalid_choice(flag, what, value, listed)
     })
+}
+
+/// Parses the value of a legacy `-o` option as its flag does; `refused` makes the refusal of
+/// the value, from the value and why.
+fn legacy_parse<T: FromStr>(
+    value: &str,
+    refused: fn(String, T::Err) -> UsageError,
+) -> Result<T, UsageError> {
+    value.parse().map_err(|e| refused(value.to_owned(), e))
 }
 
 /// Parses `-o loglevel=LEVEL`: a level of `--log-level`, or "err", the old C virtiofsd's
@@ -122,18 +132,10 @@ impl Args {
                 self.sandbox = legacy_choice(&value_for("sandbox"), "value", kind)?;
             }
             Some(("xattrmap", rules)) => {
-                let map = rules.parse().map_err(|error| UsageError::LegacyXattrmap {
-                    value: rules.to_owned(),
-                    error,
-                })?;
-                self.xattrmap = Some(map);
+                self.xattrmap = Some(legacy_parse(rules, UsageError::LegacyXattrmap)?);
             }
             Some(("modcaps", caps)) => {
-                let modcaps = caps.parse().map_err(|error| UsageError::LegacyModcaps {
-                    value: caps.to_owned(),
-                    error,
-                })?;
-                self.modcaps = Some(modcaps);
+                self.modcaps = Some(legacy_parse(caps, UsageError::LegacyModcaps)?);
             }
             Some(("timeout", _)) => return Err(UsageError::LegacyTimeout(flag)),
             Some(_) => return Err(UsageError::UnknownLegacy(flag)),

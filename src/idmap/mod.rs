@@ -448,17 +448,6 @@ impl Translation {
         })
     }
 
-    /// Parses the values of `--translate-uid` and `--translate-gid`.
-    pub fn parse<S: AsRef<str>>(
-        uid_specs: &[S],
-        gid_specs: &[S],
-    ) -> Result<Translation, TranslateError> {
-        Ok(Translation {
-            uid: IdMap::parse("--translate-uid", uid_specs)?,
-            gid: IdMap::parse("--translate-gid", gid_specs)?,
-        })
-    }
-
     /// Whether neither uids nor gids are translated.
     pub fn is_empty(&self) -> bool {
         self.uid.is_empty() && self.gid.is_empty()
