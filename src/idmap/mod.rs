@@ -156,6 +156,16 @@ impl fmt::Display for RuleError {
 
 impl std::error::Error for RuleError {}
 
+/// A rule of `--translate-uid` or `--translate-gid` refused: the flag, the rule, and why. The
+/// message says all three and the expected form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{flag}: invalid rule '{rule}': {error}; expected {form}", form = EXPECTED_FORM)]
+pub struct TranslateError {
+    pub flag: &'static str,
+    pub rule: String,
+    pub error: RuleError,
+}
+
 impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.kind {
@@ -324,24 +334,33 @@ impl IdMap {
         IdMap::default()
     }
 
-    /// Builds the map from rules, refusing rules that overlap earlier ones.
-    pub fn from_rules(rules: &[Rule]) -> Result<IdMap, RuleError> {
+    /// Builds the map from the rules of one flag (`flag` is its name, for messages), refusing
+    /// a rule that overlaps an earlier one in the same direction.
+    pub fn from_rules(flag: &'static str, rules: &[Rule]) -> Result<IdMap, TranslateError> {
         let mut map = IdMap::new();
         for &r in rules {
-            map.add(r)?;
+            map.add(r).map_err(|error| TranslateError {
+                flag,
+                rule: r.to_string(),
+                error,
+            })?;
         }
         Ok(map)
     }
 
-    /// Parses the values of one flag (`flag` is its name, for messages). The error is the
-    /// whole message: flag, offending rule, reason and the expected form.
-    pub fn parse<S: AsRef<str>>(flag: &str, specs: &[S]) -> Result<IdMap, String> {
+    /// Parses the values of one flag (`flag` is its name, for messages), refusing a malformed
+    /// rule or one that overlaps an earlier one in the same direction.
+    pub fn parse<S: AsRef<str>>(flag: &'static str, specs: &[S]) -> Result<IdMap, TranslateError> {
         let mut map = IdMap::new();
         for spec in specs {
             let spec = spec.as_ref();
-            spec.parse::<Rule>().and_then(|r| map.add(r)).map_err(|e| {
-                format!("{flag}: invalid rule '{spec}': {e}; expected {EXPECTED_FORM}")
-            })?;
+            spec.parse::<Rule>()
+                .and_then(|r| map.add(r))
+                .map_err(|error| TranslateError {
+                    flag,
+                    rule: spec.to_owned(),
+                    error,
+                })?;
         }
         Ok(map)
     }
@@ -417,11 +436,15 @@ pub struct Translation {
 }
 
 impl Translation {
-    /// Parses the values of `--translate-uid` and `--translate-gid`.
-    pub fn parse<S: AsRef<str>>(uid_specs: &[S], gid_specs: &[S]) -> Result<Translation, String> {
+    /// The translation of the rules of `--translate-uid` and `--translate-gid`, each rule
+    /// already parsed on its own.
+    pub fn from_rules(
+        uid_rules: &[Rule],
+        gid_rules: &[Rule],
+    ) -> Result<Translation, TranslateError> {
         Ok(Translation {
-            uid: IdMap::parse("--translate-uid", uid_specs)?,
-            gid: IdMap::parse("--translate-gid", gid_specs)?,
+            uid: IdMap::from_rules("--translate-uid", uid_rules)?,
+            gid: IdMap::from_rules("--translate-gid", gid_rules)?,
         })
     }
 
