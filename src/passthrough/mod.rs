@@ -57,6 +57,7 @@ use crate::filesystem::{
 };
 use crate::fuse::abi::{fopen, init, ROOT_ID};
 use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
+use crate::os::open_path_dir;
 use dir::DirSnapshot;
 use dircache::DirCache;
 use file_handle::{FileHandle, MountFds};
@@ -194,14 +195,6 @@ fn is_resource_shortage(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
     )
-}
-
-/// Opens the directory `path` with `O_PATH` (the shared directory, `/proc/self/fd`; the sandbox
-/// opens the latter with it too, before it hides `/proc`).
-pub fn open_path_dir(path: &std::path::Path) -> nix::Result<OwnedFd> {
-    use nix::fcntl::OFlag;
-    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-    nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty())
 }
 
 fn open_path_flags() -> i32 {
