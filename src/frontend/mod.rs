@@ -65,48 +65,63 @@ pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
 pub const HIPRIO_QUEUE: usize = 0;
 
 /// Errors of the frontend itself (FUSE-level errors are replies, see [`Reply`]).
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A system call failed.
+    #[error("{what}: {source}")]
     Io {
         what: &'static str,
         source: std::io::Error,
     },
     /// A vhost-user request failed (daemon rejected it or the socket broke).
-    Vhost(vhost::Error),
+    #[error("vhost-user: {0}")]
+    Vhost(#[from] vhost::Error),
     /// The daemon does not offer what a virtio-fs frontend needs.
+    #[error("vhost-user handshake: {0}")]
     Handshake(String),
     /// Invalid frontend configuration or argument.
+    #[error("invalid frontend configuration: {0}")]
     Config(String),
     /// Guest memory (or a client's buffer arena) is exhausted.
+    #[error("out of guest memory: {requested} bytes requested, {available} available")]
     OutOfGuestMemory { requested: u64, available: u64 },
     /// A buffer lies outside guest memory.
+    #[error("guest range {addr:#x}+{len:#x} is outside guest memory")]
     AddressOutOfRange { addr: u64, len: u64 },
     /// Not enough free descriptors for the chain.
+    #[error("virtqueue full: {needed} descriptors needed, {free} free")]
     QueueFull { needed: usize, free: usize },
     /// A checked method was asked to build a malformed chain.
+    #[error("invalid descriptor chain: {0}")]
     InvalidChain(String),
     /// The feature needed for this was not negotiated.
+    #[error("{0} was not negotiated")]
     NotNegotiated(&'static str),
     /// The vring does not exist or was already handed out.
+    #[error("vring {0} does not exist or is already in use")]
     NoSuchQueue(usize),
     /// Nothing came back from the device in time.
+    #[error("timed out after {waited:?} waiting for vring {queue} ({in_flight} chains in flight)")]
     Timeout {
         queue: usize,
         waited: Duration,
         in_flight: usize,
     },
     /// Waiting for a used entry while the device owns no chain.
+    #[error("waiting on vring {queue} but no chain is in flight")]
     Idle { queue: usize },
     /// The device returned a head it did not own.
+    #[error("device returned head {id} on vring {queue}, which it does not own")]
     UnknownUsedId { queue: usize, id: u32 },
     /// The device moved `used.idx` by more than the queue size.
+    #[error("device set used.idx of vring {queue} to {used_idx} (driver at {last_used})")]
     UsedRingCorrupt {
         queue: usize,
         used_idx: u16,
         last_used: u16,
     },
     /// The device's reply violates the FUSE or virtio-fs protocol.
+    #[error("protocol violation: {0}")]
     Protocol(String),
 }
 
@@ -118,72 +133,6 @@ impl Error {
     /// Whether this is a [`Error::Timeout`].
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::Timeout { .. })
-    }
-}
-
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Error::Io { what, source } => write!(f, "{what}: {source}"),
-            Error::Vhost(e) => write!(f, "vhost-user: {e}"),
-            Error::Handshake(s) => write!(f, "vhost-user handshake: {s}"),
-            Error::Config(s) => write!(f, "invalid frontend configuration: {s}"),
-            Error::OutOfGuestMemory {
-                requested,
-                available,
-            } => write!(
-                f,
-                "out of guest memory: {requested} bytes requested, {available} available"
-            ),
-            Error::AddressOutOfRange { addr, len } => {
-                write!(f, "guest range {addr:#x}+{len:#x} is outside guest memory")
-            }
-            Error::QueueFull { needed, free } => {
-                write!(f, "virtqueue full: {needed} descriptors needed, {free} free")
-            }
-            Error::InvalidChain(s) => write!(f, "invalid descriptor chain: {s}"),
-            Error::NotNegotiated(s) => write!(f, "{s} was not negotiated"),
-            Error::NoSuchQueue(i) => write!(f, "vring {i} does not exist or is already in use"),
-            Error::Timeout {
-                queue,
-                waited,
-                in_flight,
-            } => write!(
-                f,
-                "timed out after {waited:?} waiting for vring {queue} ({in_flight} chains in flight)"
-            ),
-            Error::Idle { queue } => {
-                write!(f, "waiting on vring {queue} but no chain is in flight")
-            }
-            Error::UnknownUsedId { queue, id } => {
-                write!(f, "device returned head {id} on vring {queue}, which it does not own")
-            }
-            Error::UsedRingCorrupt {
-                queue,
-                used_idx,
-                last_used,
-            } => write!(
-                f,
-                "device set used.idx of vring {queue} to {used_idx} (driver at {last_used})"
-            ),
-            Error::Protocol(s) => write!(f, "protocol violation: {s}"),
-        }
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Io { source, .. } => Some(source),
-            Error::Vhost(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
-impl From<vhost::Error> for Error {
-    fn from(e: vhost::Error) -> Self {
-        Error::Vhost(e)
     }
 }
 

@@ -8,7 +8,6 @@
 //! refuses ranges outside guest RAM, total lengths are summed with overflow checks, and a chain
 //! that puts a readable descriptor after a writable one is refused.
 
-use std::fmt;
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -34,31 +33,18 @@ pub type VolatileSlice<'a> = vm_memory::VolatileSlice<'a, DirtyLog>;
 const MAX_IOVECS: usize = 64;
 
 /// Why a descriptor chain was refused.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ChainError {
     /// A device-readable descriptor follows a device-writable one.
+    #[error("device-readable descriptor after a device-writable one")]
     ReadableAfterWritable,
     /// A descriptor points outside guest memory.
+    #[error("descriptor {addr:#x}+{len:#x} is outside guest memory")]
     BadAddress { addr: u64, len: u32 },
     /// The chain's buffers add up to more than 4 GiB.
+    #[error("descriptor chain longer than 4 GiB")]
     TooLong,
 }
-
-impl fmt::Display for ChainError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ChainError::ReadableAfterWritable => {
-                write!(f, "device-readable descriptor after a device-writable one")
-            }
-            ChainError::BadAddress { addr, len } => {
-                write!(f, "descriptor {addr:#x}+{len:#x} is outside guest memory")
-            }
-            ChainError::TooLong => write!(f, "descriptor chain longer than 4 GiB"),
-        }
-    }
-}
-
-impl std::error::Error for ChainError {}
 
 /// Splits `chain` into the request reader and the reply writer.
 pub fn split_chain<'a, M>(
