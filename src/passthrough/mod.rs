@@ -62,7 +62,7 @@ use dir::DirSnapshot;
 use dircache::DirCache;
 use file_handle::{FileHandle, MountFds};
 use handle::{HandleData, HandleStore};
-use identity::{At, MountIdentities};
+use identity::{At, MountIdentities, Nodes};
 use inode::{InodeData, InodeStore, Origin, PathFd, Source};
 use io_fds::{Access, IoFd, IoFds};
 use key::{InodeKey, Stamp};
@@ -284,7 +284,7 @@ impl PassthroughFs {
         let pfd = self.path_fd(parent)?;
         let (st, x) = sys::stat_at_mnt(pfd.as_fd(), name)?;
         let at = At::Name(pfd.as_fd(), name);
-        let (node, new) = self.find_or_add(parent, &st, &x, at, || {
+        let (node, new) = self.nodes().find_or_add(parent, &st, &x, at, || {
             Ok(Source::Found(Origin::new(parent.clone(), name)))
         })?;
         if !new {
@@ -338,7 +338,7 @@ impl PassthroughFs {
         let by_name = match &origin {
             Some((parent, name)) => {
                 match sys::openat(self.path_fd(parent)?.as_fd(), name, open_path_flags(), 0) {
-                    Ok(fd) if self.is_inode(fd.as_fd(), data)? => Some(fd),
+                    Ok(fd) if self.nodes().is_inode(fd.as_fd(), data)? => Some(fd),
                     // Out of descriptors or memory says nothing about where the name leads:
                     // the guest gets that error, not ESTALE.
                     Err(e) if is_resource_shortage(&e) => return Err(e),
@@ -376,7 +376,7 @@ impl PassthroughFs {
         }
         if let Some(h) = data.file_handle() {
             if let Ok(fd) = self.mounts.open(h, open_path_flags()) {
-                if self.is_inode(fd.as_fd(), data)? {
+                if self.nodes().is_inode(fd.as_fd(), data)? {
                     return Ok(PathFd::Owned(fd));
                 }
             }
@@ -393,8 +393,17 @@ impl PassthroughFs {
 
     /// A new `O_PATH` descriptor of the file `fd` refers to, through `/proc/self/fd/N`.
     fn reopen_path(&self, fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-        let name = ProcName::new(fd.as_raw_fd());
-        sys::openat(self.proc_self_fd.as_fd(), name.name(), libc::O_PATH, 0)
+        sys::reopen_path(self.proc_self_fd.as_fd(), fd)
+    }
+
+    /// The node table with what tells its files apart (see `identity`).
+    fn nodes(&self) -> Nodes<'_> {
+        Nodes {
+            inodes: &self.inodes,
+            mounts: &self.mount_identities,
+            proc_self_fd: self.proc_self_fd.as_fd(),
+            max_nodes: self.cfg.max_nodes,
+        }
     }
 
     /// The file handle of the file `fd` (a descriptor verified to be the inode's), with a
@@ -428,7 +437,7 @@ impl PassthroughFs {
         node: &InodeData,
     ) -> io::Result<FileHandle> {
         let fd = sys::openat(self.path_fd(parent)?.as_fd(), name, open_path_flags(), 0)?;
-        if !self.is_inode(fd.as_fd(), node)? {
+        if !self.nodes().is_inode(fd.as_fd(), node)? {
             return Err(error(libc::ESTALE));
         }
         self.handle_of(fd.as_fd(), Some(parent)).inspect_err(|e| {
@@ -448,6 +457,7 @@ impl PassthroughFs {
                 // Not proven through the name (it may have changed meanwhile): through a
                 // descriptor below.
                 if self
+                    .nodes()
                     .same_file(data, &key, At::Name(pfd.as_fd(), &name))
                     .unwrap_or(false)
                 {
@@ -478,7 +488,7 @@ impl PassthroughFs {
             if let Some((parent, name)) = data.origin().filter(|_| !data.is_stale()) {
                 let pfd = self.path_fd(&parent)?;
                 match sys::openat(pfd.as_fd(), &name, open_path_flags(), 0) {
-                    Ok(path) if self.is_inode(path.as_fd(), data)? => {
+                    Ok(path) if self.nodes().is_inode(path.as_fd(), data)? => {
                         return self.reopen_fd(path.as_fd(), flags);
                     }
                     Err(e) if out_of_fds(&e) => return Err(e),
@@ -506,9 +516,9 @@ impl PassthroughFs {
         let dfd = self.path_fd(dir)?;
         let (st, x) = sys::stat_at_mnt(dfd.as_fd(), dotdot)?;
         let at = At::Name(dfd.as_fd(), dotdot);
-        let key = self.key_at(dir, &st, &x, at)?;
+        let key = self.nodes().key_at(dir, &st, &x, at)?;
         let known = match self.inodes.ref_known(&key) {
-            Some(known) => match self.same_file(&known, &key, at) {
+            Some(known) => match self.nodes().same_file(&known, &key, at) {
                 Ok(true) => Some(known),
                 r => {
                     self.inodes.forget(known.id, 1);
@@ -787,7 +797,7 @@ impl PassthroughFs {
         self.check_writable()?;
         check_new_name(name)?;
         // Past --max-nodes nothing is made that the guest could not be given.
-        self.check_node_limit()?;
+        self.nodes().check_node_limit()?;
         let p = self.inode(parent)?;
         {
             let _creds = credentials::switch_to(self.as_root, ctx)?;
@@ -839,10 +849,11 @@ impl PassthroughFs {
             false => None,
         };
         let (node, new) =
-            self.find_or_add(parent, &st, &x, At::Fd(file.as_fd()), || match name {
-                Some(name) => Ok(Source::Found(Origin::new(parent.clone(), name))),
-                None => self.reopen_path(file.as_fd()).map(Source::Fd),
-            })?;
+            self.nodes()
+                .find_or_add(parent, &st, &x, At::Fd(file.as_fd()), || match name {
+                    Some(name) => Ok(Source::Found(Origin::new(parent.clone(), name))),
+                    None => self.reopen_path(file.as_fd()).map(Source::Fd),
+                })?;
         if let (false, Some(name)) = (new, name) {
             node.found_at(parent, name);
         }
@@ -1067,11 +1078,14 @@ impl PassthroughFs {
         // Outside no-open mode only a file that keeps other names needs it: a node remembers
         // one name, and this one is going.
         let keep = !is_dir && (self.no_open() || !last_name);
-        let key = self.key_at(parent, &st, &x, At::Name(dir, name)).ok()?;
+        let key = self
+            .nodes()
+            .key_at(parent, &st, &x, At::Name(dir, name))
+            .ok()?;
         let known = self.inodes.find(&key)?;
         if keep && known.opened_fd().is_none() {
             if let Ok(fd) = sys::openat(dir, name, open_path_flags(), 0) {
-                if self.is_inode(fd.as_fd(), &known).unwrap_or(false) {
+                if self.nodes().is_inode(fd.as_fd(), &known).unwrap_or(false) {
                     known.keep_fd(fd);
                 }
             }

@@ -308,9 +308,12 @@ impl FileSystem for PassthroughFs {
         let known = |dnode: &InodeData, dir: BorrowedFd<'_>, name: &CStr| {
             let (st, x) = sys::stat_at_mnt(dir, name).ok()?;
             let at = At::Name(dir, name);
-            let key = self.key_at(dnode, &st, &x, at).ok()?;
+            let key = self.nodes().key_at(dnode, &st, &x, at).ok()?;
             let node = self.inodes.find(&key)?;
-            self.same_file(&node, &key, at).ok()?.then_some(node)
+            self.nodes()
+                .same_file(&node, &key, at)
+                .ok()?
+                .then_some(node)
         };
         let moved = known(&old, old_fd, oldname);
         let (swapped, replaced) = if flags & libc::RENAME_EXCHANGE != 0 {
@@ -422,7 +425,7 @@ impl FileSystem for PassthroughFs {
         self.check_writable()?;
         check_new_name(name)?;
         // Past --max-nodes nothing is made that the guest could not be given.
-        self.check_node_limit()?;
+        self.nodes().check_node_limit()?;
         let p = self.inode(parent)?;
         let flags = flags as i32;
         let direct = self.host_open_flags(flags) & libc::O_DIRECT != 0;

@@ -111,6 +111,13 @@ pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Re
     check(fd).map(owned)
 }
 
+/// An `O_PATH` descriptor of the file `fd` refers to, reopened through its magic link in
+/// `/proc/self/fd` (`proc_self_fd`).
+pub fn reopen_path(proc_self_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let name = ProcName::new(fd.as_raw_fd());
+    openat(proc_self_fd, name.name(), libc::O_PATH, 0)
+}
+
 /// A zeroed `stat64`, to be filled in.
 pub fn zeroed_stat() -> libc::stat64 {
     // SAFETY: `stat64` is made of integers only, for which all-zero is a valid value.
