@@ -67,11 +67,10 @@ use inode::{InodeData, InodeStore, Origin, PathFd, Source};
 use io_fds::{Access, IoFd, IoFds};
 use key::{InodeKey, Stamp};
 use sys::{error, ProcName};
+use xattr::Xattrs;
 
 /// Longest name of a directory entry.
 const NAME_MAX: usize = 255;
-/// Largest extended attribute value, and largest list of names (Linux `XATTR_*_MAX`).
-const XATTR_MAX: usize = 65536;
 
 /// A filesystem that passes every request through to a host directory.
 pub struct PassthroughFs {
@@ -150,19 +149,6 @@ fn check_new_name(name: &CStr) -> io::Result<()> {
 fn flags_write(flags: i32) -> bool {
     let acc = flags & libc::O_ACCMODE;
     acc == libc::O_WRONLY || acc == libc::O_RDWR || flags & libc::O_TRUNC != 0
-}
-
-/// The permission bits of `mode` with set-user-id cleared, and set-group-id cleared when the
-/// group may execute; `None` when nothing needs clearing.
-fn killed_suidgid(mode: u32) -> Option<u32> {
-    let mut m = mode & 0o7777;
-    if m & libc::S_ISUID != 0 {
-        m &= !libc::S_ISUID;
-    }
-    if m & libc::S_ISGID != 0 && m & libc::S_IXGRP != 0 {
-        m &= !libc::S_ISGID;
-    }
-    (m != mode & 0o7777).then_some(m)
 }
 
 fn timespec(t: SetTime) -> libc::timespec {
@@ -394,6 +380,21 @@ impl PassthroughFs {
     /// A new `O_PATH` descriptor of the file `fd` refers to, through `/proc/self/fd/N`.
     fn reopen_path(&self, fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
         sys::reopen_path(self.proc_self_fd.as_fd(), fd)
+    }
+
+    /// The extended-attribute rules of this session (see `xattr`).
+    fn xattrs(&self) -> Xattrs<'_> {
+        Xattrs {
+            map: self.cfg.xattrmap.as_ref(),
+            cap: self.cap_xattr.as_deref(),
+            acl: self.posix_acl_on.load(Ordering::Relaxed),
+            proc_self_fd: self.proc_self_fd.as_fd(),
+        }
+    }
+
+    /// Whether security contexts sent with creations are applied in this session.
+    fn labels_enabled(&self) -> bool {
+        self.security_ctx_on.load(Ordering::Relaxed)
     }
 
     /// The node table with what tells its files apart (see `identity`).
@@ -804,7 +805,7 @@ impl PassthroughFs {
             let pfd = self.path_fd(&p)?;
             let pfd = pfd.as_fd();
             match umask {
-                Some(m) => self.with_guest_umask(m, || make(pfd))?,
+                Some(m) => self.xattrs().with_guest_umask(m, || make(pfd))?,
                 None => make(pfd)?,
             }
         }
@@ -812,7 +813,7 @@ impl PassthroughFs {
             let pfd = self.path_fd(&p)?;
             let pfd = pfd.as_fd();
             let labelled = sys::openat(pfd, name, open_path_flags(), 0)
-                .and_then(|fd| self.label_path_fd(fd.as_fd(), secctx).map(|()| fd));
+                .and_then(|fd| self.xattrs().label_path_fd(fd.as_fd(), secctx).map(|()| fd));
             if let Err(e) = labelled {
                 log::warn!("security context of a new node refused by the host: {e}");
                 let kind = sys::fstatat(pfd, name, libc::AT_SYMLINK_NOFOLLOW)
@@ -926,9 +927,9 @@ impl PassthroughFs {
     /// (`FUSE_OPEN_KILL_SUIDGID`), and a remapped `security.capability` in any case.
     fn truncated_on_open(&self, fd: BorrowedFd<'_>, fuse_flags: u32) -> io::Result<()> {
         if fuse_flags & crate::fuse::abi::OPEN_KILL_SUIDGID != 0 {
-            self.kill_priv(fd)
+            self.xattrs().kill_priv(fd)
         } else {
-            self.drop_remapped_capability(fd)
+            self.xattrs().drop_remapped_capability(fd)
         }
     }
 
