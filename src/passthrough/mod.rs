@@ -54,9 +54,9 @@ pub use inode::allocator_gives_memory_back;
 
 use crate::filesystem::{
     Context, DirEntry, Entry, FileSystem, Opened, SecCtx, SetAttr, SetTime, XattrReply,
+    ZeroCopyReader, ZeroCopyWriter,
 };
 use crate::fuse::abi::{fopen, init, ROOT_ID};
-use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
 use crate::os::open_path_dir;
 use dir::DirSnapshot;
 use dircache::DirCache;
