@@ -13,13 +13,24 @@
 //! `..` of the shared directory is the shared directory.
 //!
 //! # Layout
+//! Each line uses only the modules of the lines below it (`doc/architecture.md`, checked by
+//! `tests/architecture.rs`):
+//! - `ops`: the requests, one method each (`impl FileSystem for PassthroughFs`); `migration`:
+//!   the nodes and handles a migration saves and finds again;
+//! - this module: [`PassthroughFs`], the descriptors of nodes, opening by name, listings, INIT
+//!   negotiation; it lends `identity` and `xattr` what they need of it (`nodes`, `xattrs`);
+//! - `identity`: telling a node's file from a later file with the same inode number;
+//!   `dircache`: directory snapshots shared between handles, under one memory budget;
 //! - `inode`: node id ↔ host file table with lookup counts;
-//! - `file_handle`: file handles, kept instead of descriptors with `--inode-file-handles`;
-//! - `handle`: open files and directories;
-//! - `dir`: directory snapshots served by READDIR / READDIRPLUS;
-//! - `io_fds`: per-inode descriptors for requests without a handle (no-open mode);
-//! - `sys`: thin wrappers over the syscalls;
-//! - `credentials`: creating files as the guest caller when running as root.
+//! - `handle`: open files and directories; `io_fds`: per-inode descriptors for requests
+//!   without a handle (no-open mode); `file_handle`: file handles, kept instead of descriptors
+//!   with `--inode-file-handles`;
+//! - `dir`: directory snapshots and streamed listings served by READDIR / READDIRPLUS; `key`:
+//!   what identifies a host file or a directory's state; `config`: the settings; `xattr`:
+//!   extended attributes, ACL gating, security labels, set-id clearing;
+//! - `budget`: the listings' memory budget; `sys`: thin wrappers over the syscalls; `xattrmap`:
+//!   the `--xattrmap` language; `threadfs`: per-thread working directory and umask;
+//!   `credentials`: creating files as the guest caller when running as root.
 
 mod budget;
 pub mod config;
