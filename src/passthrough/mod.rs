@@ -795,7 +795,7 @@ impl PassthroughFs {
     }
 
     /// Makes a node with `make(parent_fd)` as the caller (with the guest's `umask` when
-    /// given, see [`Self::with_guest_umask`]), labels it with `secctx`, then looks it up. A node
+    /// given, see [`Xattrs::with_guest_umask`]), labels it with `secctx`, then looks it up. A node
     /// that cannot be labelled is removed again and the creation fails.
     fn make_node(
         &self,
