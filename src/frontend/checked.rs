@@ -21,11 +21,11 @@
 //! }
 //! ```
 
+use super::error::{Error, FuseResult, Result};
 use super::fuse_client::{
     cstr, opcode_name, parse_direntplus, parse_dirents, DirEntry, DirEntryPlus, FuseClient,
     KernelState, DEFAULT_INIT_FLAGS, DEFAULT_MAX_READAHEAD, INIT_MINOR,
 };
-use super::{Error, FuseResult, Result};
 use crate::fuse::abi::{self, opcode, Pod};
 
 fn exact<T: Pod>(op: u32, body: &[u8]) -> Result<T> {

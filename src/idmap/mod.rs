@@ -101,21 +101,29 @@ pub struct Rule {
 }
 
 /// Why a rule was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuleError {
     /// The part before the first `:` is not a rule type.
+    #[error("unknown rule type '{0}'")]
     UnknownType(String),
     /// Wrong number of `:`-separated numbers after the type.
+    #[error("a {} rule takes {expected} numbers after the type, found {found}", .kind.name())]
     FieldCount {
         kind: RuleKind,
         expected: usize,
         found: usize,
     },
     /// A field is not a decimal number in range.
+    #[error("'{0}' is not an id or count")]
     BadNumber(String),
     /// A range runs past [`MAX_ID`] (or a squash target is above it).
+    #[error("the {what} starting at {first} runs past {MAX_ID}")]
     Overflow { what: &'static str, first: u32 },
     /// The rule covers ids an earlier rule already translates in the same direction.
+    #[error(
+        "{direction} ids {first} to {last} are already covered by '{other}' (rules in the same \
+         direction may not overlap)"
+    )]
     Overlap {
         direction: &'static str,
         first: u32,
@@ -123,38 +131,6 @@ pub enum RuleError {
         other: Rule,
     },
 }
-
-impl fmt::Display for RuleError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RuleError::UnknownType(t) => write!(f, "unknown rule type '{t}'"),
-            RuleError::FieldCount {
-                kind,
-                expected,
-                found,
-            } => write!(
-                f,
-                "a {} rule takes {expected} numbers after the type, found {found}",
-                kind.name()
-            ),
-            RuleError::BadNumber(s) => write!(f, "'{s}' is not an id or count"),
-            RuleError::Overflow { what, first } => {
-                write!(f, "the {what} starting at {first} runs past {MAX_ID}")
-            }
-            RuleError::Overlap {
-                direction,
-                first,
-                last,
-                other,
-            } => write!(
-                f,
-                "{direction} ids {first} to {last} are already covered by '{other}' (rules in the same direction may not overlap)"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for RuleError {}
 
 /// A rule of `--translate-uid` or `--translate-gid` refused: the flag, the rule, and why. The
 /// message says all three and the expected form.

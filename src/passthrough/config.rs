@@ -79,13 +79,7 @@ pub const MEMORY_PER_NODE: u64 = 2048;
 /// The default of `--max-nodes`: one node per [`MEMORY_PER_NODE`] bytes of the host's memory,
 /// at least 65,536 and at most 16,777,216 (24 GiB: 12.5 million).
 pub fn default_max_nodes() -> usize {
-    // SAFETY: sysinfo only writes the local struct, plain data for which zero bytes are valid.
-    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let total = match unsafe { libc::sysinfo(&mut si) } {
-        0 => (si.totalram as u64).saturating_mul(u64::from(si.mem_unit.max(1))),
-        _ => 0,
-    };
+    let total = nix::sys::sysinfo::sysinfo().map_or(0, |si| si.ram_total());
     (total / MEMORY_PER_NODE).clamp(1 << 16, 1 << 24) as usize
 }
 

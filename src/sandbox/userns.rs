@@ -303,9 +303,12 @@ pub fn check_maps(flag: &str, maps: &[IdMapRange]) -> Result<(), String> {
 }
 
 fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+    let n = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE);
+    n.ok()
+        .flatten()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(4096)
 }
 
 /// The text written to `/proc/PID/uid_map` or `gid_map`: one `ns host count` line per range.
