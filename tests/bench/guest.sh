@@ -250,8 +250,8 @@ if has_col ref; then
     [ -x "$REF" ] || die "$REF is missing"
 fi
 
-gcc -static -O2 -Wall -o "$WORK/benchtool" "$HERE/guest/benchtool.c" 2>"$WORK/benchtool.err" ||
-    die "compiling tests/bench/guest/benchtool.c failed:
+gcc -static -O2 -Wall -o "$WORK/benchtool" "$HERE/in-guest/benchtool.c" 2>"$WORK/benchtool.err" ||
+    die "compiling tests/bench/in-guest/benchtool.c failed:
 $(cat "$WORK/benchtool.err")"
 
 # --- the tree ----------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ if [ "$BUILD_SOURCES" -gt 0 ]; then
     PROJ="$WORK/proj"
     PROJ_INFO="$("$WORK/benchtool" mkproj "$PROJ" "$BUILD_SOURCES" "$SEED")" || die "generating the project failed"
     say "project: $PROJ_INFO"
-    # the five sources build-incr touches (as tests/bench/guest/init picks them)
+    # the five sources build-incr touches (as tests/bench/in-guest/init picks them)
     TOUCHED=()
     for i in 0 1 2 3 4; do
         c=$(( (i * (BUILD_SOURCES / 5) + i) % BUILD_SOURCES ))
@@ -344,7 +344,7 @@ done
 ST="$WORK/initramfs"
 initramfs_skeleton "$ST"
 mkdir -p "$ST/helpers"
-cp "$HERE/guest/init" "$ST/init"
+cp "$HERE/in-guest/init" "$ST/init"
 chmod 755 "$ST/init"
 cp "$WORK/benchtool" "$ST/helpers/"
 initramfs_modules "$ST" "$CACHE/kernel-$KERNEL"

@@ -91,8 +91,8 @@ DAEMON="$ROOT/target/release/virtiofsd"
 st="$WORK/initramfs"
 initramfs_skeleton "$st"
 mkdir -p "$st"/{tests,helpers}
-cp "$HERE/guest/init" "$st/init"; chmod 755 "$st/init"
-cp "$HERE"/guest/*.sh "$st/tests/"
+cp "$HERE/in-guest/init" "$st/init"; chmod 755 "$st/init"
+cp "$HERE"/in-guest/*.sh "$st/tests/"
 gcc -static -O2 -Wall -o "$st/helpers/dirhold" "$HERE/helpers/dirhold.c" \
     || { result fail "compile dirhold"; report; exit 1; }
 initramfs_modules "$st" "$CACHE/kernel-$KERNEL"

@@ -290,7 +290,7 @@ scenario_reconnect() {
 }
 
 # --- host-change -------------------------------------------------------------------------------
-# hc_change SHARE N: round N's changes (see guest/suite-hostchange.sh); N=0 makes the files
+# hc_change SHARE N: round N's changes (see in-guest/suite-hostchange.sh); N=0 makes the files
 hc_change() {
     python3 - "$1" "$2" <<'PY'
 import os, sys

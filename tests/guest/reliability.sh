@@ -195,9 +195,9 @@ INITRD="$WORK/initramfs.cpio"
 st="$WORK/initramfs"
 initramfs_skeleton "$st"
 mkdir -p "$st"/{tests,helpers}
-cp "$HERE/guest/init" "$st/init"
+cp "$HERE/in-guest/init" "$st/init"
 chmod 755 "$st/init"
-cp "$HERE"/guest/*.sh "$st/tests/"
+cp "$HERE"/in-guest/*.sh "$st/tests/"
 cp "$WORK"/helpers/* "$st/helpers/"
 initramfs_modules "$st" "$CACHE/kernel-$KERNEL"
 if ! initramfs_binaries "$st" /usr/bin/find /usr/bin/strace /usr/bin/stress-ng /usr/bin/fio; then

@@ -197,9 +197,9 @@ build_initramfs() {
     local k="$1" out="$2" st="$WORK/initramfs-$1"
     initramfs_skeleton "$st"
     mkdir -p "$st"/{tests,helpers}
-    cp "$HERE/guest/init" "$st/init"
+    cp "$HERE/in-guest/init" "$st/init"
     chmod 755 "$st/init"
-    cp "$HERE"/guest/*.sh "$st/tests/"
+    cp "$HERE"/in-guest/*.sh "$st/tests/"
     cp "$WORK"/helpers/* "$st/helpers/"
     rm -f "$st"/helpers/*.err
     initramfs_modules "$st" "$CACHE/kernel-$k"
@@ -786,7 +786,7 @@ host_checks_main() {
     fi
 }
 
-# After the idmap suite (guest/suite-idmap.sh, run in main-suite boots): what the guest made
+# After the idmap suite (in-guest/suite-idmap.sh, run in main-suite boots): what the guest made
 # through its idmapped mount is owned on the host by the mapped ids (0 -> 100000,
 # 1000 -> 101000), and, with FUSE_ALLOW_IDMAP agreed, only creating requests carried caller ids
 # (every other request uid=gid=4294967295, FUSE_INVALID_UIDGID). Skipped before 6.12.
