@@ -23,6 +23,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 # shellcheck source=tests/guest/initramfs.sh
 . "$HERE/initramfs.sh"
+# shellcheck source=tests/lib/report.sh
+. "$ROOT/tests/lib/report.sh"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests"
 KERNEL=6.12
@@ -62,28 +64,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-N=0; PASSED=0; FAILED=0
-# A run's results are held until it ends (see `run_once`): a run whose QEMU aborted on an
-# assertion of its own is run again instead of reported.
-HELD=()
-result() { HELD+=("$1"$'\t'"$2"$'\t'"${3:-}"); }
-report() {
-    local r st name diag
-    for r in "${HELD[@]}"; do
-        IFS=$'\t' read -r st name diag <<< "$r"
-        diag="${r#*$'\t'*$'\t'}"
-        N=$((N + 1))
-        if [ "$st" = ok ]; then PASSED=$((PASSED + 1)); echo "ok $N $name"
-        else FAILED=$((FAILED + 1)); echo "not ok $N $name"; [ -n "$diag" ] && printf '%s\n' "$diag" | sed 's/^/# /'
-        fi
-    done
-    HELD=()
-}
-check() { if [ "$2" = "$3" ]; then result ok "$1"; else result fail "$1" "got '$2', expected '$3'"; fi; }
-
 if [ "$BUILD" = 1 ]; then
     (cd "$ROOT" && cargo build --release --bin virtiofsd) >"$OUT/migrate-build.log" 2>&1 \
-        || { result fail "cargo build --release" "$(tail -n 20 "$OUT/migrate-build.log")"; report; exit 1; }
+        || { result fail "cargo build --release" "$(tail -n 20 "$OUT/migrate-build.log")"; finish; }
 fi
 DAEMON="$ROOT/target/release/virtiofsd"
 
@@ -94,7 +77,7 @@ mkdir -p "$st"/{tests,helpers}
 cp "$HERE/in-guest/init" "$st/init"; chmod 755 "$st/init"
 cp "$HERE"/in-guest/*.sh "$st/tests/"
 gcc -static -O2 -Wall -o "$st/helpers/dirhold" "$HERE/helpers/dirhold.c" \
-    || { result fail "compile dirhold"; report; exit 1; }
+    || { result fail "compile dirhold"; finish; }
 initramfs_modules "$st" "$CACHE/kernel-$KERNEL"
 initramfs_pack "$st" "$WORK/initramfs.cpio"
 
@@ -221,14 +204,7 @@ one() {
     exited "$ddst" 15; check "${p}destination daemon exits 0" "$EXITED" 0
     local c="$LOGS/console-dst.log"
     # The guest's own results, after the switch-over, from the destination's console.
-    local line n_ok=0
-    while IFS= read -r line; do
-        case "$line" in
-            "ok "*) n_ok=$((n_ok + 1)); result ok "${p}guest: ${line#ok [0-9]* }" ;;
-            "not ok "*) result fail "${p}guest: ${line#not ok [0-9]* }" \
-                "$(tr -d '\r' < "$c" | sed -n "/^${line//\//\\/}\$/,/^\(ok\|not ok\|#RUN\)/p" | grep '^#' | head -n 20)" ;;
-        esac
-    done < <(tr -d '\r' < "$c" | grep -E '^(ok|not ok) ')
+    report_tap "$c" "${p}guest: "
     grep -q '^#DONE' <(tr -d '\r' < "$c") || result fail "${p}guest finished on the destination" "$(tr -d '\r' < "$c" | tail -n 20)"
     grep -q 'state sent' "$LOGS/daemon-src.log" \
         && result ok "${p}source daemon sent its state" \
@@ -247,7 +223,7 @@ one() {
     umount -l "$share" 2>/dev/null
 }
 
-START=$SECONDS
+report_start "migration tests" "$OUT/migrate-*"
 runs=(
     "find-paths auto guest-error"
     "find-paths always guest-error"
@@ -260,8 +236,10 @@ for r in "${runs[@]}"; do
     [ -n "$ONLY" ] && [ "$ONLY" != "$i" ] && continue
     # QEMU under TCG sometimes aborts on an assertion of its own (iotlb_to_section, about one
     # boot in 60 here; not the daemon): such a run is run once more, saying so.
+    # A run's results are held until it ends: a run whose QEMU aborted on an assertion of its
+    # own is run again instead of reported.
     for try in 1 2; do
-        HELD=()
+        hold_results
         # shellcheck disable=SC2086
         one "$i" $r
         aborted="$(grep -l 'Assertion .* failed' "$LOGS"/qemu-*.log 2>/dev/null | head -n 1)"
@@ -272,8 +250,6 @@ for r in "${runs[@]}"; do
         fi
         break
     done
-    report
+    release_results
 done
-echo "# migration tests took $((SECONDS - START)) s; logs in $OUT/migrate-*"
-echo "$PASSED passed, $FAILED failed"
-[ "$FAILED" -eq 0 ]
+finish

@@ -155,7 +155,7 @@ scenario_kill_qemu() {
     KQ_SERVING="$(serving_pid "$dp")"
     start_qemu "$l" killq "" "$d/vfs.sock=share"
     run_guest "$l" killq_mark
-    guest_results "$l/console.log" "kill-qemu: "
+    report_tap "$l/console.log" "kill-qemu: "
     if [ -z "$KQ_KILLED" ]; then
         result fail "kill-qemu: QEMU killed while the guest held files open" "QEMU: $QRC; no holding mark"
         return
@@ -450,7 +450,7 @@ scenario_kill_qemu_activated() {
     for _ in $(seq 1 100); do grep -q '^started 1' "$l/activator.log" && break; sleep 0.1; done
     KQ_SERVING="$(serving_pid "$(awk '/^started 1/ { print $4 }' "$l/activator.log")")"
     run_guest "$l" killq_mark_activated
-    guest_results "$l/console.log" "kill-qemu-activated: first VM: "
+    report_tap "$l/console.log" "kill-qemu-activated: first VM: "
     for _ in $(seq 1 100); do grep -q '^exited 1' "$l/activator.log" && break; sleep 0.1; done
     check "kill-qemu-activated: the daemon exits 0 after QEMU is killed and leaves the activated socket" \
         "$(sed -n 's/^exited 1 //p' "$l/activator.log")" "status 0 socket present" "activator"

@@ -40,6 +40,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 # shellcheck source=tests/guest/initramfs.sh
 . "$HERE/initramfs.sh"
+# shellcheck source=tests/lib/report.sh
+. "$ROOT/tests/lib/report.sh"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests/reliability"
 
@@ -87,7 +89,7 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 2
 fi
 
-START=$(date +%s)
+report_start "reliability tests" "$OUT"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-rel.XXXXXX")"
 mkdir -p "$OUT"
 PIDS=()      # processes this script started and has not reaped yet
@@ -112,54 +114,6 @@ forget_pid() {
     PIDS=("${new[@]}")
 }
 
-# --- results -----------------------------------------------------------------------------------
-N=0; PASSED=0; FAILED=0
-result() {
-    local st="$1" name="$2" diag="${3:-}"
-    N=$((N + 1))
-    if [ "$st" = ok ]; then
-        PASSED=$((PASSED + 1)); echo "ok $N $name"
-    else
-        FAILED=$((FAILED + 1)); echo "not ok $N $name"
-    fi
-    if [ -n "$diag" ] && { [ "$st" != ok ] || [ "$VERBOSE" = 1 ]; }; then
-        printf '%s\n' "$diag" | sed 's/^/# /'
-    fi
-}
-check() {
-    if [ "$2" = "$3" ]; then result ok "$1" "${4:-value}: '$2'"
-    else result fail "$1" "${4:-value}: got '$2', expected '$3'"; fi
-}
-# check_le NAME GOT LIMIT WHAT: GOT <= LIMIT (integers)
-check_le() {
-    if [ -n "$2" ] && [ "$2" -le "$3" ] 2>/dev/null; then result ok "$1" "${4:-value}: $2 (limit $3)"
-    else result fail "$1" "${4:-value}: got '$2', limit $3"; fi
-}
-finish() {
-    echo "# reliability tests took $(( $(date +%s) - START ))s; logs in $OUT"
-    echo "$PASSED passed, $FAILED failed"
-    [ "$FAILED" -eq 0 ]
-    exit $?
-}
-
-# guest_results CONSOLE PREFIX: each guest test line as a test
-guest_results() {
-    local line diag="" cur_st="" cur_name=""
-    flush() {
-        if [ -n "$cur_name" ]; then result "$cur_st" "$2$cur_name" "${diag%$'\n'}"; fi
-        cur_name=""; diag=""
-    }
-    while IFS= read -r line; do
-        if [[ "$line" =~ ^ok\ [0-9]+\ (.*)$ ]]; then
-            flush "" "$2"; cur_st=ok; cur_name="${BASH_REMATCH[1]}"
-        elif [[ "$line" =~ ^not\ ok\ [0-9]+\ (.*)$ ]]; then
-            flush "" "$2"; cur_st=fail; cur_name="${BASH_REMATCH[1]}"
-        elif [[ "$line" =~ ^#\ (.*)$ ]] && [ -n "$cur_name" ]; then
-            diag+="${BASH_REMATCH[1]}"$'\n'
-        fi
-    done < <(tr -d '\r' < "$1")
-    flush "" "$2"
-}
 data_of() { tr -d '\r' < "$1" | sed -n "s/^#DATA $2 //p" | tail -n 1; }
 
 # --- prerequisites -----------------------------------------------------------------------------
@@ -335,15 +289,13 @@ run_scenario() {
     done
     # (bash's notices of the QEMUs the scenarios kill are left out)
     grep -vE '^[^ ]*reliability\.sh: line [0-9]+: +[0-9]+ (Killed|Aborted) ' "$out"
-    local ok bad
-    ok="$(grep -c '^ok ' "$out")"; bad="$(grep -c '^not ok ' "$out")"
-    N=$((N + ok + bad)); PASSED=$((PASSED + ok)); FAILED=$((FAILED + bad))
+    tally "$out"
 }
 
 # guest_end PREFIX LOGDIR: the guest's own results, and that it ran to the end
 guest_end() {
     local con="$2/console.log"
-    guest_results "$con" "$1"
+    report_tap "$con" "$1"
     if [ "$QRC" = 0 ] && grep -q '^#DONE' "$con"; then
         result ok "${1}guest ran to the end and powered off"
     else

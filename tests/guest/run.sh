@@ -38,6 +38,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 . "$HERE/initramfs.sh"
 # shellcheck source=tests/guest/kvm-probe.sh
 . "$HERE/kvm-probe.sh"
+# shellcheck source=tests/lib/report.sh
+. "$ROOT/tests/lib/report.sh"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests"
 
@@ -88,7 +90,7 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 2
 fi
 
-START=$(date +%s)
+report_start "guest tests" "$OUT"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-guest.XXXXXX")"
 mkdir -p "$OUT"
 PIDS=()   # processes this script started and has not reaped yet
@@ -113,44 +115,6 @@ forget_pid() {
     local p new=()
     for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || new+=("$p"); done
     PIDS=("${new[@]}")
-}
-
-# --- results -----------------------------------------------------------------------------------
-N=0; PASSED=0; FAILED=0; SKIPPED=0
-
-# result ok|fail|skip NAME [DIAG_TEXT]
-result() {
-    local st="$1" name="$2" diag="${3:-}"
-    N=$((N + 1))
-    case "$st" in
-        ok) PASSED=$((PASSED + 1)); echo "ok $N $name" ;;
-        skip) SKIPPED=$((SKIPPED + 1)); echo "ok $N $name # SKIP $diag"; diag="" ;;
-        *) FAILED=$((FAILED + 1)); echo "not ok $N $name" ;;
-    esac
-    if [ -n "$diag" ] && { [ "$st" = fail ] || [ "$VERBOSE" = 1 ]; }; then
-        printf '%s\n' "$diag" | sed 's/^/# /'
-    fi
-}
-
-# check NAME GOT WANT [WHAT]: a host-side comparison reported as a test
-check() {
-    if [ "$2" = "$3" ]; then
-        result ok "$1" "${4:-value}: '$2'"
-    else
-        result fail "$1" "${4:-value}: got '$2', expected '$3'"
-    fi
-}
-
-finish() {
-    local secs=$(( $(date +%s) - START ))
-    echo "# guest tests took ${secs}s; logs in $OUT"
-    if [ "$SKIPPED" -gt 0 ]; then
-        echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
-    else
-        echo "$PASSED passed, $FAILED failed"
-    fi
-    [ "$FAILED" -eq 0 ]
-    exit $?
 }
 
 # --- prerequisites -----------------------------------------------------------------------------
@@ -426,26 +390,6 @@ snapshot() {
     done > "$2"
 }
 
-# guest_results CONSOLE PREFIX: reports each guest test line as a test
-guest_results() {
-    local console="$1" prefix="$2" line name st diag="" cur_st="" cur_name=""
-    flush() {
-        if [ -n "$cur_name" ]; then result "$cur_st" "$prefix$cur_name" "${diag%$'\n'}"; fi
-        cur_name=""; diag=""
-    }
-    while IFS= read -r line; do
-        line="${line%$'\r'}"
-        if [[ "$line" =~ ^ok\ [0-9]+\ (.*)$ ]]; then
-            flush; cur_st=ok; cur_name="${BASH_REMATCH[1]}"
-        elif [[ "$line" =~ ^not\ ok\ [0-9]+\ (.*)$ ]]; then
-            flush; cur_st=fail; cur_name="${BASH_REMATCH[1]}"
-        elif [[ "$line" =~ ^#\ (.*)$ ]] && [ -n "$cur_name" ]; then
-            diag+="${BASH_REMATCH[1]}"$'\n'
-        fi
-    done < <(tr -d '\r' < "$console")
-    flush
-}
-
 data_of() { sed -n "s/^#DATA $2 //p" "$1" | tr -d '\r' | tail -n 1; }
 
 # boot KERNEL NAME SUITE DAEMON_FLAGS...: one guest boot running the guest suite SUITE against
@@ -545,7 +489,7 @@ boot() {
 
     local console="$logs/console.log"
     touch "$console"
-    guest_results "$console" "$prefix"
+    report_tap "$console" "$prefix"
     if [ "$timed_out" = 1 ]; then
         result fail "${prefix}guest finished within ${TIMEOUT}s" \
             "guest killed after ${TIMEOUT}s; last test started: $(grep '^#RUN' "$console" | tail -n 1)

@@ -42,6 +42,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/libvirt-tests"
 KERNEL_SERIES=6.12
+# shellcheck source=tests/lib/report.sh
+. "$ROOT/tests/lib/report.sh"
 
 DAEMON=""
 BUILD=1
@@ -89,7 +91,7 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 2
 fi
 
-START=$(date +%s)
+report_start "libvirt check" "$OUT"
 mkdir -p "$OUT"
 rm -rf "$OUT"/*.log "$OUT"/plain "$OUT"/options
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-libvirt.XXXXXX")"
@@ -98,21 +100,6 @@ DOM_BASE="virtiofsd-libvirt-$$"
 DOMS=()    # domains started (destroyed at exit if still there)
 URI=""
 LIBVIRTD_PID=""
-
-# --- results -----------------------------------------------------------------------------------
-N=0; PASSED=0; FAILED=0
-result() {
-    local st="$1" name="$2" diag="${3:-}"
-    N=$((N + 1))
-    if [ "$st" = ok ]; then
-        PASSED=$((PASSED + 1)); echo "ok $N $name"
-    else
-        FAILED=$((FAILED + 1)); echo "not ok $N $name"
-    fi
-    if [ -n "$diag" ] && { [ "$st" != ok ] || [ "$VERBOSE" = 1 ]; }; then
-        printf '%s\n' "$diag" | sed 's/^/# /'
-    fi
-}
 
 show() {   # show TITLE FILE [LINES]
     echo "# --- $1 ($2) ---"
@@ -130,18 +117,11 @@ libvirtd_errors() {
     show "libvirtd errors and warnings (startup noise filtered)" "$WORK/libvirtd-errors.txt" 15
 }
 
-finish() {
-    [ -f "$WORK/libvirtd.log" ] && cp "$WORK/libvirtd.log" "$OUT/libvirtd.log"
-    echo "# libvirt check took $(( $(date +%s) - START ))s; logs in $OUT"
-    echo "$PASSED passed, $FAILED failed"
-    [ "$FAILED" -eq 0 ]
-    exit $?
-}
-
 virsh_() { virsh -q -c "$URI" "$@"; }
 
 cleanup() {
     local d p
+    [ -f "$WORK/libvirtd.log" ] && cp "$WORK/libvirtd.log" "$OUT/libvirtd.log"
     for d in "${DOMS[@]}"; do
         virsh_ domstate "$d" >/dev/null 2>&1 && virsh_ destroy "$d" >/dev/null 2>&1
     done
