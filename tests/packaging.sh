@@ -35,6 +35,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 # shellcheck source=tests/lib/report.sh
 . "$ROOT/tests/lib/report.sh"
+# shellcheck source=tests/lib/proc.sh
+. "$ROOT/tests/lib/proc.sh"
 BUILD=1
 TOOLS=1
 DEB=1
@@ -55,20 +57,14 @@ done
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
 case "$TARGET" in /*) ;; *) TARGET="$ROOT/$TARGET" ;; esac
 PKG=virtiofsd-dropin
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-packaging.XXXXXX")"
-PIDS=()
+work_dir virtiofsd-packaging
 PURGE=0   # 1 while this script's package is installed
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null; done
-    if [ "$PURGE" = 1 ]; then
-        echo "# purging $PKG (the run ended early)"
-        DEBIAN_FRONTEND=noninteractive apt-get purge -y "$PKG" >/dev/null 2>&1
-    fi
-    rm -rf "$WORK"
+purge_early() {
+    [ "$PURGE" = 1 ] || return 0
+    echo "# purging $PKG (the run ended early)"
+    DEBIAN_FRONTEND=noninteractive apt-get purge -y "$PKG" >/dev/null 2>&1
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+at_exit purge_early
 
 # need COMMAND DEBIAN_PACKAGE: installs the package when the command is missing
 need() {
@@ -313,16 +309,16 @@ activation() {
     systemd-socket-activate -l "$sock" "$BIN" --shared-dir="$SHARED_DIR" $VIRTIOFSD_OPTS \
         >"$dir/daemon.log" 2>&1 &
     pid=$!
-    PIDS+=("$pid")
+    track "$pid"
     out="$(python3 -c "$VHOST_CLIENT" "$sock" 2>&1)"; rc=$?
     echo "client: $out"
-    [ "$rc" = 0 ] || { kill -TERM "$pid" 2>/dev/null; cat "$dir/daemon.log"; return 1; }
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid"; wait "$pid"; echo "daemon still running 10 s after the disconnect"
+    [ "$rc" = 0 ] || { kill_tree "$pid" TERM; cat "$dir/daemon.log"; return 1; }
+    reap "$pid" 10
+    rc="$REAPED"
+    if [ "$rc" = running ]; then
+        echo "daemon still running 10 s after the disconnect"
         cat "$dir/daemon.log"; return 1
     fi
-    wait "$pid"; rc=$?
     echo "daemon exit status $rc"; cat "$dir/daemon.log"
     [ "$rc" = 0 ] || return 1
     [ -S "$sock" ] || { echo "the daemon removed the activator's socket file"; return 1; }
@@ -336,14 +332,15 @@ two_sockets() {
     systemd-socket-activate -l "$dir/a.sock" -l "$dir/b.sock" "$BIN" --shared-dir="$dir/share" \
         >"$dir/daemon.log" 2>&1 &
     local pid=$!
-    PIDS+=("$pid")
+    track "$pid"
     python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.recv(1)' \
         "$dir/a.sock" 2>/dev/null &
     local cpid=$!
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && { kill -TERM "$pid"; echo "daemon still running"; }
-    wait "$pid"; rc=$?
-    kill "$cpid" 2>/dev/null; wait "$cpid" 2>/dev/null
+    track "$cpid"
+    reap "$pid" 10
+    rc="$REAPED"
+    [ "$rc" = running ] && echo "daemon still running"
+    reap "$cpid" 0
     cat "$dir/daemon.log"
     [ "$rc" = 2 ] && grep -q 'LISTEN_FDS' "$dir/daemon.log"
 }

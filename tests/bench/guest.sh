@@ -91,6 +91,8 @@ OUT="$ROOT/target/guest-bench"
 . "$GUEST/initramfs.sh"
 # shellcheck source=tests/bench/reference.sh
 . "$HERE/reference.sh"
+# shellcheck source=tests/lib/proc.sh
+. "$ROOT/tests/lib/proc.sh"
 
 FILES=30000 DIRS=1000 SEED=1 CHURN=2000 BUILD_SOURCES=400 REQUESTS=0 ROUNDS=1 COLUMNS="ours,ref,9p,tmpfs" CACHE_MODES=always WAIT=2
 KERNEL=6.12-generic ACCEL=tcg MEM=2048 SMP=2 TIMEOUT=1800 TREE=/var/tmp/virtiofsd-guest-bench
@@ -178,31 +180,8 @@ if ! flock -n 9; then
     echo "guest.sh: another guest.sh is running (it holds $OUT/.lock)" >&2
     exit 1
 fi
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-guest-bench.XXXXXX")"
-PIDS=()   # process (group) ids this script started and has not reaped yet
-
-# shellcheck disable=SC2317  # called by the EXIT trap
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do
-        kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
-    done
-    if [ "${#PIDS[@]}" -gt 0 ]; then
-        sleep 1
-        for p in "${PIDS[@]}"; do
-            kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null
-        done
-    fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+work_dir virtiofsd-guest-bench
 trap 'printf "\nguest.sh: interrupted\n" >&2; exit 130' INT TERM HUP
-
-forget_pid() {
-    local p new=()
-    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || new+=("$p"); done
-    PIDS=("${new[@]}")
-}
 
 die() { echo "guest.sh: $*" >&2; exit 1; }
 say() { echo "# $*" >&2; }
@@ -390,10 +369,10 @@ boot() {
         if [ "$col" = ours ]; then bin="$DAEMON"; flags=("${OURS_EXTRA[@]}"); else bin="$REF"; flags=("${REF_EXTRA[@]}"); fi
         rm -f "$sock"
         echo "$bin --socket-path $sock --shared-dir $TREE --cache=$CACHE_MODE ${flags[*]}" > "$logs/daemon.cmd"
-        setsid "$bin" --socket-path "$sock" --shared-dir "$TREE" "--cache=$CACHE_MODE" "${flags[@]}" \
+        "$bin" --socket-path "$sock" --shared-dir "$TREE" "--cache=$CACHE_MODE" "${flags[@]}" \
             >"$logs/daemon.log" 2>&1 </dev/null &
         dpid=$!
-        PIDS+=("$dpid")
+        track "$dpid"
         for _ in $(seq 1 100); do
             [ -S "$sock" ] && break
             kill -0 "$dpid" 2>/dev/null || break
@@ -402,7 +381,7 @@ boot() {
         if [ ! -S "$sock" ]; then
             bad_boot "round $r, $col: the daemon did not create its socket within 10 s; $logs/daemon.log:
 $(tail -n 10 "$logs/daemon.log")"
-            kill -KILL -- "-$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null; forget_pid "$dpid"
+            reap "$dpid" 0
             return
         fi
         dev=(-chardev "socket,id=vfs,path=$sock"
@@ -410,13 +389,13 @@ $(tail -n 10 "$logs/daemon.log")"
     fi
 
     local t0=$SECONDS
-    setsid qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m "${MEM}M" -smp "$SMP" -machine q35 -nodefaults \
+    qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m "${MEM}M" -smp "$SMP" -machine q35 -nodefaults \
         -display none -no-reboot -monitor none -serial "file:$logs/console.log" \
         -kernel "$CACHE/kernel-$KERNEL/vmlinuz" -initrd "$WORK/initramfs.cpio" -append "$append" \
         -object "memory-backend-memfd,id=mem,size=${MEM}M,share=on" -numa node,memdev=mem \
         "${dev[@]}" >"$logs/qemu.log" 2>&1 </dev/null &
     local qpid=$!
-    PIDS+=("$qpid")
+    track "$qpid"
     # wait for the guest to power off, showing each step's time as it comes
     local timed_out=0 shown=0 times
     printf '# round %s/%s %s:' "$r" "$ROUNDS" "$col" >&2
@@ -429,24 +408,15 @@ $(tail -n 10 "$logs/daemon.log")"
             shown=$((shown + 1))
         done
     done
-    if [ "$timed_out" = 1 ]; then
-        kill -TERM "$qpid" 2>/dev/null; sleep 2; kill -KILL "$qpid" 2>/dev/null
-    fi
-    wait "$qpid"; local qrc=$?
-    forget_pid "$qpid"
+    # (killed when it timed out)
+    reap "$qpid" 0
+    local qrc="$REAPED"
     local secs=$((SECONDS - t0))
 
     if [ -n "$dpid" ]; then
-        for _ in $(seq 1 100); do
-            kill -0 "$dpid" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$dpid" 2>/dev/null; then
+        reap "$dpid" 10
+        [ "$REAPED" = running ] &&
             echo "# the daemon was still running 10 s after QEMU exited; killed" >> "$logs/daemon.log"
-            kill -TERM -- "-$dpid" 2>/dev/null; sleep 1; kill -KILL -- "-$dpid" 2>/dev/null
-        fi
-        wait "$dpid" 2>/dev/null
-        forget_pid "$dpid"
     fi
 
     local c="$logs/console.log" line

@@ -25,6 +25,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 . "$HERE/initramfs.sh"
 # shellcheck source=tests/lib/report.sh
 . "$ROOT/tests/lib/report.sh"
+# shellcheck source=tests/lib/proc.sh
+. "$ROOT/tests/lib/proc.sh"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests"
 KERNEL=6.12
@@ -52,17 +54,13 @@ if ! command -v qemu-system-x86_64 >/dev/null || [ ! -f "$CACHE/kernel-$KERNEL/.
 fi
 
 mkdir -p "$OUT"
-WORK="$(mktemp -d /tmp/virtiofsd-migrate.XXXXXX)"
-PIDS=()
+work_dir virtiofsd-migrate /tmp
 MOUNTS=()
-cleanup() {
-    local p m
-    for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+unmount_all() {
+    local m
     for m in "${MOUNTS[@]}"; do umount -l "$m" 2>/dev/null; done
-    if [ "$KEEP" = 1 ]; then echo "# work dir kept: $WORK"; else rm -rf "$WORK"; fi
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+at_exit unmount_all
 
 if [ "$BUILD" = 1 ]; then
     (cd "$ROOT" && cargo build --release --bin virtiofsd) >"$OUT/migrate-build.log" 2>&1 \
@@ -122,7 +120,7 @@ start_daemon() { # NAME SHARE FLAGS...
     "$DAEMON" --socket-path "$DIR/$name.sock" --shared-dir "$share" "$@" \
         >"$LOGS/daemon-$name.log" 2>&1 &
     LAST_PID=$!
-    PIDS+=("$LAST_PID")
+    track "$LAST_PID"
     for _ in $(seq 1 100); do [ -S "$DIR/$name.sock" ] && break; sleep 0.1; done
 }
 
@@ -138,15 +136,7 @@ start_qemu() { # NAME EXTRA...
         -qmp "unix:$DIR/qmp-$name.sock,server=on,wait=off" \
         "$@" >"$LOGS/qemu-$name.log" 2>&1 </dev/null &
     LAST_PID=$!
-    PIDS+=("$LAST_PID")
-}
-
-exited() { # PID SECONDS → EXITED: the exit status, or "running"
-    local t=0
-    while kill -0 "$1" 2>/dev/null; do
-        sleep 0.5; t=$((t + 1)); [ $t -ge $(($2 * 2)) ] && { EXITED=running; return; }
-    done
-    wait "$1" 2>/dev/null; EXITED=$?
+    track "$LAST_PID"
 }
 
 # one RUN_INDEX MODE CACHE ON_ERROR
@@ -196,12 +186,10 @@ one() {
     local f
     for f in $(seq 1 100); do : > "$share/.signal/$f"; done
     qmp "$DIR/qmp-src.sock" quit >>"$LOGS/qmp.log" 2>&1
-    exited "$qsrc" 30; check "${p}source QEMU quits" "$EXITED" 0
-    exited "$dsrc" 15; check "${p}source daemon exits 0 once its QEMU is gone" "$EXITED" 0
-    exited "$qdst" 300
-    [ "$EXITED" = running ] && kill -KILL "$qdst" 2>/dev/null
-    check "${p}destination guest ran to the end and powered off" "$EXITED" 0
-    exited "$ddst" 15; check "${p}destination daemon exits 0" "$EXITED" 0
+    reap "$qsrc" 30; check "${p}source QEMU quits" "$REAPED" 0
+    reap "$dsrc" 15; check "${p}source daemon exits 0 once its QEMU is gone" "$REAPED" 0
+    reap "$qdst" 300; check "${p}destination guest ran to the end and powered off" "$REAPED" 0
+    reap "$ddst" 15; check "${p}destination daemon exits 0" "$REAPED" 0
     local c="$LOGS/console-dst.log"
     # The guest's own results, after the switch-over, from the destination's console.
     report_tap "$c" "${p}guest: "

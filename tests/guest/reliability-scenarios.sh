@@ -194,7 +194,7 @@ kill_daemon_run() {
     while [ "$(fsynced_count "$l/console.log")" -lt 5 ]; do
         if [ $((SECONDS - t0)) -gt "$TIMEOUT" ] || ! kill -0 "$QPID" 2>/dev/null; then
             [ "${KD_QUIET:-0}" = 1 ] || result fail "$name: the guest fsync'ed 5 files" "$(tr -d '\r' < "$l/console.log" | tail -n 20)"
-            { wait "$QPID"; } 2>/dev/null; QRC=$?; forget_pid "$QPID"
+            reap "$QPID" 0; QRC="$REAPED"
             qemu_aborted "$l"
             return 1
         fi
@@ -224,7 +224,7 @@ kill_daemon_run() {
     KD_AFTER2="$(fsynced_count "$l/console.log")"
     KD_QEMU_ALIVE=no
     kill -0 "$QPID" 2>/dev/null && KD_QEMU_ALIVE=yes
-    kill -KILL "$QPID" 2>/dev/null; { wait "$QPID"; } 2>/dev/null; forget_pid "$QPID"
+    reap "$QPID" 0
     # what the guest saw as durable must be on the host
     local f sha bad=0 n=0
     : > "$d/share/VERIFY.sha256"
@@ -441,7 +441,7 @@ scenario_kill_qemu_activated() {
     python3 -c "$ACTIVATOR" "$d/vfs.sock" 2 "$l/activator.log" "$DAEMON" --shared-dir "$d/share" \
         --xattr --log-level debug >"$l/daemon.log" 2>&1 &
     local ap=$!
-    PIDS+=("$ap")
+    track "$ap"
     wait_socket "$d/vfs.sock" || { result fail "kill-qemu-activated: the activator listens" "$(cat "$l/daemon.log")"; return; }
     KQ_FDS=""; KQ_KILLED=""
     # the serving process is found once a daemon runs
@@ -459,10 +459,9 @@ scenario_kill_qemu_activated() {
     start_qemu "$l" verify "" "$d/vfs.sock=share"
     run_guest "$l" no_handler
     guest_end "kill-qemu-activated: next VM: " "$l"
-    for _ in $(seq 1 100); do kill -0 "$ap" 2>/dev/null || break; sleep 0.1; done
+    reap "$ap" 10
     check "kill-qemu-activated: the next VM was served by a second daemon, which exits 0" \
         "$(sed -n 's/^exited 2 //p' "$l/activator.log")" "status 0 socket present" "activator"
-    kill_tree "$ap"; wait "$ap" 2>/dev/null; forget_pid "$ap"
 }
 killq_mark_activated() {
     [ "$1" = holding ] || return

@@ -42,6 +42,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 . "$HERE/initramfs.sh"
 # shellcheck source=tests/lib/report.sh
 . "$ROOT/tests/lib/report.sh"
+# shellcheck source=tests/lib/proc.sh
+. "$ROOT/tests/lib/proc.sh"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests/reliability"
 
@@ -90,29 +92,16 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 report_start "reliability tests" "$OUT"
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-rel.XXXXXX")"
+work_dir virtiofsd-rel
 mkdir -p "$OUT"
-PIDS=()      # processes this script started and has not reaped yet
 # loop mounts to undo: listed in $WORK/mounts (scenarios run in subshells)
-
-cleanup() {
-    local p m
-    for p in "${PIDS[@]}"; do
-        kill -0 "$p" 2>/dev/null && kill_tree "$p"
-    done
+unmount_listed() {
+    local m
     [ -f "$WORK/mounts" ] && while read -r m; do
         umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
     done < "$WORK/mounts"
-    if [ "$KEEP" = 1 ]; then echo "# work dir kept: $WORK"; else rm -rf "$WORK"; fi
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-forget_pid() {
-    local p new=()
-    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || new+=("$p"); done
-    PIDS=("${new[@]}")
-}
+at_exit unmount_listed
 
 data_of() { tr -d '\r' < "$1" | sed -n "s/^#DATA $2 //p" | tail -n 1; }
 
@@ -176,7 +165,7 @@ start_daemon() {
     "${pre[@]}" "$DAEMON" --socket-path "$sock" --shared-dir "$share" --log-level debug "$@" \
         >"$log" 2>&1 &
     DPID=$!
-    PIDS+=("$DPID")
+    track "$DPID"
 }
 wait_socket() {
     local _
@@ -196,16 +185,6 @@ serving_pid() {
         p="$c"
     done
     echo "$p"
-}
-# kill_tree PID: SIGKILL to PID and every process below it (a daemon's serving child, the
-# daemon under strace), children first found, then all at once
-kill_tree() {
-    local all=("$1") i=0 c
-    while [ "$i" -lt "${#all[@]}" ]; do
-        for c in $(cat /proc/"${all[$i]}"/task/*/children 2>/dev/null); do all+=("$c"); done
-        i=$((i + 1))
-    done
-    kill -KILL "${all[@]}" 2>/dev/null
 }
 nfds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
 # anon_kib PID: the daemon's own memory (RssAnon; its VmRSS also counts the pages of guest
@@ -233,7 +212,7 @@ start_qemu() {
         -object memory-backend-memfd,id=mem,size=1536M,share=on -numa node,memdev=mem \
         "${devs[@]}" >"$logs/qemu.log" 2>&1 </dev/null &
     QPID=$!
-    PIDS+=("$QPID")
+    track "$QPID"
 }
 
 # run_guest LOGDIR HANDLER: waits for QEMU to exit (or TIMEOUT), calling HANDLER MARK for each
@@ -242,7 +221,7 @@ run_guest() {
     local logs="$1" handler="$2" t0=$SECONDS seen=0 m marks
     while kill -0 "$QPID" 2>/dev/null; do
         if [ $((SECONDS - t0)) -ge "$TIMEOUT" ]; then
-            kill -KILL "$QPID" 2>/dev/null; wait "$QPID" 2>/dev/null; forget_pid "$QPID"
+            reap "$QPID" 0
             QRC=timeout
             return
         fi
@@ -254,8 +233,8 @@ run_guest() {
             "$handler" "$m"
         done
     done
-    { wait "$QPID"; } 2>/dev/null; QRC=$?
-    forget_pid "$QPID"
+    reap "$QPID" 0
+    QRC="$REAPED"
     qemu_aborted "$logs"
     echo "# guest ran $((SECONDS - t0))s"
 }
@@ -280,7 +259,7 @@ run_scenario() {
     for try in 1 2; do
         rm -f "$WORK/qemu-aborted"
         # whatever a scenario left running (it gave up half-way) ends with its subshell
-        ( "scenario_${s//-/_}"; for p in "${PIDS[@]}"; do kill_tree "$p"; done ) > "$out" 2>&1
+        ( "scenario_${s//-/_}"; kill_tracked ) > "$out" 2>&1
         if [ "$try" = 1 ] && [ -s "$WORK/qemu-aborted" ]; then
             echo "# scenario $s: QEMU aborted on an assertion of its own ($(grep -h 'Assertion' "$(head -n 1 "$WORK/qemu-aborted").qemu-abort.log" | head -n 1)); log kept as $(head -n 1 "$WORK/qemu-aborted").qemu-abort.log; running the scenario again"
             continue
@@ -288,7 +267,7 @@ run_scenario() {
         break
     done
     # (bash's notices of the QEMUs the scenarios kill are left out)
-    grep -vE '^[^ ]*reliability\.sh: line [0-9]+: +[0-9]+ (Killed|Aborted) ' "$out"
+    grep -vE '^[^ ]*\.sh: line [0-9]+: +[0-9]+ (Killed|Aborted) ' "$out"
     tally "$out"
 }
 
@@ -305,14 +284,10 @@ $(tr -d '\r' < "$con" | tail -n 25)"
 }
 # daemon_end PREFIX PID LOG: the daemon exits 0 by itself within 10 s of the disconnect
 daemon_end() {
-    local _ rc
-    for _ in $(seq 1 100); do kill -0 "$2" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$2" 2>/dev/null; then
-        kill_tree "$2"; wait "$2" 2>/dev/null; rc="still running 10 s after QEMU exited (killed)"
-    else
-        wait "$2"; rc=$?
-    fi
-    forget_pid "$2"
+    local rc
+    reap "$2" 10
+    rc="$REAPED"
+    [ "$rc" = running ] && rc="still running 10 s after QEMU exited (killed)"
     if [ "$rc" = 0 ]; then result ok "${1}daemon exits 0 after the disconnect"
     else result fail "${1}daemon exits 0 after the disconnect" "exit: $rc; log tail:
 $(tail -n 15 "$3")"; fi

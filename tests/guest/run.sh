@@ -40,6 +40,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 . "$HERE/kvm-probe.sh"
 # shellcheck source=tests/lib/report.sh
 . "$ROOT/tests/lib/report.sh"
+# shellcheck source=tests/lib/proc.sh
+. "$ROOT/tests/lib/proc.sh"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests"
 
@@ -91,31 +93,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 report_start "guest tests" "$OUT"
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-guest.XXXXXX")"
+work_dir virtiofsd-guest
 mkdir -p "$OUT"
-PIDS=()   # processes this script started and has not reaped yet
-
-cleanup() {
-    local p
-    unmount_nofiletype
-    [ -n "${KVM_PROBE_PID:-}" ] && kill -KILL "$KVM_PROBE_PID" 2>/dev/null
-    for p in "${PIDS[@]}"; do
-        kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
-    done
-    if [ "$KEEP" = 1 ]; then
-        echo "# work dir kept: $WORK"
-    else
-        rm -rf "$WORK"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-forget_pid() {
-    local p new=()
-    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || new+=("$p"); done
-    PIDS=("${new[@]}")
-}
+at_exit unmount_nofiletype
 
 # --- prerequisites -----------------------------------------------------------------------------
 need_install=0
@@ -415,7 +395,7 @@ boot() {
     "$DAEMON" --socket-path "$sock" --shared-dir "$share" "${flags[@]}" --log-level debug \
         >"$logs/daemon.log" 2>&1 &
     local dpid=$!
-    PIDS+=("$dpid")
+    track "$dpid"
     for _ in $(seq 1 100); do
         [ -S "$sock" ] && break
         kill -0 "$dpid" 2>/dev/null || break
@@ -423,7 +403,7 @@ boot() {
     done
     if [ ! -S "$sock" ]; then
         result fail "${prefix}daemon listens on its socket" "$(tail -n 20 "$logs/daemon.log")"
-        kill -KILL "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null; forget_pid "$dpid"
+        reap "$dpid" 0
         return
     fi
 
@@ -444,7 +424,7 @@ boot() {
         -device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues=2 \
         >"$logs/qemu.log" 2>&1 </dev/null &
     local qpid=$!
-    PIDS+=("$qpid")
+    track "$qpid"
 
     # Wait for the guest to power off; take a snapshot of the daemon's threads at each #MARK.
     local timed_out=0 marks_seen=0 m
@@ -464,28 +444,16 @@ boot() {
             done
         fi
     done
-    if [ "$timed_out" = 1 ]; then
-        kill -TERM "$qpid" 2>/dev/null; sleep 2; kill -KILL "$qpid" 2>/dev/null
-    fi
-    wait "$qpid"; local qrc=$?
-    forget_pid "$qpid"
+    # (killed when it timed out)
+    reap "$qpid" 0
+    local qrc="$REAPED"
     local secs=$((SECONDS - t0))
     echo "# boot took ${secs}s (QEMU exit status $qrc)"
 
     # The daemon must notice the disconnect and exit 0 by itself.
-    for _ in $(seq 1 100); do
-        kill -0 "$dpid" 2>/dev/null || break
-        sleep 0.1
-    done
-    local drc
-    if kill -0 "$dpid" 2>/dev/null; then
-        kill -TERM "$dpid" 2>/dev/null; sleep 1; kill -KILL "$dpid" 2>/dev/null
-        wait "$dpid" 2>/dev/null
-        drc="still running 10 s after QEMU exited (killed)"
-    else
-        wait "$dpid"; drc=$?
-    fi
-    forget_pid "$dpid"
+    reap "$dpid" 10
+    local drc="$REAPED"
+    [ "$drc" = running ] && drc="still running 10 s after QEMU exited (killed)"
 
     local console="$logs/console.log"
     touch "$console"
@@ -544,7 +512,7 @@ boot_noshare() {
     echo "# boot: kernel $k, noshare (QEMU -m 256M without a shared memory backend)"
     "$DAEMON" --socket-path "$sock" --shared-dir "$dir/share" >"$logs/daemon.log" 2>&1 &
     local dpid=$!
-    PIDS+=("$dpid")
+    track "$dpid"
     for _ in $(seq 1 100); do
         [ -S "$sock" ] && break
         kill -0 "$dpid" 2>/dev/null || break
@@ -557,16 +525,11 @@ boot_noshare() {
         -chardev "socket,id=vfs,path=$sock" -device vhost-user-fs-pci,chardev=vfs,tag=share \
         >"$logs/qemu.log" 2>&1 </dev/null &
     local qpid=$! t0=$SECONDS drc
-    PIDS+=("$qpid")
-    while kill -0 "$dpid" 2>/dev/null && [ $((SECONDS - t0)) -lt 60 ]; do sleep 0.2; done
-    if kill -0 "$dpid" 2>/dev/null; then
-        kill -KILL "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null
-        drc="still running after 60 s (killed)"
-    else
-        wait "$dpid"; drc=$?
-    fi
-    forget_pid "$dpid"
-    kill -KILL "$qpid" 2>/dev/null; wait "$qpid" 2>/dev/null; forget_pid "$qpid"
+    track "$qpid"
+    reap "$dpid" 60
+    drc="$REAPED"
+    [ "$drc" = running ] && drc="still running after 60 s (killed)"
+    reap "$qpid" 0
     echo "# the daemon stopped after $((SECONDS - t0))s"
     check "${prefix}daemon exits 1 when guest memory is not shared" "$drc" 1 "exit status"
     local line

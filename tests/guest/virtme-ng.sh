@@ -39,6 +39,8 @@ OUT="$ROOT/target/guest-tests/virtme-ng"
 USER_NAME=virtiofsd-rootless
 # shellcheck source=tests/lib/report.sh
 . "$ROOT/tests/lib/report.sh"
+# shellcheck source=tests/lib/proc.sh
+. "$ROOT/tests/lib/proc.sh"
 DAEMON=""
 BUILD=1
 KEEP=0
@@ -55,17 +57,6 @@ done
 [ "$(id -u)" = 0 ] || { echo "virtme-ng.sh: needs root (apt, a test user)" >&2; exit 2; }
 report_start "virtme-ng stage" "$OUT"
 rm -rf "$OUT" && mkdir -p "$OUT"
-
-WORK=""
-WATCH=""
-cleanup() {
-    [ -n "$WATCH" ] && kill "$WATCH" 2>/dev/null
-    if [ -n "$WORK" ]; then
-        if [ "$KEEP" = 1 ]; then echo "# work dir kept: $WORK"; else rm -rf "$WORK"; fi
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 # --- what vng needs ----------------------------------------------------------------------------
 export DEBIAN_FRONTEND=noninteractive
@@ -144,7 +135,7 @@ DAEMON="${DAEMON:-$ROOT/target/release/virtiofsd}"
 # At the top of the host's tree: vng overlays /etc, /lib, /home, /opt, /srv, /usr, /var and /tmp
 # in the guest (writes there stay in the guest), not this directory, so the guest's writes to it
 # reach the daemon. It is the same path inside the guest.
-WORK="$(mktemp -d /virtiofsd-vng.XXXXXX)"
+work_dir virtiofsd-vng /
 chmod 755 "$WORK"
 mkdir -p "$WORK"/{bin,home,tmp,ro,rw}
 cp "$DAEMON" "$WORK/bin/virtiofsd"     # the build tree may not be reachable by the test user
@@ -174,6 +165,7 @@ watch_daemons() {
 : > "$OUT/daemons.tsv"
 watch_daemons &
 WATCH=$!
+track "$WATCH"
 
 # The guest's command: each line of its output is a result for the host to check.
 cat > "$WORK/guest.sh" <<EOF
@@ -198,7 +190,7 @@ runuser -u "$USER_NAME" -- env -i HOME="$WORK/home" TMPDIR="$WORK/tmp" TERM=dumb
         --rwdir '$WORK/rw' -- '$WORK/guest.sh' <\"/dev/null\" >'$WORK/home/out.txt' 2>'$WORK/home/err.txt'"
 rc=$?
 echo "# the boot took $(( $(date +%s) - t0 ))s"
-kill "$WATCH" 2>/dev/null; wait "$WATCH" 2>/dev/null; WATCH=""
+reap "$WATCH" 0
 cp "$WORK/home/out.txt" "$OUT/guest-output.txt" 2>/dev/null
 cp "$WORK/home/err.txt" "$OUT/vng-stderr.txt" 2>/dev/null   # boot console and daemon logs
 OUTPUT="$OUT/guest-output.txt"

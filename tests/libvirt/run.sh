@@ -44,6 +44,8 @@ OUT="$ROOT/target/libvirt-tests"
 KERNEL_SERIES=6.12
 # shellcheck source=tests/lib/report.sh
 . "$ROOT/tests/lib/report.sh"
+# shellcheck source=tests/lib/proc.sh
+. "$ROOT/tests/lib/proc.sh"
 
 DAEMON=""
 BUILD=1
@@ -94,7 +96,7 @@ fi
 report_start "libvirt check" "$OUT"
 mkdir -p "$OUT"
 rm -rf "$OUT"/*.log "$OUT"/plain "$OUT"/options
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-libvirt.XXXXXX")"
+work_dir virtiofsd-libvirt
 chmod 755 "$WORK"
 DOM_BASE="virtiofsd-libvirt-$$"
 DOMS=()    # domains started (destroyed at exit if still there)
@@ -119,26 +121,21 @@ libvirtd_errors() {
 
 virsh_() { virsh -q -c "$URI" "$@"; }
 
-cleanup() {
-    local d p
+# At exit: the log kept, the domains destroyed, libvirtd stopped (it is not our child: it
+# daemonized).
+stop_libvirt() {
+    local d p="$LIBVIRTD_PID" _
     [ -f "$WORK/libvirtd.log" ] && cp "$WORK/libvirtd.log" "$OUT/libvirtd.log"
     for d in "${DOMS[@]}"; do
         virsh_ domstate "$d" >/dev/null 2>&1 && virsh_ destroy "$d" >/dev/null 2>&1
     done
-    for p in "$LIBVIRTD_PID"; do
-        [ -n "$p" ] || continue
-        kill -TERM "$p" 2>/dev/null
-        for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$p" 2>/dev/null
-    done
-    if [ "$KEEP" = 1 ]; then
-        echo "# work dir kept: $WORK"
-    else
-        rm -rf "$WORK"
-    fi
+    [ -n "$p" ] || return 0
+    kill -TERM "$p" 2>/dev/null
+    for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null
+    return 0
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+at_exit stop_libvirt
 
 # --- prerequisites -----------------------------------------------------------------------------
 export DEBIAN_FRONTEND=noninteractive
