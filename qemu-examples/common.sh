@@ -25,6 +25,8 @@ TREE="$(cd "$HERE/.." && pwd)"
 KIT_KERNEL=/var/cache/virtiofsd-guest/kernel-6.12/vmlinuz
 # shellcheck source=tests/guest/kvm-probe.sh
 . "$TREE/tests/guest/kvm-probe.sh"
+# shellcheck source=tests/lib/daemon.sh
+. "$TREE/tests/lib/daemon.sh"
 
 die() { echo "${0##*/}: $*" >&2; exit 1; }
 
@@ -78,12 +80,7 @@ start_virtiofsd() {
     "$VIRTIOFSD" --socket-path="$SOCKET" --shared-dir="$dir" "$@" "${extra[@]}" \
         2>"$DAEMON_LOG" &
     DAEMON_PID=$!
-    local _
-    for _ in $(seq 1 100); do
-        [ -S "$SOCKET" ] && return 0
-        kill -0 "$DAEMON_PID" 2>/dev/null || break
-        sleep 0.05
-    done
+    wait_socket "$SOCKET" "$DAEMON_PID" && return 0
     cat "$DAEMON_LOG" >&2
     die "virtiofsd did not start listening on $SOCKET"
 }

@@ -37,6 +37,8 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 . "$ROOT/tests/lib/report.sh"
 # shellcheck source=tests/lib/proc.sh
 . "$ROOT/tests/lib/proc.sh"
+# shellcheck source=tests/lib/daemon.sh
+. "$ROOT/tests/lib/daemon.sh"
 BUILD=1
 TOOLS=1
 DEB=1
@@ -54,8 +56,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-case "$TARGET" in /*) ;; *) TARGET="$ROOT/$TARGET" ;; esac
+TARGET="$(target_dir)"
 PKG=virtiofsd-dropin
 work_dir virtiofsd-packaging
 PURGE=0   # 1 while this script's package is installed

@@ -93,6 +93,8 @@ OUT="$ROOT/target/guest-bench"
 . "$HERE/reference.sh"
 # shellcheck source=tests/lib/proc.sh
 . "$ROOT/tests/lib/proc.sh"
+# shellcheck source=tests/lib/daemon.sh
+. "$ROOT/tests/lib/daemon.sh"
 
 FILES=30000 DIRS=1000 SEED=1 CHURN=2000 BUILD_SOURCES=400 REQUESTS=0 ROUNDS=1 COLUMNS="ours,ref,9p,tmpfs" CACHE_MODES=always WAIT=2
 KERNEL=6.12-generic ACCEL=tcg MEM=2048 SMP=2 TIMEOUT=1800 TREE=/var/tmp/virtiofsd-guest-bench
@@ -210,11 +212,10 @@ done
 if has_col ours; then
     if [ "$BUILD" = 1 ]; then
         say "cargo build --release --bin virtiofsd (log: $OUT/build.log)"
-        (cd "$ROOT" && cargo build --release --locked --bin virtiofsd) >"$OUT/build.log" 2>&1 ||
-            die "cargo build failed; see $OUT/build.log:
+        build_daemon "$OUT/build.log" || die "cargo build failed; see $OUT/build.log:
 $(grep -E '^error' -A5 "$OUT/build.log" | head -n 30)"
     fi
-    DAEMON="${DAEMON:-$ROOT/target/release/virtiofsd}"
+    DAEMON="${DAEMON:-$(target_dir)/release/virtiofsd}"
     [ -x "$DAEMON" ] || die "$DAEMON is missing or not executable"
 fi
 # --requests: the daemons log every request (the log is cut into steps at the guest's FSYNCDIR)
@@ -344,7 +345,7 @@ bad_boot() { echo "FAILED: $*" >&2; FAILED=$((FAILED + 1)); }
 
 # boot ROUND COLUMN: one boot of COLUMN with --cache=$CACHE_MODE
 boot() {
-    local r="$1" col="$2" logs="$OUT/$CACHE_MODE-r$1-$2" sock="$WORK/vfs.sock" dpid="" bin flags=()
+    local r="$1" col="$2" logs="$OUT/$CACHE_MODE-r$1-$2" sock="$WORK/vfs.sock" dpid="" flags=()
     local wants=WANT
     [ "$col" = tmpfs ] && wants=BARE_WANT
     local -n want="$wants"
@@ -366,19 +367,14 @@ boot() {
              -device "virtio-9p-pci,fsdev=fs9p,mount_tag=share")
     else
         append+=" bench_fs=virtiofs"
-        if [ "$col" = ours ]; then bin="$DAEMON"; flags=("${OURS_EXTRA[@]}"); else bin="$REF"; flags=("${REF_EXTRA[@]}"); fi
+        # (start_daemon runs $DAEMON: here the column's)
+        local DAEMON="$DAEMON"
+        if [ "$col" = ours ]; then flags=("${OURS_EXTRA[@]}"); else DAEMON="$REF"; flags=("${REF_EXTRA[@]}"); fi
         rm -f "$sock"
-        echo "$bin --socket-path $sock --shared-dir $TREE --cache=$CACHE_MODE ${flags[*]}" > "$logs/daemon.cmd"
-        "$bin" --socket-path "$sock" --shared-dir "$TREE" "--cache=$CACHE_MODE" "${flags[@]}" \
-            >"$logs/daemon.log" 2>&1 </dev/null &
-        dpid=$!
-        track "$dpid"
-        for _ in $(seq 1 100); do
-            [ -S "$sock" ] && break
-            kill -0 "$dpid" 2>/dev/null || break
-            sleep 0.1
-        done
-        if [ ! -S "$sock" ]; then
+        echo "$DAEMON --socket-path $sock --shared-dir $TREE --cache=$CACHE_MODE ${flags[*]}" > "$logs/daemon.cmd"
+        start_daemon "$sock" "$TREE" "$logs/daemon.log" "--cache=$CACHE_MODE" "${flags[@]}"
+        dpid=$DPID
+        if ! wait_socket "$sock" "$dpid"; then
             bad_boot "round $r, $col: the daemon did not create its socket within 10 s; $logs/daemon.log:
 $(tail -n 10 "$logs/daemon.log")"
             reap "$dpid" 0

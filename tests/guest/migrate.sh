@@ -27,10 +27,13 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 . "$ROOT/tests/lib/report.sh"
 # shellcheck source=tests/lib/proc.sh
 . "$ROOT/tests/lib/proc.sh"
+# shellcheck source=tests/lib/daemon.sh
+. "$ROOT/tests/lib/daemon.sh"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests"
 KERNEL=6.12
 BUILD=1
+DAEMON=""
 KEEP=0
 ONLY=""
 while [ $# -gt 0 ]; do
@@ -62,11 +65,7 @@ unmount_all() {
 }
 at_exit unmount_all
 
-if [ "$BUILD" = 1 ]; then
-    (cd "$ROOT" && cargo build --release --bin virtiofsd) >"$OUT/migrate-build.log" 2>&1 \
-        || { result fail "cargo build --release" "$(tail -n 20 "$OUT/migrate-build.log")"; finish; }
-fi
-DAEMON="$ROOT/target/release/virtiofsd"
+prepare_daemon "$OUT/migrate-build.log"
 
 # The initramfs: busybox, /init, the suites, the dirhold helper.
 st="$WORK/initramfs"
@@ -115,13 +114,11 @@ wait_for() { # FILE PATTERN SECONDS
     return 0
 }
 
-start_daemon() { # NAME SHARE FLAGS...
+pair_daemon() { # NAME SHARE FLAGS...: a daemon on $DIR/NAME.sock, listening; LAST_PID
     local name="$1" share="$2"; shift 2
-    "$DAEMON" --socket-path "$DIR/$name.sock" --shared-dir "$share" "$@" \
-        >"$LOGS/daemon-$name.log" 2>&1 &
-    LAST_PID=$!
-    track "$LAST_PID"
-    for _ in $(seq 1 100); do [ -S "$DIR/$name.sock" ] && break; sleep 0.1; done
+    start_daemon "$DIR/$name.sock" "$share" "$LOGS/daemon-$name.log" "$@"
+    LAST_PID=$DPID
+    wait_socket "$DIR/$name.sock" "$DPID"
 }
 
 start_qemu() { # NAME EXTRA...
@@ -153,8 +150,8 @@ one() {
     local flags=(--cache "$cache" --migration-mode "$mode" --migration-on-error "$onerr" --log-level info)
     echo "# run $idx: $name"
     local dsrc ddst qsrc qdst
-    start_daemon src "$share" "${flags[@]}"; dsrc=$LAST_PID
-    start_daemon dst "$share" "${flags[@]}"; ddst=$LAST_PID
+    pair_daemon src "$share" "${flags[@]}"; dsrc=$LAST_PID
+    pair_daemon dst "$share" "${flags[@]}"; ddst=$LAST_PID
     start_qemu src; qsrc=$LAST_PID
     start_qemu dst -incoming "unix:$DIR/migration.sock"; qdst=$LAST_PID
     if ! wait_for "$LOGS/console-src.log" '^#MARK ready' 240; then

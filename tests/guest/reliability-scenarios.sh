@@ -370,8 +370,11 @@ scenario_fsync() {
     local -A dpid flags=([mnt]="--cache auto" [always]="--cache always" [wb]="--cache always --writeback")
     for m in $FS_MODES; do
         mkdir -p "$d/$m"
+        # shellcheck disable=SC2054,SC2034  # the commas belong to strace's -e; start_daemon reads it
+        DAEMON_PREFIX=(strace -f -qq -y -e trace=fsync,fdatasync,syncfs -o "$d/$m.strace")
         # shellcheck disable=SC2086
-        start_daemon "$d/$m.sock" "$d/$m" "$l/daemon-$m.log" --strace "$d/$m.strace" ${flags[$m]}
+        start_daemon "$d/$m.sock" "$d/$m" "$l/daemon-$m.log" ${flags[$m]}
+        DAEMON_PREFIX=()
         dpid[$m]=$DPID
     done
     for m in $FS_MODES; do

@@ -44,6 +44,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 . "$ROOT/tests/lib/report.sh"
 # shellcheck source=tests/lib/proc.sh
 . "$ROOT/tests/lib/proc.sh"
+# shellcheck source=tests/lib/daemon.sh
+. "$ROOT/tests/lib/daemon.sh"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests/reliability"
 
@@ -54,6 +56,7 @@ KERNEL=6.12
 ACCEL=tcg
 TIMEOUT=""
 BUILD=1
+DAEMON=""
 KEEP=0
 VERBOSE=0
 
@@ -114,14 +117,7 @@ if ! command -v qemu-system-x86_64 >/dev/null || [ ! -x /usr/bin/stress-ng ] || 
         finish
     fi
 fi
-if [ "$BUILD" = 1 ]; then
-    echo "# cargo build --release --bin virtiofsd"
-    if ! (cd "$ROOT" && cargo build --release --bin virtiofsd) >"$OUT/build.log" 2>&1; then
-        result fail "cargo build --release" "$(tail -n 30 "$OUT/build.log")"
-        finish
-    fi
-fi
-DAEMON="$ROOT/target/release/virtiofsd"
+prepare_daemon "$OUT/build.log"
 mkdir -p "$WORK/helpers"
 for src in "$HERE"/helpers/*.c; do
     name="$(basename "$src" .c)"
@@ -153,28 +149,8 @@ if [ "$ACCEL" = kvm ]; then ACCEL_ARGS=(-accel kvm -cpu host); else ACCEL_ARGS=(
 echo "# initramfs $(( $(stat -c %s "$INITRD") / 1048576 )) MiB; accelerator: ${ACCEL_ARGS[*]}; long=$LONG secs=$SECS"
 
 # --- daemon and guest --------------------------------------------------------------------------
-# start_daemon SOCK SHARE LOG [--strace FILE] FLAGS...: sets DPID (our child: the daemon, or
-# strace running it). The caller waits with wait_socket.
-start_daemon() {
-    local sock="$1" share="$2" log="$3"; shift 3
-    local pre=()
-    if [ "${1:-}" = --strace ]; then
-        # shellcheck disable=SC2054  # the commas belong to strace's -e
-        pre=(strace -f -qq -y -e trace=fsync,fdatasync,syncfs -o "$2"); shift 2
-    fi
-    "${pre[@]}" "$DAEMON" --socket-path "$sock" --shared-dir "$share" --log-level debug "$@" \
-        >"$log" 2>&1 &
-    DPID=$!
-    track "$DPID"
-}
-wait_socket() {
-    local _
-    for _ in $(seq 1 100); do
-        [ -S "$1" ] && return 0
-        sleep 0.05
-    done
-    return 1
-}
+# Every daemon logs each request (start_daemon, tests/lib/daemon.sh).
+DAEMON_ARGS=(--log-level debug)
 # serving_pid PID: the process that serves: with the default --sandbox=namespace, the child
 # of the supervising daemon (under strace one level further down).
 serving_pid() {

@@ -42,6 +42,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 . "$ROOT/tests/lib/report.sh"
 # shellcheck source=tests/lib/proc.sh
 . "$ROOT/tests/lib/proc.sh"
+# shellcheck source=tests/lib/daemon.sh
+. "$ROOT/tests/lib/daemon.sh"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests"
 
@@ -112,18 +114,7 @@ if [ "$need_install" = 1 ]; then
     fi
 fi
 
-if [ "$BUILD" = 1 ]; then
-    echo "# cargo build --release"
-    if ! (cd "$ROOT" && cargo build --release) >"$OUT/build.log" 2>&1; then
-        result fail "cargo build --release" "$(grep -E '^(error|warning: unused)' -A5 "$OUT/build.log" | head -n 40)"
-        finish
-    fi
-fi
-DAEMON="${DAEMON:-$ROOT/target/release/virtiofsd}"
-if [ ! -x "$DAEMON" ]; then
-    result fail "daemon binary exists" "$DAEMON is missing"
-    finish
-fi
+prepare_daemon "$OUT/build.log"
 
 # Static helpers for the guest.
 mkdir -p "$WORK/helpers"
@@ -392,16 +383,9 @@ boot() {
     [ "$suite" = readonly ] && fingerprint "$share" > "$dir/before.txt"
 
     echo "# boot: kernel $k, $bname (guest suite $suite), daemon flags: ${flags[*]}"
-    "$DAEMON" --socket-path "$sock" --shared-dir "$share" "${flags[@]}" --log-level debug \
-        >"$logs/daemon.log" 2>&1 &
-    local dpid=$!
-    track "$dpid"
-    for _ in $(seq 1 100); do
-        [ -S "$sock" ] && break
-        kill -0 "$dpid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if [ ! -S "$sock" ]; then
+    start_daemon "$sock" "$share" "$logs/daemon.log" "${flags[@]}" --log-level debug
+    local dpid=$DPID
+    if ! wait_socket "$sock" "$dpid"; then
         result fail "${prefix}daemon listens on its socket" "$(tail -n 20 "$logs/daemon.log")"
         reap "$dpid" 0
         return
@@ -510,14 +494,9 @@ boot_noshare() {
     rm -rf "$logs"; mkdir -p "$dir/share" "$logs"
     local sock="$dir/vfs.sock"
     echo "# boot: kernel $k, noshare (QEMU -m 256M without a shared memory backend)"
-    "$DAEMON" --socket-path "$sock" --shared-dir "$dir/share" >"$logs/daemon.log" 2>&1 &
-    local dpid=$!
-    track "$dpid"
-    for _ in $(seq 1 100); do
-        [ -S "$sock" ] && break
-        kill -0 "$dpid" 2>/dev/null || break
-        sleep 0.1
-    done
+    start_daemon "$sock" "$dir/share" "$logs/daemon.log"
+    local dpid=$DPID
+    wait_socket "$sock" "$dpid"
     qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m 256M -machine q35 -nodefaults -display none \
         -no-reboot -monitor none -serial "file:$logs/console.log" \
         -kernel "$CACHE/kernel-$k/vmlinuz" -initrd "$WORK/initramfs-$k.cpio" \

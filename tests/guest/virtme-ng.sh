@@ -41,6 +41,8 @@ USER_NAME=virtiofsd-rootless
 . "$ROOT/tests/lib/report.sh"
 # shellcheck source=tests/lib/proc.sh
 . "$ROOT/tests/lib/proc.sh"
+# shellcheck source=tests/lib/daemon.sh
+. "$ROOT/tests/lib/daemon.sh"
 DAEMON=""
 BUILD=1
 KEEP=0
@@ -124,12 +126,7 @@ if ! getent passwd "$USER_NAME" >/dev/null; then
         || { result fail "useradd $USER_NAME"; finish; }
 fi
 
-if [ "$BUILD" = 1 ]; then
-    (cd "$ROOT" && cargo build --release --bin virtiofsd) >"$OUT/build.log" 2>&1 \
-        || { result fail "cargo build --release" "$(tail -n 20 "$OUT/build.log")"; finish; }
-fi
-DAEMON="${DAEMON:-$ROOT/target/release/virtiofsd}"
-[ -x "$DAEMON" ] || { result fail "daemon binary exists" "$DAEMON is missing"; finish; }
+prepare_daemon "$OUT/build.log"
 
 # --- the work dir ------------------------------------------------------------------------------
 # At the top of the host's tree: vng overlays /etc, /lib, /home, /opt, /srv, /usr, /var and /tmp

@@ -22,7 +22,6 @@
 PIDS=()
 EXIT_COMMANDS=()
 WORK=""
-# shellcheck disable=SC2034 # REAPED is for the caller of reap
 REAPED=""
 
 track() { PIDS+=("$1"); }
@@ -51,6 +50,7 @@ kill_tracked() {
     return 0
 }
 
+# shellcheck disable=SC2034 # REAPED is for the caller
 reap() {
     local pid="$1" i
     for ((i = 0; i < $2 * 10; i++)); do

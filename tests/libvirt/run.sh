@@ -46,6 +46,8 @@ KERNEL_SERIES=6.12
 . "$ROOT/tests/lib/report.sh"
 # shellcheck source=tests/lib/proc.sh
 . "$ROOT/tests/lib/proc.sh"
+# shellcheck source=tests/lib/daemon.sh
+. "$ROOT/tests/lib/daemon.sh"
 
 DAEMON=""
 BUILD=1
@@ -179,19 +181,7 @@ fi
 echo "# libvirt $(dpkg-query -W -f='${Version}' libvirt-daemon-driver-qemu), QEMU $(dpkg-query -W -f='${Version}' qemu-system-x86)"
 
 # --- the daemon --------------------------------------------------------------------------------
-if [ "$BUILD" = 1 ]; then
-    echo "# cargo build --release --bin virtiofsd"
-    if ! (cd "$ROOT" && cargo build --release --bin virtiofsd) >"$OUT/build.log" 2>&1; then
-        result fail "cargo build --release --bin virtiofsd" "$(grep -E '^error' -A7 "$OUT/build.log" | head -n 40)"
-        finish
-    fi
-fi
-DAEMON="${DAEMON:-$ROOT/target/release/virtiofsd}"
-case "$DAEMON" in /*) ;; *) DAEMON="$(pwd)/$DAEMON" ;; esac
-if [ ! -x "$DAEMON" ]; then
-    result fail "daemon binary exists" "$DAEMON is missing or not executable"
-    finish
-fi
+prepare_daemon "$OUT/build.log"
 echo "# daemon: $DAEMON"
 
 # Newer libvirt releases run BINARY --print-capabilities and expect {"type":"fs", ...}; 9.0
