@@ -59,7 +59,7 @@
 #   --wait S         seconds to wait before a warm step (default 2; 0 runs them back to back)
 #   --kernel K       guest kernel: 6.12-generic (default; has 9p), 6.12 or 6.1 (the cloud kernels
 #                    of the guest tests; no 9p)
-#   --accel A        tcg (default) or kvm
+#   --accel A        tcg (default), kvm, or auto (KVM when a probe boot proves it works)
 #   --mem MIB        guest RAM in MiB (default 2048); --smp N guest CPUs (default 2)
 #   --timeout S      kill a guest still running after S seconds (default 1800)
 #   --tree DIR       where the host tree is generated (default /var/tmp/virtiofsd-guest-bench)
@@ -95,6 +95,8 @@ OUT="$ROOT/target/guest-bench"
 . "$ROOT/tests/lib/proc.sh"
 # shellcheck source=tests/lib/daemon.sh
 . "$ROOT/tests/lib/daemon.sh"
+# shellcheck source=tests/lib/accel.sh
+. "$ROOT/tests/lib/accel.sh"
 
 FILES=30000 DIRS=1000 SEED=1 CHURN=2000 BUILD_SOURCES=400 REQUESTS=0 ROUNDS=1 COLUMNS="ours,ref,9p,tmpfs" CACHE_MODES=always WAIT=2
 KERNEL=6.12-generic ACCEL=tcg MEM=2048 SMP=2 TIMEOUT=1800 TREE=/var/tmp/virtiofsd-guest-bench
@@ -145,11 +147,7 @@ if [ "$DIRS" -lt 1 ] || [ "$DIRS" -gt 100000 ]; then bad "--dirs must be 1..1000
 [ "$MEM" -ge 512 ] || bad "--mem must be at least 512 (MiB)"
 [ "$SMP" -ge 1 ] || bad "--smp must be at least 1"
 case "$KERNEL" in 6.12-generic|6.12|6.1) ;; *) bad "--kernel must be 6.12-generic, 6.12 or 6.1" ;; esac
-case "$ACCEL" in
-    tcg) ACCEL_ARGS=(-accel tcg -cpu max) ;;
-    kvm) ACCEL_ARGS=(-accel kvm -cpu host) ;;
-    *) bad "--accel must be tcg or kvm" ;;
-esac
+case "$ACCEL" in auto|tcg|kvm) ;; *) bad "--accel must be auto, tcg or kvm" ;; esac
 [ "$CACHE_MODES" = all ] && CACHE_MODES="never,metadata,auto,always"
 MODES=()
 for m in ${CACHE_MODES//,/ }; do
@@ -331,6 +329,10 @@ initramfs_modules "$ST" "$CACHE/kernel-$KERNEL"
 initramfs_binaries "$ST" "${GUEST_TOOLS[@]}" ||
     die "copying the GNU tools, make and tcc into the initramfs failed"
 initramfs_pack "$ST" "$WORK/initramfs.cpio" || die "packing the initramfs failed"
+choose_accel "$ACCEL" qemu-system-x86_64 "$CACHE/kernel-$KERNEL/vmlinuz" "$WORK/initramfs.cpio" \
+    bench_fs=probe '#GUEST kernel=' "$WORK/probe.log"
+[ -z "$ACCEL_NOTE" ] || say "--accel auto: $ACCEL_NOTE; using TCG"
+ACCEL="${ACCEL_ARGS[1]}"   # tcg or kvm, for the report
 
 # --- boots -------------------------------------------------------------------------------------
 TIMES="$OUT/times.tsv"

@@ -29,6 +29,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 . "$ROOT/tests/lib/proc.sh"
 # shellcheck source=tests/lib/daemon.sh
 . "$ROOT/tests/lib/daemon.sh"
+# shellcheck source=tests/lib/accel.sh
+. "$ROOT/tests/lib/accel.sh"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests"
 KERNEL=6.12
@@ -78,6 +80,9 @@ gcc -static -O2 -Wall -o "$st/helpers/dirhold" "$HERE/helpers/dirhold.c" \
 initramfs_modules "$st" "$CACHE/kernel-$KERNEL"
 initramfs_pack "$st" "$WORK/initramfs.cpio"
 
+# Both QEMUs run under TCG (as doc/migration.md says); there is no --accel here.
+choose_accel tcg
+
 # qmp SOCKET COMMAND [ARGS-JSON]: one QMP command; prints its "return" as JSON.
 qmp() {
     python3 - "$@" <<'PY'
@@ -123,7 +128,7 @@ pair_daemon() { # NAME SHARE FLAGS...: a daemon on $DIR/NAME.sock, listening; LA
 
 start_qemu() { # NAME EXTRA...
     local name="$1"; shift
-    qemu-system-x86_64 -accel tcg -cpu max -m 512M -smp 2 -machine q35 -nodefaults -display none \
+    qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m 512M -smp 2 -machine q35 -nodefaults -display none \
         -no-reboot -monitor none -serial "file:$LOGS/console-$name.log" \
         -kernel "$CACHE/kernel-$KERNEL/vmlinuz" -initrd "$WORK/initramfs.cpio" \
         -append "console=ttyS0 quiet panic=-1 init_on_alloc=0 init_on_free=0 guest_suite=migrate guest_migrate_error=$GUEST_ERROR" \

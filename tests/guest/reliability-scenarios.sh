@@ -368,13 +368,13 @@ scenario_fsync() {
     local d="$WORK/fsync" l="$OUT/fsync" m f
     declare -gA FS_SHA=()
     local -A dpid flags=([mnt]="--cache auto" [always]="--cache always" [wb]="--cache always --writeback")
+    local -a DAEMON_PREFIX   # each daemon runs under strace (start_daemon reads it)
     for m in $FS_MODES; do
         mkdir -p "$d/$m"
-        # shellcheck disable=SC2054,SC2034  # the commas belong to strace's -e; start_daemon reads it
+        # shellcheck disable=SC2054,SC2034  # the commas belong to strace's -e
         DAEMON_PREFIX=(strace -f -qq -y -e trace=fsync,fdatasync,syncfs -o "$d/$m.strace")
         # shellcheck disable=SC2086
         start_daemon "$d/$m.sock" "$d/$m" "$l/daemon-$m.log" ${flags[$m]}
-        DAEMON_PREFIX=()
         dpid[$m]=$DPID
     done
     for m in $FS_MODES; do

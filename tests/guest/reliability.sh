@@ -28,7 +28,7 @@
 #   --long            the long forms (minutes of load instead of seconds; more rounds)
 #   --secs N          stress-ng time per share (default 8, --long 120)
 #   --kernel 6.12|6.1 guest kernel (default 6.12)
-#   --accel tcg|kvm   (default tcg)
+#   --accel auto|tcg|kvm  (default tcg; auto: KVM when a probe boot proves it works)
 #   --timeout SECONDS per boot (default 300, --long 1800)
 #   --no-build        use the existing target/release/virtiofsd
 #   --keep            keep the work dir
@@ -46,6 +46,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 . "$ROOT/tests/lib/proc.sh"
 # shellcheck source=tests/lib/daemon.sh
 . "$ROOT/tests/lib/daemon.sh"
+# shellcheck source=tests/lib/accel.sh
+. "$ROOT/tests/lib/accel.sh"
 CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-tests/reliability"
 
@@ -77,6 +79,7 @@ while [ $# -gt 0 ]; do
         *) echo "reliability.sh: unknown option $1" >&2; usage 2 ;;
     esac
 done
+case "$ACCEL" in auto|tcg|kvm) ;; *) echo "reliability.sh: --accel takes auto, tcg or kvm" >&2; exit 2 ;; esac
 for s in $SCENARIOS; do
     case "$s" in
         load|full|kill-qemu|kill-qemu-activated|kill-daemon|host-change|fsync|reconnect) ;;
@@ -145,8 +148,9 @@ if ! initramfs_binaries "$st" /usr/bin/find /usr/bin/strace /usr/bin/stress-ng /
 fi
 initramfs_pack "$st" "$INITRD"
 rm -rf "$st"
-if [ "$ACCEL" = kvm ]; then ACCEL_ARGS=(-accel kvm -cpu host); else ACCEL_ARGS=(-accel tcg -cpu max); fi
-echo "# initramfs $(( $(stat -c %s "$INITRD") / 1048576 )) MiB; accelerator: ${ACCEL_ARGS[*]}; long=$LONG secs=$SECS"
+choose_accel "$ACCEL" qemu-system-x86_64 "$CACHE/kernel-$KERNEL/vmlinuz" "$INITRD" guest_suite=probe \
+    '#PROBE-OK' "$WORK/probe.log"
+echo "# initramfs $(( $(stat -c %s "$INITRD") / 1048576 )) MiB; accelerator: ${ACCEL_ARGS[*]}${ACCEL_NOTE:+ ($ACCEL_NOTE)}; long=$LONG secs=$SECS"
 
 # --- daemon and guest --------------------------------------------------------------------------
 # Every daemon logs each request (start_daemon, tests/lib/daemon.sh).

@@ -22,7 +22,8 @@
 #                                         the daemon must say guest memory is not shared
 #                             all = main,readonly,xattr,escape,always,noshare; full = all eight
 #   --timeout SECONDS       kill a guest that has not powered off after this long (default 300)
-#   --accel auto|tcg|kvm    auto (default) uses KVM only if a short probe boot proves it works
+#   --accel auto|tcg|kvm    auto (default) uses KVM only if a short probe boot proves it works;
+#                           kvm uses it without a probe
 #   --daemon PATH           test this binary instead of building target/release/virtiofsd
 #   --no-build              do not run cargo build (use the existing target/release/virtiofsd)
 #   --keep                  keep the work dir (shares, sockets, initramfs) for inspection
@@ -36,8 +37,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 # shellcheck source=tests/guest/initramfs.sh
 . "$HERE/initramfs.sh"
-# shellcheck source=tests/guest/kvm-probe.sh
-. "$HERE/kvm-probe.sh"
+# shellcheck source=tests/lib/accel.sh
+. "$ROOT/tests/lib/accel.sh"
 # shellcheck source=tests/lib/report.sh
 . "$ROOT/tests/lib/report.sh"
 # shellcheck source=tests/lib/proc.sh
@@ -83,6 +84,7 @@ SUITES="${SUITES//all/main readonly xattr escape always noshare}"
 for k in $KERNELS; do
     case "$k" in 6.12|6.1) ;; *) echo "run.sh: --kernel must be 6.12, 6.1 or all" >&2; exit 2 ;; esac
 done
+case "$ACCEL" in auto|tcg|kvm) ;; *) echo "run.sh: --accel takes auto, tcg or kvm" >&2; exit 2 ;; esac
 for s in $SUITES; do
     case "$s" in
         main|readonly|cache-never|writeback|xattr|escape|always|noshare) ;;
@@ -148,18 +150,10 @@ build_initramfs() {
 # --- accelerator -------------------------------------------------------------------------------
 first_kernel="${KERNELS%% *}"
 build_initramfs "$first_kernel" "$WORK/initramfs-$first_kernel.cpio"
-ACCEL_ARGS=(-accel tcg -cpu max)
-if [ "$ACCEL" = kvm ] || [ "$ACCEL" = auto ]; then
-    # A probe boot (tests/guest/kvm-probe.sh): KVM counts as working if the guest reaches
-    # userspace within 15 s.
-    if kvm_probe qemu-system-x86_64 "$CACHE/kernel-$first_kernel/vmlinuz" \
-            "$WORK/initramfs-$first_kernel.cpio" guest_suite=probe '#PROBE-OK' "$WORK/probe.log"; then
-        ACCEL_ARGS=(-accel kvm -cpu host)
-    elif [ "$ACCEL" = kvm ]; then
-        echo "# --accel kvm: the probe boot did not reach userspace; using TCG anyway"
-    fi
-fi
-echo "# accelerator: ${ACCEL_ARGS[*]}"
+# auto: KVM if a probe boot reaches userspace within 15 s (tests/lib/accel.sh)
+choose_accel "$ACCEL" qemu-system-x86_64 "$CACHE/kernel-$first_kernel/vmlinuz" \
+    "$WORK/initramfs-$first_kernel.cpio" guest_suite=probe '#PROBE-OK' "$WORK/probe.log"
+echo "# accelerator: ${ACCEL_ARGS[*]}${ACCEL_NOTE:+ ($ACCEL_NOTE)}"
 
 # --- the share ---------------------------------------------------------------------------------
 # prepare_share DIR: the fixtures the guest suites expect under /mnt/fixtures.
