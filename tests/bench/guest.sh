@@ -84,11 +84,7 @@ set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-GUEST="$ROOT/tests/guest"
-CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-bench"
-# shellcheck source=tests/guest/initramfs.sh
-. "$GUEST/initramfs.sh"
 # shellcheck source=tests/bench/reference.sh
 . "$HERE/reference.sh"
 # shellcheck source=tests/lib/proc.sh
@@ -97,6 +93,8 @@ OUT="$ROOT/target/guest-bench"
 . "$ROOT/tests/lib/daemon.sh"
 # shellcheck source=tests/lib/accel.sh
 . "$ROOT/tests/lib/accel.sh"
+# shellcheck source=tests/lib/guest.sh
+. "$ROOT/tests/lib/guest.sh"
 
 FILES=30000 DIRS=1000 SEED=1 CHURN=2000 BUILD_SOURCES=400 REQUESTS=0 ROUNDS=1 COLUMNS="ours,ref,9p,tmpfs" CACHE_MODES=always WAIT=2
 KERNEL=6.12-generic ACCEL=tcg MEM=2048 SMP=2 TIMEOUT=1800 TREE=/var/tmp/virtiofsd-guest-bench
@@ -187,18 +185,9 @@ die() { echo "guest.sh: $*" >&2; exit 1; }
 say() { echo "# $*" >&2; }
 
 # --- prerequisites -----------------------------------------------------------------------------
-need_install=0
-command -v qemu-system-x86_64 >/dev/null || need_install=1
-command -v cpio >/dev/null || need_install=1
-command -v gcc >/dev/null || need_install=1
-[ -x /usr/bin/tcc ] || need_install=1
-[ -x /usr/bin/make ] || need_install=1
-[ -x /usr/bin/git ] || need_install=1
-[ -x /bin/busybox ] || need_install=1
-[ -f "$CACHE/kernel-$KERNEL/.complete" ] || need_install=1
-if [ "$need_install" = 1 ]; then
+if [ -n "$(kit_missing "$KERNEL" /usr/bin/gcc /usr/bin/tcc /usr/bin/make /usr/bin/git /bin/busybox)" ]; then
     say "running tests/guest/install.sh (log: $OUT/install.log)"
-    GUEST_KERNELS="$KERNEL" VIRTIOFSD_GUEST_CACHE="$CACHE" "$GUEST/install.sh" >"$OUT/install.log" 2>&1 ||
+    install_kit "$OUT/install.log" "$KERNEL" ||
         die "tests/guest/install.sh failed; tail of $OUT/install.log:
 $(tail -n 20 "$OUT/install.log")"
 fi
@@ -345,6 +334,8 @@ rm -rf "$OUT"/r[0-9]*-* "$OUT"/{never,metadata,auto,always}-r[0-9]*-*
 # bad_boot MSG: a failure of the current boot (reported, counted; the run goes on)
 bad_boot() { echo "FAILED: $*" >&2; FAILED=$((FAILED + 1)); }
 
+show_time() { printf ' %s' "$1" >&2; }
+
 # boot ROUND COLUMN: one boot of COLUMN with --cache=$CACHE_MODE
 boot() {
     local r="$1" col="$2" logs="$OUT/$CACHE_MODE-r$1-$2" sock="$WORK/vfs.sock" dpid="" flags=()
@@ -352,7 +343,7 @@ boot() {
     [ "$col" = tmpfs ] && wants=BARE_WANT
     local -n want="$wants"
     mkdir -p "$logs"
-    local append="console=ttyS0 quiet panic=-1 bench_churn=$CHURN bench_build=$BUILD_SOURCES,$SEED bench_wait=$WAIT"
+    local append="bench_churn=$CHURN bench_build=$BUILD_SOURCES,$SEED bench_wait=$WAIT"
     [ "$REQUESTS" = 1 ] && append+=" bench_marks=1"
     local dev=()
     if [ "$col" != tmpfs ]; then
@@ -387,28 +378,13 @@ $(tail -n 10 "$logs/daemon.log")"
     fi
 
     local t0=$SECONDS
-    qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m "${MEM}M" -smp "$SMP" -machine q35 -nodefaults \
-        -display none -no-reboot -monitor none -serial "file:$logs/console.log" \
-        -kernel "$CACHE/kernel-$KERNEL/vmlinuz" -initrd "$WORK/initramfs.cpio" -append "$append" \
-        -object "memory-backend-memfd,id=mem,size=${MEM}M,share=on" -numa node,memdev=mem \
-        "${dev[@]}" >"$logs/qemu.log" 2>&1 </dev/null &
-    local qpid=$!
-    track "$qpid"
+    start_guest "$logs/console.log" "$logs/qemu.log" "$CACHE/kernel-$KERNEL/vmlinuz" \
+        "$WORK/initramfs.cpio" "${MEM}M" "$append" -smp "$SMP" "${dev[@]}"
     # wait for the guest to power off, showing each step's time as it comes
-    local timed_out=0 shown=0 times
     printf '# round %s/%s %s:' "$r" "$ROUNDS" "$col" >&2
-    while kill -0 "$qpid" 2>/dev/null; do
-        if [ $((SECONDS - t0)) -ge "$TIMEOUT" ]; then timed_out=1; break; fi
-        sleep 0.5
-        mapfile -t times < <(tr -d '\r' < "$logs/console.log" 2>/dev/null | sed -n 's/^#TIME \([^ ]*\) \([0-9.]*\)$/\1=\2/p')
-        while [ "$shown" -lt "${#times[@]}" ]; do
-            printf ' %s' "${times[$shown]}" >&2
-            shown=$((shown + 1))
-        done
-    done
-    # (killed when it timed out)
-    reap "$qpid" 0
-    local qrc="$REAPED"
+    watch_guest "$TIMEOUT" show_time "$logs/console.log" 's/^#TIME \([^ ]*\) \([0-9.]*\)$/\1=\2/p'
+    local qrc="$QRC" timed_out=0
+    [ "$qrc" = timeout ] && timed_out=1
     local secs=$((SECONDS - t0))
 
     if [ -n "$dpid" ]; then

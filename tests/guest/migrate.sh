@@ -21,8 +21,6 @@ set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-# shellcheck source=tests/guest/initramfs.sh
-. "$HERE/initramfs.sh"
 # shellcheck source=tests/lib/report.sh
 . "$ROOT/tests/lib/report.sh"
 # shellcheck source=tests/lib/proc.sh
@@ -31,7 +29,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 . "$ROOT/tests/lib/daemon.sh"
 # shellcheck source=tests/lib/accel.sh
 . "$ROOT/tests/lib/accel.sh"
-CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
+# shellcheck source=tests/lib/guest.sh
+. "$ROOT/tests/lib/guest.sh"
 OUT="$ROOT/target/guest-tests"
 KERNEL=6.12
 BUILD=1
@@ -50,15 +49,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ "$(id -u)" = 0 ] || { echo "migrate.sh: needs root" >&2; exit 2; }
-# QEMU, busybox and the guest kernel: installed on first use, as run.sh does.
-if ! command -v qemu-system-x86_64 >/dev/null || [ ! -f "$CACHE/kernel-$KERNEL/.complete" ]; then
-    mkdir -p "$ROOT/target/guest-tests"
-    GUEST_KERNELS="$KERNEL" VIRTIOFSD_GUEST_CACHE="$CACHE" "$HERE/install.sh" \
-        >"$ROOT/target/guest-tests/migrate-install.log" 2>&1 \
-        || { echo "migrate.sh: tests/guest/install.sh failed (target/guest-tests/migrate-install.log)" >&2; exit 1; }
-fi
-
 mkdir -p "$OUT"
+# QEMU, busybox and the guest kernel: installed on first use, as run.sh does.
+ensure_kit "$OUT/migrate-install.log" "$KERNEL"
 work_dir virtiofsd-migrate /tmp
 MOUNTS=()
 unmount_all() {
@@ -70,15 +63,8 @@ at_exit unmount_all
 prepare_daemon "$OUT/migrate-build.log"
 
 # The initramfs: busybox, /init, the suites, the dirhold helper.
-st="$WORK/initramfs"
-initramfs_skeleton "$st"
-mkdir -p "$st"/{tests,helpers}
-cp "$HERE/in-guest/init" "$st/init"; chmod 755 "$st/init"
-cp "$HERE"/in-guest/*.sh "$st/tests/"
-gcc -static -O2 -Wall -o "$st/helpers/dirhold" "$HERE/helpers/dirhold.c" \
-    || { result fail "compile dirhold"; finish; }
-initramfs_modules "$st" "$CACHE/kernel-$KERNEL"
-initramfs_pack "$st" "$WORK/initramfs.cpio"
+build_helpers "$WORK/helpers" dirhold
+kit_initramfs "$WORK/initramfs.cpio" "$KERNEL" "$WORK/helpers"
 
 # Both QEMUs run under TCG (as doc/migration.md says); there is no --accel here.
 choose_accel tcg
@@ -119,26 +105,20 @@ wait_for() { # FILE PATTERN SECONDS
     return 0
 }
 
-pair_daemon() { # NAME SHARE FLAGS...: a daemon on $DIR/NAME.sock, listening; LAST_PID
+pair_daemon() { # NAME SHARE FLAGS...: the daemon NAME (src, dst) on $DIR/NAME.sock, listening; DPID
     local name="$1" share="$2"; shift 2
     start_daemon "$DIR/$name.sock" "$share" "$LOGS/daemon-$name.log" "$@"
-    LAST_PID=$DPID
     wait_socket "$DIR/$name.sock" "$DPID"
 }
 
-start_qemu() { # NAME EXTRA...
+pair_qemu() { # NAME EXTRA...: the QEMU NAME (src, dst), its QMP on $DIR/qmp-NAME.sock; QPID
     local name="$1"; shift
-    qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m 512M -smp 2 -machine q35 -nodefaults -display none \
-        -no-reboot -monitor none -serial "file:$LOGS/console-$name.log" \
-        -kernel "$CACHE/kernel-$KERNEL/vmlinuz" -initrd "$WORK/initramfs.cpio" \
-        -append "console=ttyS0 quiet panic=-1 init_on_alloc=0 init_on_free=0 guest_suite=migrate guest_migrate_error=$GUEST_ERROR" \
-        -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
-        -chardev "socket,id=vfs,path=$DIR/$name.sock" \
+    start_guest "$LOGS/console-$name.log" "$LOGS/qemu-$name.log" "$CACHE/kernel-$KERNEL/vmlinuz" \
+        "$WORK/initramfs.cpio" 512M \
+        "init_on_alloc=0 init_on_free=0 guest_suite=migrate guest_migrate_error=$GUEST_ERROR" \
+        -smp 2 -chardev "socket,id=vfs,path=$DIR/$name.sock" \
         -device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues=2 \
-        -qmp "unix:$DIR/qmp-$name.sock,server=on,wait=off" \
-        "$@" >"$LOGS/qemu-$name.log" 2>&1 </dev/null &
-    LAST_PID=$!
-    track "$LAST_PID"
+        -qmp "unix:$DIR/qmp-$name.sock,server=on,wait=off" "$@"
 }
 
 # one RUN_INDEX MODE CACHE ON_ERROR
@@ -155,10 +135,10 @@ one() {
     local flags=(--cache "$cache" --migration-mode "$mode" --migration-on-error "$onerr" --log-level info)
     echo "# run $idx: $name"
     local dsrc ddst qsrc qdst
-    pair_daemon src "$share" "${flags[@]}"; dsrc=$LAST_PID
-    pair_daemon dst "$share" "${flags[@]}"; ddst=$LAST_PID
-    start_qemu src; qsrc=$LAST_PID
-    start_qemu dst -incoming "unix:$DIR/migration.sock"; qdst=$LAST_PID
+    pair_daemon src "$share" "${flags[@]}"; dsrc=$DPID
+    pair_daemon dst "$share" "${flags[@]}"; ddst=$DPID
+    pair_qemu src; qsrc=$QPID
+    pair_qemu dst -incoming "unix:$DIR/migration.sock"; qdst=$QPID
     if ! wait_for "$LOGS/console-src.log" '^#MARK ready' 240; then
         result fail "${p}guest reached the migration point" "$(tr -d '\r' < "$LOGS/console-src.log" | tail -n 20)"
         return
@@ -208,8 +188,8 @@ one() {
     check "${p}host: file made in a new directory after" "$(cat "$share/work/newdir/new.txt" 2>&1)" "new"
     check "${p}host: file removed after" "$([ -e "$share/work/dir/e0" ] && echo present || echo gone)" gone
     check "${p}host: the 8 MiB file" "$(sha256sum "$share/work/big" | cut -d' ' -f1)" \
-        "$(sed -n 's/^#DATA big_sha256 //p' "$LOGS/console-src.log" | tr -d '\r' | tail -n 1)"
-    echo "# reads during the migration: $(sed -n 's/^#DATA reads_during //p' "$c" | tr -d '\r')"
+        "$(data_of "$LOGS/console-src.log" big_sha256)"
+    echo "# reads during the migration: $(data_of "$c" reads_during)"
     umount -l "$share" 2>/dev/null
 }
 

@@ -38,8 +38,6 @@ set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-# shellcheck source=tests/guest/initramfs.sh
-. "$HERE/initramfs.sh"
 # shellcheck source=tests/lib/report.sh
 . "$ROOT/tests/lib/report.sh"
 # shellcheck source=tests/lib/proc.sh
@@ -48,7 +46,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 . "$ROOT/tests/lib/daemon.sh"
 # shellcheck source=tests/lib/accel.sh
 . "$ROOT/tests/lib/accel.sh"
-CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
+# shellcheck source=tests/lib/guest.sh
+. "$ROOT/tests/lib/guest.sh"
 OUT="$ROOT/target/guest-tests/reliability"
 
 SCENARIOS="load full kill-qemu kill-qemu-activated kill-daemon host-change fsync"
@@ -109,45 +108,19 @@ unmount_listed() {
 }
 at_exit unmount_listed
 
-data_of() { tr -d '\r' < "$1" | sed -n "s/^#DATA $2 //p" | tail -n 1; }
-
 # --- prerequisites -----------------------------------------------------------------------------
-if ! command -v qemu-system-x86_64 >/dev/null || [ ! -x /usr/bin/stress-ng ] || [ ! -x /usr/bin/fio ] \
-   || [ ! -x /usr/bin/strace ] || [ ! -f "$CACHE/kernel-$KERNEL/.complete" ]; then
-    echo "# running tests/guest/install.sh"
-    if ! GUEST_KERNELS="$KERNEL" "$HERE/install.sh" >"$OUT/install.log" 2>&1; then
-        result fail "install guest test prerequisites" "$(tail -n 20 "$OUT/install.log")"
-        finish
-    fi
-fi
+ensure_kit "$OUT/install.log" "$KERNEL" /usr/bin/stress-ng /usr/bin/fio /usr/bin/strace /usr/bin/find
 prepare_daemon "$OUT/build.log"
-mkdir -p "$WORK/helpers"
-for src in "$HERE"/helpers/*.c; do
-    name="$(basename "$src" .c)"
-    if ! gcc -static -O2 -Wall -o "$WORK/helpers/$name" "$src" 2>"$WORK/helpers/$name.err"; then
-        result fail "compile helper $name" "$(cat "$WORK/helpers/$name.err")"
-        finish
-    fi
-    rm -f "$WORK/helpers/$name.err"
-done
+build_helpers "$WORK/helpers"
 
 # The initramfs: the guest kit of run.sh plus Debian's stress-ng and fio (with their shared
 # libraries, about 95 MiB).
 INITRD="$WORK/initramfs.cpio"
-st="$WORK/initramfs"
-initramfs_skeleton "$st"
-mkdir -p "$st"/{tests,helpers}
-cp "$HERE/in-guest/init" "$st/init"
-chmod 755 "$st/init"
-cp "$HERE"/in-guest/*.sh "$st/tests/"
-cp "$WORK"/helpers/* "$st/helpers/"
-initramfs_modules "$st" "$CACHE/kernel-$KERNEL"
-if ! initramfs_binaries "$st" /usr/bin/find /usr/bin/strace /usr/bin/stress-ng /usr/bin/fio; then
+if ! kit_initramfs "$INITRD" "$KERNEL" "$WORK/helpers" \
+        /usr/bin/find /usr/bin/strace /usr/bin/stress-ng /usr/bin/fio; then
     result fail "guest kit: stress-ng and fio into the initramfs" "see above"
     finish
 fi
-initramfs_pack "$st" "$INITRD"
-rm -rf "$st"
 choose_accel "$ACCEL" qemu-system-x86_64 "$CACHE/kernel-$KERNEL/vmlinuz" "$INITRD" guest_suite=probe \
     '#PROBE-OK' "$WORK/probe.log"
 echo "# initramfs $(( $(stat -c %s "$INITRD") / 1048576 )) MiB; accelerator: ${ACCEL_ARGS[*]}${ACCEL_NOTE:+ ($ACCEL_NOTE)}; long=$LONG secs=$SECS"
@@ -185,37 +158,17 @@ start_qemu() {
         i=$((i + 1))
     done
     : > "$logs/console.log"
-    qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m 1536M -smp 2 -machine q35 -nodefaults -display none \
-        -no-reboot -monitor none -serial "file:$logs/console.log" \
-        -kernel "$CACHE/kernel-$KERNEL/vmlinuz" -initrd "$INITRD" \
-        -append "console=ttyS0 quiet panic=-1 guest_suite=$suite $extra" \
-        -object memory-backend-memfd,id=mem,size=1536M,share=on -numa node,memdev=mem \
-        "${devs[@]}" >"$logs/qemu.log" 2>&1 </dev/null &
-    QPID=$!
-    track "$QPID"
+    start_guest "$logs/console.log" "$logs/qemu.log" "$CACHE/kernel-$KERNEL/vmlinuz" "$INITRD" \
+        1536M "guest_suite=$suite $extra" -smp 2 "${devs[@]}"
 }
 
 # run_guest LOGDIR HANDLER: waits for QEMU to exit (or TIMEOUT), calling HANDLER MARK for each
 # "#MARK name" line of the console as it appears. Sets QRC (exit status, or "timeout").
 run_guest() {
-    local logs="$1" handler="$2" t0=$SECONDS seen=0 m marks
-    while kill -0 "$QPID" 2>/dev/null; do
-        if [ $((SECONDS - t0)) -ge "$TIMEOUT" ]; then
-            reap "$QPID" 0
-            QRC=timeout
-            return
-        fi
-        sleep 0.2
-        mapfile -t marks < <(tr -d '\r' < "$logs/console.log" | sed -n 's/^#MARK \([A-Za-z0-9_-]*\).*/\1/p')
-        while [ "$seen" -lt "${#marks[@]}" ]; do
-            m="${marks[$seen]}"
-            seen=$((seen + 1))
-            "$handler" "$m"
-        done
-    done
-    reap "$QPID" 0
-    QRC="$REAPED"
-    qemu_aborted "$logs"
+    local t0=$SECONDS
+    watch_guest "$TIMEOUT" "$2" "$1/console.log"
+    [ "$QRC" = timeout ] && return
+    qemu_aborted "$1"
     echo "# guest ran $((SECONDS - t0))s"
 }
 no_handler() { :; }

@@ -35,17 +35,16 @@ set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-# shellcheck source=tests/guest/initramfs.sh
-. "$HERE/initramfs.sh"
-# shellcheck source=tests/lib/accel.sh
-. "$ROOT/tests/lib/accel.sh"
 # shellcheck source=tests/lib/report.sh
 . "$ROOT/tests/lib/report.sh"
 # shellcheck source=tests/lib/proc.sh
 . "$ROOT/tests/lib/proc.sh"
 # shellcheck source=tests/lib/daemon.sh
 . "$ROOT/tests/lib/daemon.sh"
-CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
+# shellcheck source=tests/lib/accel.sh
+. "$ROOT/tests/lib/accel.sh"
+# shellcheck source=tests/lib/guest.sh
+. "$ROOT/tests/lib/guest.sh"
 OUT="$ROOT/target/guest-tests"
 
 KERNELS="6.12"
@@ -99,53 +98,18 @@ fi
 report_start "guest tests" "$OUT"
 work_dir virtiofsd-guest
 mkdir -p "$OUT"
-at_exit unmount_nofiletype
 
 # --- prerequisites -----------------------------------------------------------------------------
-need_install=0
-command -v qemu-system-x86_64 >/dev/null || need_install=1
-command -v cpio >/dev/null || need_install=1
-dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep 'install ok installed' >/dev/null || need_install=1
-[ -x /usr/bin/strace ] && [ -x /usr/bin/find ] || need_install=1   # GNU find + strace for the guest
-for k in $KERNELS; do [ -f "$CACHE/kernel-$k/.complete" ] || need_install=1; done
-if [ "$need_install" = 1 ]; then
-    echo "# running tests/guest/install.sh"
-    if ! GUEST_KERNELS="$KERNELS" VIRTIOFSD_GUEST_CACHE="$CACHE" "$HERE/install.sh" >"$OUT/install.log" 2>&1; then
-        result fail "install guest test prerequisites" "$(tail -n 20 "$OUT/install.log")"
-        finish
-    fi
-fi
-
+# GNU find and strace go into the guest (/usr/bin/find, /usr/bin/strace; busybox's find stays
+# the one on PATH).
+ensure_kit "$OUT/install.log" "$KERNELS" /usr/bin/find /usr/bin/strace
 prepare_daemon "$OUT/build.log"
 
-# Static helpers for the guest.
-mkdir -p "$WORK/helpers"
-for src in "$HERE"/helpers/*.c; do
-    name="$(basename "$src" .c)"
-    if ! gcc -static -O2 -Wall -o "$WORK/helpers/$name" "$src" 2>"$WORK/helpers/$name.err"; then
-        result fail "compile helper $name" "$(cat "$WORK/helpers/$name.err")"
-        finish
-    fi
-done
+# Static helpers for the guest (and getdents for the host).
+build_helpers "$WORK/helpers"
 
-# build_initramfs KERNEL OUTFILE: busybox, /init, the suites, the helpers, and the kernel's
-# fuse/virtiofs modules when they are not built in. An uncompressed newc cpio.
-build_initramfs() {
-    local k="$1" out="$2" st="$WORK/initramfs-$1"
-    initramfs_skeleton "$st"
-    mkdir -p "$st"/{tests,helpers}
-    cp "$HERE/in-guest/init" "$st/init"
-    chmod 755 "$st/init"
-    cp "$HERE"/in-guest/*.sh "$st/tests/"
-    cp "$WORK"/helpers/* "$st/helpers/"
-    rm -f "$st"/helpers/*.err
-    initramfs_modules "$st" "$CACHE/kernel-$k"
-    # GNU find and strace with their shared libraries and the loader at the host's paths; the
-    # guest calls them as /usr/bin/find and /usr/bin/strace (busybox's find stays the one on
-    # PATH).
-    initramfs_binaries "$st" /usr/bin/find /usr/bin/strace
-    initramfs_pack "$st" "$out"
-}
+# build_initramfs KERNEL OUTFILE: the kit's initramfs for KERNEL, with GNU find and strace.
+build_initramfs() { kit_initramfs "$2" "$1" "$WORK/helpers" /usr/bin/find /usr/bin/strace; }
 
 # --- accelerator -------------------------------------------------------------------------------
 first_kernel="${KERNELS%% *}"
@@ -301,6 +265,7 @@ unmount_nofiletype() {
     done
     NOFT_MOUNTS=()
 }
+at_exit unmount_nofiletype
 
 # prepare_tree DIR: 30,000 small files (f00..f29, 0-3 KiB) in 1,000 directories
 # (dNN/sN, 100 x 10) plus 10 symlinks (dNN/ln, NN < 10) for the find-without-stat tests of the
@@ -355,7 +320,16 @@ snapshot() {
     done > "$2"
 }
 
-data_of() { sed -n "s/^#DATA $2 //p" "$1" | tr -d '\r' | tail -n 1; }
+# boot_mark MARK (watch_guest's handler in boot, whose dpid, logs and share it uses): a
+# snapshot of the daemon's threads and descriptors, and how far its request log had got.
+boot_mark() {
+    snapshot "$dpid" "$logs/threads-$1.txt"
+    fds "$dpid" > "$logs/fds-$1.txt"
+    # how far the daemon's request log had got (requests between two marks)
+    wc -l < "$logs/daemon.log" > "$logs/loglines-$1.txt"
+    [ "$1" = host-delete ] && rm -f "$share/fixtures/host-deletes.txt"
+    return 0
+}
 
 # boot KERNEL NAME SUITE DAEMON_FLAGS...: one guest boot running the guest suite SUITE against
 # a fresh daemon and share
@@ -393,38 +367,15 @@ boot() {
         prev="$f"
     done
     local t0=$SECONDS
-    qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m 1G -smp 2 -machine q35 -nodefaults -display none \
-        -no-reboot -monitor none -serial "file:$logs/console.log" \
-        -kernel "$CACHE/kernel-$k/vmlinuz" -initrd "$WORK/initramfs-$k.cpio" \
-        -append "console=ttyS0 quiet panic=-1 guest_suite=$suite guest_cache=$gcache" \
-        -object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
+    start_guest "$logs/console.log" "$logs/qemu.log" "$CACHE/kernel-$k/vmlinuz" \
+        "$WORK/initramfs-$k.cpio" 1G "guest_suite=$suite guest_cache=$gcache" -smp 2 \
         -chardev "socket,id=vfs,path=$sock" \
-        -device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues=2 \
-        >"$logs/qemu.log" 2>&1 </dev/null &
-    local qpid=$!
-    track "$qpid"
+        -device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues=2
 
     # Wait for the guest to power off; take a snapshot of the daemon's threads at each #MARK.
-    local timed_out=0 marks_seen=0 m
-    while kill -0 "$qpid" 2>/dev/null; do
-        if [ $((SECONDS - t0)) -ge "$TIMEOUT" ]; then timed_out=1; break; fi
-        sleep 0.2
-        if [ -f "$logs/console.log" ]; then
-            mapfile -t marks < <(sed -n 's/^#MARK \([A-Za-z0-9_-]*\).*/\1/p' "$logs/console.log")
-            while [ "$marks_seen" -lt "${#marks[@]}" ]; do
-                m="${marks[$marks_seen]}"
-                snapshot "$dpid" "$logs/threads-$m.txt"
-                fds "$dpid" > "$logs/fds-$m.txt"
-                # how far the daemon's request log had got (requests between two marks)
-                wc -l < "$logs/daemon.log" > "$logs/loglines-$m.txt"
-                [ "$m" = host-delete ] && rm -f "$share/fixtures/host-deletes.txt"
-                marks_seen=$((marks_seen + 1))
-            done
-        fi
-    done
-    # (killed when it timed out)
-    reap "$qpid" 0
-    local qrc="$REAPED"
+    watch_guest "$TIMEOUT" boot_mark "$logs/console.log"
+    local qrc="$QRC" timed_out=0
+    [ "$qrc" = timeout ] && timed_out=1
     local secs=$((SECONDS - t0))
     echo "# boot took ${secs}s (QEMU exit status $qrc)"
 
@@ -491,14 +442,10 @@ boot_noshare() {
     start_daemon "$sock" "$dir/share" "$logs/daemon.log"
     local dpid=$DPID
     wait_socket "$sock" "$dpid"
-    qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m 256M -machine q35 -nodefaults -display none \
-        -no-reboot -monitor none -serial "file:$logs/console.log" \
-        -kernel "$CACHE/kernel-$k/vmlinuz" -initrd "$WORK/initramfs-$k.cpio" \
-        -append "console=ttyS0 quiet panic=-1 guest_suite=main" \
-        -chardev "socket,id=vfs,path=$sock" -device vhost-user-fs-pci,chardev=vfs,tag=share \
-        >"$logs/qemu.log" 2>&1 </dev/null &
-    local qpid=$! t0=$SECONDS drc
-    track "$qpid"
+    GUEST_SHARED_MEM=0 start_guest "$logs/console.log" "$logs/qemu.log" \
+        "$CACHE/kernel-$k/vmlinuz" "$WORK/initramfs-$k.cpio" 256M guest_suite=main \
+        -chardev "socket,id=vfs,path=$sock" -device vhost-user-fs-pci,chardev=vfs,tag=share
+    local qpid=$QPID t0=$SECONDS drc
     reap "$dpid" 60
     drc="$REAPED"
     [ "$drc" = running ] && drc="still running after 60 s (killed)"

@@ -33,7 +33,6 @@ set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 VNG_VERSION="${VIRTME_NG_VERSION:-1.42}"
 OUT="$ROOT/target/guest-tests/virtme-ng"
 USER_NAME=virtiofsd-rootless
@@ -43,6 +42,8 @@ USER_NAME=virtiofsd-rootless
 . "$ROOT/tests/lib/proc.sh"
 # shellcheck source=tests/lib/daemon.sh
 . "$ROOT/tests/lib/daemon.sh"
+# shellcheck source=tests/lib/guest.sh
+. "$ROOT/tests/lib/guest.sh"
 DAEMON=""
 BUILD=1
 KEEP=0
@@ -62,11 +63,7 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 
 # --- what vng needs ----------------------------------------------------------------------------
 export DEBIAN_FRONTEND=noninteractive
-if ! command -v qemu-system-x86_64 >/dev/null || [ ! -f "$CACHE/kernel-6.12/.complete" ] \
-   || ! dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed'; then
-    GUEST_KERNELS=6.12 VIRTIOFSD_GUEST_CACHE="$CACHE" "$HERE/install.sh" >"$OUT/install.log" 2>&1 \
-        || { result fail "tests/guest/install.sh" "$(tail -n 20 "$OUT/install.log")"; finish; }
-fi
+ensure_kit "$OUT/install.log" 6.12
 missing=()
 for p in python3-venv udev kmod file; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -39,7 +39,6 @@ set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/libvirt-tests"
 KERNEL_SERIES=6.12
 # shellcheck source=tests/lib/report.sh
@@ -48,6 +47,8 @@ KERNEL_SERIES=6.12
 . "$ROOT/tests/lib/proc.sh"
 # shellcheck source=tests/lib/daemon.sh
 . "$ROOT/tests/lib/daemon.sh"
+# shellcheck source=tests/lib/guest.sh
+. "$ROOT/tests/lib/guest.sh"
 
 DAEMON=""
 BUILD=1
@@ -141,19 +142,7 @@ at_exit stop_libvirt
 
 # --- prerequisites -----------------------------------------------------------------------------
 export DEBIAN_FRONTEND=noninteractive
-need_guest=0
-command -v qemu-system-x86_64 >/dev/null || need_guest=1
-command -v cpio >/dev/null || need_guest=1
-[ -x /bin/busybox ] && dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed' || need_guest=1
-[ -f "$CACHE/kernel-$KERNEL_SERIES/.complete" ] || need_guest=1
-if [ "$need_guest" = 1 ]; then
-    echo "# running tests/guest/install.sh (QEMU 10, busybox, the $KERNEL_SERIES kernel)"
-    if ! GUEST_KERNELS="$KERNEL_SERIES" VIRTIOFSD_GUEST_CACHE="$CACHE" "$ROOT/tests/guest/install.sh" \
-            >"$OUT/install.log" 2>&1; then
-        result fail "install guest prerequisites" "$(tail -n 20 "$OUT/install.log")"
-        finish
-    fi
-fi
+ensure_kit "$OUT/install.log" "$KERNEL_SERIES" /bin/busybox
 # libvirt: the QEMU driver, the daemon (libvirtd) and virsh. Not
 # libvirt-daemon-system: it pulls in systemd, iptables, polkit config and network setup.
 LV_PKGS="libvirt-daemon-driver-qemu libvirt-daemon libvirt-clients"
@@ -197,9 +186,7 @@ fi
 # --- guest: kernel and a tiny initramfs -----------------------------------------------------
 KERNEL="$CACHE/kernel-$KERNEL_SERIES/vmlinuz"
 st="$WORK/initramfs"
-mkdir -p "$st"/{bin,dev,proc,sys,mnt}
-cp /bin/busybox "$st/bin/busybox"
-ln -s busybox "$st/bin/sh"
+initramfs_skeleton "$st"
 cat >"$st/init" <<'EOF'
 #!/bin/sh
 /bin/busybox --install -s /bin
@@ -227,7 +214,7 @@ sync
 poweroff -f
 EOF
 chmod 755 "$st/init"
-(cd "$st" && find . -print0 | cpio --null -o -H newc --quiet) >"$WORK/initramfs.cpio"
+initramfs_pack "$st" "$WORK/initramfs.cpio"
 
 # --- libvirt -----------------------------------------------------------------------------------
 if pgrep -x libvirtd >/dev/null || pgrep -x virtqemud >/dev/null; then
