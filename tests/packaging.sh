@@ -19,7 +19,7 @@
 # Prints one "ok N name" / "not ok N name" line per check and a last line "N passed, N failed";
 # exits non-zero when a check failed.
 #
-# Usage: tests/packaging.sh [--no-build] [--no-install-tools] [--no-deb] [--no-libvirt] [-v]
+# Usage: tests/packaging.sh [--no-build] [--no-install-tools] [--no-deb] [--no-libvirt] [--keep] [-v]
 #   --no-build          use the existing release binary (install.sh --no-build); the .deb is
 #                       always built (in CARGO_TARGET_DIR/deb, default target/deb)
 #   --no-install-tools  do not apt-get install the missing tools (packages systemd, groff-base,
@@ -29,30 +29,22 @@
 #   --no-deb            leave out the Debian package
 #   --no-libvirt        leave out the libvirt boot with the installed package (it needs QEMU,
 #                       the guest kernel and libvirt: tests/libvirt/run.sh installs them)
+#   --keep              keep the work dir (the DESTDIR install, the .deb and its build log)
 #   -v, --verbose       also print the diagnostics of passing checks
 set -uo pipefail
 
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-# shellcheck source=tests/lib/report.sh
-. "$ROOT/tests/lib/report.sh"
-# shellcheck source=tests/lib/proc.sh
-. "$ROOT/tests/lib/proc.sh"
-# shellcheck source=tests/lib/daemon.sh
-. "$ROOT/tests/lib/daemon.sh"
-BUILD=1
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "$0")/lib/common.sh"
 TOOLS=1
 DEB=1
 LIBVIRT=1
-VERBOSE=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        --no-build) BUILD=0; shift ;;
         --no-install-tools) TOOLS=0; shift ;;
         --no-deb) DEB=0; shift ;;
         --no-libvirt) LIBVIRT=0; shift ;;
-        -v|--verbose) VERBOSE=1; shift ;;
-        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "packaging.sh: unknown option $1" >&2; exit 2 ;;
+        --daemon|--daemon=*) bad_usage "--daemon: this level installs the tree's own build" ;;
+        *) common_option "$@" || bad_usage "unknown option $1"; shift "$TAKEN" ;;
     esac
 done
 

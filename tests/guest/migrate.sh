@@ -13,42 +13,35 @@
 #   file-handles --cache=auto    --migration-on-error=abort
 #   file-handles --cache=always  --migration-on-error=abort
 #
-# Usage: tests/guest/migrate.sh [--kernel 6.12|6.1] [--no-build] [--keep] [--only N]
+# Usage: tests/guest/migrate.sh [options]
+#   --kernel 6.12|6.1  guest kernel (default 6.12)
+#   --only N           only run N (1 to 4, in the order above)
+#   --daemon PATH      test this binary instead of building target/release/virtiofsd
+#   --no-build         do not run cargo build (use the existing target/release/virtiofsd)
+#   --keep             keep the work dir
+#   -v, --verbose      also print the diagnostics of passing tests
 # Prints "ok N name" / "not ok N name" lines and "N passed, N failed"; exits non-zero when a
-# check failed. Logs (consoles, daemons, QEMUs) in target/guest-tests/migrate-*. Needs root and
-# tests/guest/install.sh's packages (run.sh or guest-run.sh installs them).
+# check failed. Logs (consoles, daemons, QEMUs) in target/guest-tests/migrate-*. Needs root; runs
+# tests/guest/install.sh when QEMU, busybox or the guest kernel is missing.
 set -uo pipefail
 
-HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-# shellcheck source=tests/lib/report.sh
-. "$ROOT/tests/lib/report.sh"
-# shellcheck source=tests/lib/proc.sh
-. "$ROOT/tests/lib/proc.sh"
-# shellcheck source=tests/lib/daemon.sh
-. "$ROOT/tests/lib/daemon.sh"
-# shellcheck source=tests/lib/accel.sh
-. "$ROOT/tests/lib/accel.sh"
-# shellcheck source=tests/lib/guest.sh
-. "$ROOT/tests/lib/guest.sh"
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "$0")/../lib/common.sh"
 OUT="$ROOT/target/guest-tests"
 KERNEL=6.12
-BUILD=1
-DAEMON=""
-KEEP=0
 ONLY=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --kernel) KERNEL="$2"; shift 2 ;;
         --kernel=*) KERNEL="${1#*=}"; shift ;;
-        --no-build) BUILD=0; shift ;;
-        --keep) KEEP=1; shift ;;
         --only) ONLY="$2"; shift 2 ;;
-        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "migrate.sh: unknown option $1 (expected --kernel, --no-build, --keep, --only)" >&2; exit 2 ;;
+        --only=*) ONLY="${1#*=}"; shift ;;
+        *) common_option "$@" || bad_usage "unknown option $1"; shift "$TAKEN" ;;
     esac
 done
-[ "$(id -u)" = 0 ] || { echo "migrate.sh: needs root" >&2; exit 2; }
+case "$KERNEL" in 6.12|6.1) ;; *) bad_usage "--kernel must be 6.12 or 6.1" ;; esac
+case "$ONLY" in ""|[1-4]) ;; *) bad_usage "--only takes a run's number, 1 to 4" ;; esac
+need_root "the daemons create files as the guest's callers; the shares are tmpfs mounts"
 mkdir -p "$OUT"
 # QEMU, busybox and the guest kernel: installed on first use, as run.sh does.
 ensure_kit "$OUT/migrate-install.log" "$KERNEL"

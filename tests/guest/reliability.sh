@@ -26,28 +26,19 @@
 #                       reconnect    (not in the default list) a measurement: QEMU's chardev
 #                                    reconnect-ms with a restarted daemon; does the guest resume?
 #   --long            the long forms (minutes of load instead of seconds; more rounds)
-#   --secs N          stress-ng time per share (default 8, --long 120)
+#   --secs N          stress-ng time per share (default 6, --long 120)
 #   --kernel 6.12|6.1 guest kernel (default 6.12)
 #   --accel auto|tcg|kvm  (default tcg; auto: KVM when a probe boot proves it works)
 #   --timeout SECONDS per boot (default 300, --long 1800)
+#   --daemon PATH     test this binary instead of building target/release/virtiofsd
 #   --no-build        use the existing target/release/virtiofsd
 #   --keep            keep the work dir
 #   -v, --verbose     also print the diagnostics of passing tests
 # Logs of every boot are kept in target/guest-tests/reliability/. Needs root.
 set -uo pipefail
 
-HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-# shellcheck source=tests/lib/report.sh
-. "$ROOT/tests/lib/report.sh"
-# shellcheck source=tests/lib/proc.sh
-. "$ROOT/tests/lib/proc.sh"
-# shellcheck source=tests/lib/daemon.sh
-. "$ROOT/tests/lib/daemon.sh"
-# shellcheck source=tests/lib/accel.sh
-. "$ROOT/tests/lib/accel.sh"
-# shellcheck source=tests/lib/guest.sh
-. "$ROOT/tests/lib/guest.sh"
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "$0")/../lib/common.sh"
 OUT="$ROOT/target/guest-tests/reliability"
 
 SCENARIOS="load full kill-qemu kill-qemu-activated kill-daemon host-change fsync"
@@ -56,12 +47,6 @@ SECS=""
 KERNEL=6.12
 ACCEL=tcg
 TIMEOUT=""
-BUILD=1
-DAEMON=""
-KEEP=0
-VERBOSE=0
-
-usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --scenario) SCENARIOS="${2//,/ }"; shift 2 ;;
@@ -71,18 +56,14 @@ while [ $# -gt 0 ]; do
         --kernel) KERNEL="$2"; shift 2 ;;
         --accel) ACCEL="$2"; shift 2 ;;
         --timeout) TIMEOUT="$2"; shift 2 ;;
-        --no-build) BUILD=0; shift ;;
-        --keep) KEEP=1; shift ;;
-        -v|--verbose) VERBOSE=1; shift ;;
-        -h|--help) usage 0 ;;
-        *) echo "reliability.sh: unknown option $1" >&2; usage 2 ;;
+        *) common_option "$@" || bad_usage "unknown option $1"; shift "$TAKEN" ;;
     esac
 done
-case "$ACCEL" in auto|tcg|kvm) ;; *) echo "reliability.sh: --accel takes auto, tcg or kvm" >&2; exit 2 ;; esac
+case "$ACCEL" in auto|tcg|kvm) ;; *) bad_usage "--accel takes auto, tcg or kvm" ;; esac
 for s in $SCENARIOS; do
     case "$s" in
         load|full|kill-qemu|kill-qemu-activated|kill-daemon|host-change|fsync|reconnect) ;;
-        *) echo "reliability.sh: unknown scenario $s" >&2; exit 2 ;;
+        *) bad_usage "unknown scenario $s" ;;
     esac
 done
 # shellcheck disable=SC2034  # FIO_MB and ROUNDS are read by reliability-scenarios.sh
@@ -91,10 +72,7 @@ if [ "$LONG" = 1 ]; then
 else
     SECS="${SECS:-6}"; TIMEOUT="${TIMEOUT:-300}"; FIO_MB=16; ROUNDS=3
 fi
-if [ "$(id -u)" -ne 0 ]; then
-    echo "reliability.sh: must run as root" >&2
-    exit 2
-fi
+need_root "the daemons create files as the guest's callers; loop mounts"
 
 report_start "reliability tests" "$OUT"
 work_dir virtiofsd-rel
@@ -238,7 +216,7 @@ scen_dir() {
 }
 
 # shellcheck source=tests/guest/reliability-scenarios.sh
-. "$HERE/reliability-scenarios.sh"
+. "$ROOT/tests/guest/reliability-scenarios.sh"
 
 for s in $SCENARIOS; do
     t0=$SECONDS

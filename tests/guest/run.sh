@@ -33,30 +33,14 @@
 # and kernels; it runs install.sh itself when something is missing.
 set -uo pipefail
 
-HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-# shellcheck source=tests/lib/report.sh
-. "$ROOT/tests/lib/report.sh"
-# shellcheck source=tests/lib/proc.sh
-. "$ROOT/tests/lib/proc.sh"
-# shellcheck source=tests/lib/daemon.sh
-. "$ROOT/tests/lib/daemon.sh"
-# shellcheck source=tests/lib/accel.sh
-. "$ROOT/tests/lib/accel.sh"
-# shellcheck source=tests/lib/guest.sh
-. "$ROOT/tests/lib/guest.sh"
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "$0")/../lib/common.sh"
 OUT="$ROOT/target/guest-tests"
 
 KERNELS="6.12"
 SUITES="main readonly xattr escape always"
 TIMEOUT=300
 ACCEL=auto
-DAEMON=""
-BUILD=1
-KEEP=0
-VERBOSE=0
-
-usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --kernel) KERNELS="$2"; shift 2 ;;
@@ -67,13 +51,7 @@ while [ $# -gt 0 ]; do
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
         --accel) ACCEL="$2"; shift 2 ;;
         --accel=*) ACCEL="${1#*=}"; shift ;;
-        --daemon) DAEMON="$2"; BUILD=0; shift 2 ;;
-        --daemon=*) DAEMON="${1#*=}"; BUILD=0; shift ;;
-        --no-build) BUILD=0; shift ;;
-        --keep) KEEP=1; shift ;;
-        -v|--verbose) VERBOSE=1; shift ;;
-        -h|--help) usage 0 ;;
-        *) echo "run.sh: unknown option $1" >&2; usage 2 ;;
+        *) common_option "$@" || bad_usage "unknown option $1"; shift "$TAKEN" ;;
     esac
 done
 [ "$KERNELS" = all ] && KERNELS="6.12 6.1"
@@ -81,19 +59,16 @@ SUITES="${SUITES//,/ }"
 SUITES="${SUITES//full/main readonly cache-never writeback xattr escape always noshare}"
 SUITES="${SUITES//all/main readonly xattr escape always noshare}"
 for k in $KERNELS; do
-    case "$k" in 6.12|6.1) ;; *) echo "run.sh: --kernel must be 6.12, 6.1 or all" >&2; exit 2 ;; esac
+    case "$k" in 6.12|6.1) ;; *) bad_usage "--kernel must be 6.12, 6.1 or all" ;; esac
 done
-case "$ACCEL" in auto|tcg|kvm) ;; *) echo "run.sh: --accel takes auto, tcg or kvm" >&2; exit 2 ;; esac
+case "$ACCEL" in auto|tcg|kvm) ;; *) bad_usage "--accel takes auto, tcg or kvm" ;; esac
 for s in $SUITES; do
     case "$s" in
         main|readonly|cache-never|writeback|xattr|escape|always|noshare) ;;
-        *) echo "run.sh: --suite takes main, readonly, cache-never, writeback, xattr, escape, always, noshare, all or full" >&2; exit 2 ;;
+        *) bad_usage "--suite takes main, readonly, cache-never, writeback, xattr, escape, always, noshare, all or full" ;;
     esac
 done
-if [ "$(id -u)" -ne 0 ]; then
-    echo "run.sh: must run as root (the daemon has to chown and mknod for the guest)" >&2
-    exit 2
-fi
+need_root "the daemon has to chown and mknod for the guest"
 
 report_start "guest tests" "$OUT"
 work_dir virtiofsd-guest

@@ -22,42 +22,26 @@
 # for its writable overlays of /etc, /tmp, ...) unpacked in the cache dir; the test user
 # virtiofsd-rootless (the one tests/rootless.rs makes).
 #
-# Usage: tests/guest/virtme-ng.sh [--daemon PATH] [--no-build] [--keep]
+# Usage: tests/guest/virtme-ng.sh [options]
 #   --daemon PATH   test this binary instead of building target/release/virtiofsd
 #   --no-build      do not run cargo build (use the existing target/release/virtiofsd)
 #   --keep          keep the work dir (/virtiofsd-vng.*) for inspection
+#   -v, --verbose   also print the diagnostics of passing checks
 # Env: VIRTME_NG_VERSION (default 1.42), VIRTIOFSD_GUEST_CACHE (default /var/cache/virtiofsd-guest)
 # Prints "ok N name" / "not ok N name" lines and "N passed, N failed"; exits non-zero when a
 # check failed. Logs in target/guest-tests/virtme-ng/. Needs root (apt, the test user).
 set -uo pipefail
 
-HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "$0")/../lib/common.sh"
 VNG_VERSION="${VIRTME_NG_VERSION:-1.42}"
 OUT="$ROOT/target/guest-tests/virtme-ng"
 USER_NAME=virtiofsd-rootless
-# shellcheck source=tests/lib/report.sh
-. "$ROOT/tests/lib/report.sh"
-# shellcheck source=tests/lib/proc.sh
-. "$ROOT/tests/lib/proc.sh"
-# shellcheck source=tests/lib/daemon.sh
-. "$ROOT/tests/lib/daemon.sh"
-# shellcheck source=tests/lib/guest.sh
-. "$ROOT/tests/lib/guest.sh"
-DAEMON=""
-BUILD=1
-KEEP=0
 while [ $# -gt 0 ]; do
-    case "$1" in
-        --daemon) DAEMON="$2"; BUILD=0; shift 2 ;;
-        --daemon=*) DAEMON="${1#*=}"; BUILD=0; shift ;;
-        --no-build) BUILD=0; shift ;;
-        --keep) KEEP=1; shift ;;
-        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "virtme-ng.sh: unknown option $1 (expected --daemon PATH, --no-build, --keep)" >&2; exit 2 ;;
-    esac
+    common_option "$@" || bad_usage "unknown option $1"
+    shift "$TAKEN"
 done
-[ "$(id -u)" = 0 ] || { echo "virtme-ng.sh: needs root (apt, a test user)" >&2; exit 2; }
+need_root "apt, a test user"
 report_start "virtme-ng stage" "$OUT"
 rm -rf "$OUT" && mkdir -p "$OUT"
 

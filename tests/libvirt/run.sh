@@ -37,35 +37,18 @@
 # dir), and stopped at exit. No virtlogd: qemu.conf says stdio_handler = "file".
 set -uo pipefail
 
-HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "$0")/../lib/common.sh"
 OUT="$ROOT/target/libvirt-tests"
 KERNEL_SERIES=6.12
-# shellcheck source=tests/lib/report.sh
-. "$ROOT/tests/lib/report.sh"
-# shellcheck source=tests/lib/proc.sh
-. "$ROOT/tests/lib/proc.sh"
-# shellcheck source=tests/lib/daemon.sh
-. "$ROOT/tests/lib/daemon.sh"
-# shellcheck source=tests/lib/guest.sh
-. "$ROOT/tests/lib/guest.sh"
 
-DAEMON=""
-BUILD=1
 WRAP=1
 DESCRIPTOR=""
 TIMEOUT=180
 BOOTS=all
 LIBVIRT_SUITE=""
-KEEP=0
-VERBOSE=0
-
-usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case "$1" in
-        --daemon) DAEMON="$2"; BUILD=0; shift 2 ;;
-        --daemon=*) DAEMON="${1#*=}"; BUILD=0; shift ;;
-        --no-build) BUILD=0; shift ;;
         --no-wrap) WRAP=0; shift ;;
         --descriptor) DESCRIPTOR="$2"; shift 2 ;;
         --descriptor=*) DESCRIPTOR="${1#*=}"; shift ;;
@@ -75,26 +58,20 @@ while [ $# -gt 0 ]; do
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
         --libvirt-suite) LIBVIRT_SUITE="$2"; shift 2 ;;
         --libvirt-suite=*) LIBVIRT_SUITE="${1#*=}"; shift ;;
-        --keep) KEEP=1; shift ;;
-        -v|--verbose) VERBOSE=1; shift ;;
-        -h|--help) usage 0 ;;
-        *) echo "run.sh: unknown option $1" >&2; usage 2 ;;
+        *) common_option "$@" || bad_usage "unknown option $1"; shift "$TAKEN" ;;
     esac
 done
 if [ -n "$DESCRIPTOR" ]; then
-    [ -z "$DAEMON" ] || { echo "run.sh: --descriptor and --daemon exclude each other" >&2; exit 2; }
-    case "$DESCRIPTOR" in /*) ;; *) echo "run.sh: --descriptor takes an absolute path" >&2; exit 2 ;; esac
+    [ -z "$DAEMON" ] || bad_usage "--descriptor and --daemon exclude each other"
+    case "$DESCRIPTOR" in /*) ;; *) bad_usage "--descriptor takes an absolute path" ;; esac
     DAEMON="$DESCRIPTOR"; BUILD=0; WRAP=0
 fi
 [ "$BOOTS" = all ] && BOOTS="plain,options"
 BOOTS="${BOOTS//,/ }"
 for b in $BOOTS; do
-    case "$b" in plain|options) ;; *) echo "run.sh: --boot takes plain, options or all" >&2; exit 2 ;; esac
+    case "$b" in plain|options) ;; *) bad_usage "--boot takes plain, options or all" ;; esac
 done
-if [ "$(id -u)" -ne 0 ]; then
-    echo "run.sh: must run as root (system libvirtd; libvirt runs virtiofsd as root)" >&2
-    exit 2
-fi
+need_root "system libvirtd; libvirt runs virtiofsd as root"
 
 report_start "libvirt check" "$OUT"
 mkdir -p "$OUT"
