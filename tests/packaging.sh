@@ -430,7 +430,8 @@ build_deb() {
             >"$DEBS/build.log" 2>&1; then
         tail -n 30 "$DEBS/build.log"; return 1
     fi
-    local deb="$DEBS/${PKG}_$(cd "$src" && dpkg-parsechangelog -S Version)_${ARCH}.deb"
+    local deb
+    deb="$DEBS/${PKG}_$(cd "$src" && dpkg-parsechangelog -S Version)_${ARCH}.deb"
     [ -f "$deb" ] || { echo "no $deb:"; ls "$DEBS"; return 1; }
     out="$(dpkg-deb -f "$deb" Package Version Architecture Provides Conflicts Replaces)"
     echo "$out"

@@ -767,6 +767,7 @@ host_checks_escape() {
         "character special file 1:1, block special file 8:0, fifo" "type major:minor"
     check "${prefix}hard link to a symlink pointing out is that symlink" \
         "$(host_stat %F "$e/hl-abs") -> $(readlink "$e/hl-abs" 2>&1)" "symbolic link -> $c/secret" "type -> target"
+    # shellcheck disable=SC2010 # the names here are the test's own, plain ones
     check "${prefix}no file appeared next to the share" \
         "$(cd "$dir" && ls -A | grep -vxE 'share|canary|canary-(before|after).txt|vfs.sock' | tr '\n' ' ')" "" "unexpected entries"
 }
