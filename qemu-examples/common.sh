@@ -23,8 +23,10 @@
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TREE="$(cd "$HERE/.." && pwd)"
 KIT_KERNEL=/var/cache/virtiofsd-guest/kernel-6.12/vmlinuz
-# shellcheck source=tests/guest/kvm-probe.sh
-. "$TREE/tests/guest/kvm-probe.sh"
+# shellcheck source=tests/lib/accel.sh
+. "$TREE/tests/lib/accel.sh"
+# shellcheck source=tests/lib/daemon.sh
+. "$TREE/tests/lib/daemon.sh"
 
 die() { echo "${0##*/}: $*" >&2; exit 1; }
 
@@ -78,43 +80,34 @@ start_virtiofsd() {
     "$VIRTIOFSD" --socket-path="$SOCKET" --shared-dir="$dir" "$@" "${extra[@]}" \
         2>"$DAEMON_LOG" &
     DAEMON_PID=$!
-    local _
-    for _ in $(seq 1 100); do
-        [ -S "$SOCKET" ] && return 0
-        kill -0 "$DAEMON_PID" 2>/dev/null || break
-        sleep 0.05
-    done
+    wait_socket "$SOCKET" "$DAEMON_PID" && return 0
     cat "$DAEMON_LOG" >&2
     die "virtiofsd did not start listening on $SOCKET"
 }
 
-# kvm_works: with ACCEL=auto, whether a probe boot under KVM reaches the demo initramfs (the
-# kernel: KERNEL, else the kit's; with neither, KVM is not tried).
-kvm_works() {
-    local kernel="${KERNEL:-$KIT_KERNEL}" initrd="$WORKDIR/probe.cpio"
+# probe_ready KERNEL: with ACCEL=auto, whether a probe boot under KVM can be tried: /dev/kvm is
+# there, KERNEL (KERNEL, else the kit's) too, and the demo initramfs is built for it.
+probe_ready() {
     [ -r /dev/kvm ] && [ -w /dev/kvm ] || return 1
-    if [ ! -r "$kernel" ]; then
-        echo "ACCEL=auto: no kernel to probe KVM with ($kernel); using TCG (ACCEL=kvm forces KVM)" >&2
+    if [ ! -r "$1" ]; then
+        echo "ACCEL=auto: no kernel to probe KVM with ($1); using TCG (ACCEL=kvm forces KVM)" >&2
         return 1
     fi
-    "$HERE/mkinitramfs.sh" "$initrd" >/dev/null || return 1
-    if kvm_probe "$QEMU" "$kernel" "$initrd" vfs_probe=1 '#VFS-PROBE-OK' "$WORKDIR/probe.log"; then
-        return 0
-    fi
-    echo "ACCEL=auto: a guest did not boot under KVM here ($(tail -n 1 "$WORKDIR/probe.log.qemu" 2>/dev/null)); using TCG" >&2
-    return 1
+    "$HERE/mkinitramfs.sh" "$WORKDIR/probe.cpio" >/dev/null
 }
 
-# Sets QEMU_COMMON: accelerator, machine, console, and what to boot.
+# Sets QEMU_COMMON: accelerator (tests/lib/accel.sh), machine, console, and what to boot.
 qemu_common() {
-    local accel=(-accel tcg -cpu max)
-    case "$ACCEL" in
-        kvm) accel=(-accel kvm -cpu host) ;;
-        tcg) ;;
-        auto) if kvm_works; then accel=(-accel kvm -cpu host); fi ;;
+    local mode="$ACCEL" kernel="${KERNEL:-$KIT_KERNEL}"
+    case "$mode" in
+        kvm|tcg) ;;
+        auto) probe_ready "$kernel" || mode=tcg ;;
         *) die "ACCEL must be kvm, tcg or auto" ;;
     esac
-    QEMU_COMMON=("${accel[@]}" -machine q35 -m "$MEM" -nodefaults -display none
+    choose_accel "$mode" "$QEMU" "$kernel" "$WORKDIR/probe.cpio" vfs_probe=1 '#VFS-PROBE-OK' \
+        "$WORKDIR/probe.log"
+    [ -z "$ACCEL_NOTE" ] || echo "ACCEL=auto: $ACCEL_NOTE; using TCG" >&2
+    QEMU_COMMON=("${ACCEL_ARGS[@]}" -machine q35 -m "$MEM" -nodefaults -display none
         -serial mon:stdio -no-reboot)
     if [ -n "${DISK:-}" ]; then
         QEMU_COMMON+=(-drive "file=$DISK,if=virtio")

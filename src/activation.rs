@@ -20,13 +20,53 @@
 
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
+
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use nix::sys::socket::{getsockname, getsockopt, sockopt, AddressFamily, SockType};
+use nix::sys::socket::{SockaddrLike, SockaddrStorage};
 
 /// The first descriptor the service manager passes (`SD_LISTEN_FDS_START` in `sd-daemon.h`).
 pub const SD_LISTEN_FDS_START: RawFd = 3;
 
 /// The environment variables of the protocol; all of them are unset after reading.
 const LISTEN_VARS: [&str; 3] = ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"];
+
+/// Why the socket the service manager passed cannot be served. Every message starts with
+/// `socket activation:` and names the variable or the descriptor.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("socket activation: LISTEN_PID={0}: expected a process id")]
+    Pid(String),
+    #[error("socket activation: LISTEN_FDS={0}: expected a number of descriptors")]
+    FdCount(String),
+    #[error(
+        "socket activation: LISTEN_FDS={0}: virtiofsd serves exactly one socket; give the \
+         socket unit a single ListenStream= (one unit per shared directory)"
+    )]
+    Several(u32),
+    /// The descriptor cannot be inspected or marked close-on-exec (not a socket, not open).
+    #[error("socket activation: descriptor {fd}")]
+    Descriptor {
+        fd: RawFd,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "socket activation: descriptor {fd} is not a unix socket (address family {family}); \
+         use ListenStream=/path/to/socket"
+    )]
+    NotUnix { fd: RawFd, family: String },
+    #[error(
+        "socket activation: descriptor {fd} is not a stream socket (type {kind}); \
+         use ListenStream=, not ListenDatagram= or ListenSequentialPacket="
+    )]
+    NotStream { fd: RawFd, kind: i32 },
+    #[error(
+        "socket activation: descriptor {fd} is not listening; the socket unit needs Accept=no"
+    )]
+    NotListening { fd: RawFd },
+}
 
 /// Interprets the values of `LISTEN_PID` and `LISTEN_FDS` for process `our_pid`, without
 /// touching the process: `Ok(Some(3))` when one socket was passed to this process, `Ok(None)`
@@ -36,7 +76,7 @@ pub fn parse_listen_env(
     listen_pid: Option<&OsStr>,
     listen_fds: Option<&OsStr>,
     our_pid: u32,
-) -> Result<Option<RawFd>, String> {
+) -> Result<Option<RawFd>, Error> {
     let Some(pid) = listen_pid else {
         return Ok(None);
     };
@@ -44,12 +84,7 @@ pub fn parse_listen_env(
         .to_str()
         .and_then(|s| s.parse::<u32>().ok())
         .filter(|&p| p > 0)
-        .ok_or_else(|| {
-            format!(
-                "socket activation: LISTEN_PID={}: expected a process id",
-                pid.to_string_lossy()
-            )
-        })?;
+        .ok_or_else(|| Error::Pid(pid.to_string_lossy().into_owned()))?;
     if pid != our_pid {
         // Inherited from an ancestor that was activated: not for us.
         return Ok(None);
@@ -60,96 +95,51 @@ pub fn parse_listen_env(
     let n = fds
         .to_str()
         .and_then(|s| s.parse::<u32>().ok())
-        .ok_or_else(|| {
-            format!(
-                "socket activation: LISTEN_FDS={}: expected a number of descriptors",
-                fds.to_string_lossy()
-            )
-        })?;
+        .ok_or_else(|| Error::FdCount(fds.to_string_lossy().into_owned()))?;
     match n {
         0 => Ok(None),
         1 => Ok(Some(SD_LISTEN_FDS_START)),
-        n => Err(format!(
-            "socket activation: LISTEN_FDS={n}: virtiofsd serves exactly one socket; give the \
-             socket unit a single ListenStream= (one unit per shared directory)"
-        )),
+        n => Err(Error::Several(n)),
     }
 }
 
-/// Checks that `fd` is a listening unix stream socket: `SO_ACCEPTCONN` set, `SO_TYPE`
-/// `SOCK_STREAM`, address family `AF_UNIX`.
-pub fn check_listening_unix_socket(fd: RawFd) -> Result<(), String> {
-    let what = |e: io::Error| format!("socket activation: descriptor {fd}: {e}");
-    let accepting = getsockopt_int(fd, libc::SO_ACCEPTCONN).map_err(what)?;
-    let kind = getsockopt_int(fd, libc::SO_TYPE).map_err(what)?;
-    // SAFETY: sockaddr_storage is plain data; all-zero bytes are a valid value.
-    let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    // SAFETY: `addr` is a writable sockaddr_storage of `len` bytes; getsockname writes at most
-    // `len` bytes into it and updates `len`. An invalid fd only makes the call fail.
-    let rc = unsafe {
-        libc::getsockname(
-            fd,
-            (&mut addr as *mut libc::sockaddr_storage).cast(),
-            &mut len,
-        )
+/// Checks that `fd` is a listening unix stream socket: address family `AF_UNIX`, `SO_TYPE`
+/// `SOCK_STREAM`, `SO_ACCEPTCONN` set. `fd` is a descriptor the caller owns, or a number that
+/// may not be open at all (then the check fails).
+pub fn check_listening_unix_socket(fd: RawFd) -> Result<(), Error> {
+    let failed = |e: nix::Error| Error::Descriptor {
+        fd,
+        source: e.into(),
     };
-    if rc != 0 {
-        return Err(what(io::Error::last_os_error()));
+    let addr: SockaddrStorage = getsockname(fd).map_err(failed)?;
+    if addr.family() != Some(AddressFamily::Unix) {
+        // The number, as `<sys/socket.h>` has it (nix names a few families only).
+        let family = addr
+            .family()
+            .map_or_else(|| "unknown".into(), |f| (f as i32).to_string());
+        return Err(Error::NotUnix { fd, family });
     }
-    if i32::from(addr.ss_family) != libc::AF_UNIX {
-        return Err(format!(
-            "socket activation: descriptor {fd} is not a unix socket (address family {}); \
-             use ListenStream=/path/to/socket",
-            addr.ss_family
-        ));
+    // SAFETY: `getsockname` has just found `fd` open, and the borrow ends with this function;
+    // the process is single-threaded then (see `listen_fds_from_env`), or the caller owns `fd`.
+    let sock = unsafe { BorrowedFd::borrow_raw(fd) };
+    // A unix socket is a stream, a datagram or a sequenced-packet one: a type nix knows.
+    let kind = getsockopt(&sock, sockopt::SockType).map_err(failed)?;
+    if kind != SockType::Stream {
+        return Err(Error::NotStream {
+            fd,
+            kind: kind as i32,
+        });
     }
-    if kind != libc::SOCK_STREAM {
-        return Err(format!(
-            "socket activation: descriptor {fd} is not a stream socket (type {kind}); \
-             use ListenStream=, not ListenDatagram= or ListenSequentialPacket="
-        ));
-    }
-    if accepting == 0 {
-        return Err(format!(
-            "socket activation: descriptor {fd} is not listening; the socket unit needs \
-             Accept=no"
-        ));
+    if !getsockopt(&sock, sockopt::AcceptConn).map_err(failed)? {
+        return Err(Error::NotListening { fd });
     }
     Ok(())
 }
 
-/// `getsockopt(fd, SOL_SOCKET, opt)` for an option whose value is an int.
-fn getsockopt_int(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
-    let mut val: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `val` is a writable int and `len` its size; the kernel writes at most `len` bytes.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            opt,
-            (&mut val as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(val)
-}
-
 /// Sets `FD_CLOEXEC` on `fd`, keeping its other descriptor flags.
-fn set_cloexec(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl with F_GETFD/F_SETFD takes and returns plain ints; a bad fd only fails.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-    if flags < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    if unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+fn set_cloexec(fd: BorrowedFd<'_>) -> nix::Result<()> {
+    let flags = FdFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFD)?);
+    fcntl(fd, FcntlArg::F_SETFD(flags | FdFlag::FD_CLOEXEC))?;
     Ok(())
 }
 
@@ -161,7 +151,7 @@ fn set_cloexec(fd: RawFd) -> io::Result<()> {
 /// The caller owns the descriptor from then on.
 ///
 /// Changes the environment, so call it early, while the process is still single-threaded.
-pub fn listen_fds_from_env() -> Result<Option<RawFd>, String> {
+pub fn listen_fds_from_env() -> Result<Option<RawFd>, Error> {
     let pid = std::env::var_os("LISTEN_PID");
     let fds = std::env::var_os("LISTEN_FDS");
     for var in LISTEN_VARS {
@@ -171,18 +161,31 @@ pub fn listen_fds_from_env() -> Result<Option<RawFd>, String> {
         return Ok(None);
     };
     check_listening_unix_socket(fd)?;
-    set_cloexec(fd).map_err(|e| format!("socket activation: descriptor {fd}: {e}"))?;
+    // SAFETY: `fd` was just found to be an open socket, passed to this process (LISTEN_PID
+    // names it); the process is single-threaded yet, and the borrow ends with this function.
+    let sock = unsafe { BorrowedFd::borrow_raw(fd) };
+    set_cloexec(sock).map_err(|e| Error::Descriptor {
+        fd,
+        source: e.into(),
+    })?;
     Ok(Some(fd))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsRawFd;
+    use std::os::fd::{AsFd, AsRawFd};
     use std::os::unix::net::{UnixDatagram, UnixListener, UnixStream};
 
+    /// The result, with the error as its message.
     fn parse(pid: Option<&str>, fds: Option<&str>, ours: u32) -> Result<Option<RawFd>, String> {
-        parse_listen_env(pid.map(OsStr::new), fds.map(OsStr::new), ours)
+        parse_listen_env(pid.map(OsStr::new), fds.map(OsStr::new), ours).map_err(|e| e.to_string())
+    }
+
+    /// The check's error message, with its cause.
+    fn refusal(fd: RawFd) -> String {
+        let e = check_listening_unix_socket(fd).unwrap_err();
+        crate::error::Chain(&e).to_string()
     }
 
     #[test]
@@ -232,7 +235,7 @@ mod tests {
     fn a_listening_unix_stream_socket_passes_the_check() {
         let dir = tempfile::tempdir().unwrap();
         let l = UnixListener::bind(dir.path().join("s")).unwrap();
-        assert_eq!(check_listening_unix_socket(l.as_raw_fd()), Ok(()));
+        check_listening_unix_socket(l.as_raw_fd()).unwrap();
     }
 
     #[test]
@@ -240,33 +243,37 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let l = UnixListener::bind(dir.path().join("s")).unwrap();
         let conn = UnixStream::connect(dir.path().join("s")).unwrap();
-        let e = check_listening_unix_socket(conn.as_raw_fd()).unwrap_err();
+        let e = refusal(conn.as_raw_fd());
         assert!(e.contains("not listening"), "{e}");
         drop(l);
 
         let dgram = UnixDatagram::unbound().unwrap();
-        let e = check_listening_unix_socket(dgram.as_raw_fd()).unwrap_err();
+        let e = refusal(dgram.as_raw_fd());
         assert!(e.contains("not a stream socket"), "{e}");
+        assert!(e.contains(&format!("(type {})", libc::SOCK_DGRAM)), "{e}");
 
         let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let e = check_listening_unix_socket(tcp.as_raw_fd()).unwrap_err();
+        let e = refusal(tcp.as_raw_fd());
         assert!(e.contains("not a unix socket"), "{e}");
+        assert!(
+            e.contains(&format!("(address family {})", libc::AF_INET)),
+            "{e}"
+        );
 
         let file = std::fs::File::open("/dev/null").unwrap();
-        let e = check_listening_unix_socket(file.as_raw_fd()).unwrap_err();
+        let e = refusal(file.as_raw_fd());
         assert!(e.contains("descriptor"), "{e}");
+        assert!(e.contains("os error"), "{e}");
     }
 
     #[test]
     fn cloexec_is_set() {
         let dir = tempfile::tempdir().unwrap();
         let l = UnixListener::bind(dir.path().join("s")).unwrap();
-        let fd = l.as_raw_fd();
-        // SAFETY: plain fcntl calls on a descriptor this test owns.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+        let fd = l.as_fd();
+        fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty())).unwrap();
         set_cloexec(fd).unwrap();
-        // SAFETY: as above.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        let flags = fcntl(fd, FcntlArg::F_GETFD).unwrap();
         assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
     }
 }

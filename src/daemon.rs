@@ -105,12 +105,8 @@ pub enum DaemonError {
         #[source]
         source: io::Error,
     },
-    #[error(
-        "--socket-path: '{}' exists and is {kind}, not a socket; expected the path of a socket \
-         to create (only a socket left there is replaced)",
-        .path.display()
-    )]
-    NotASocketPath { path: PathBuf, kind: &'static str },
+    #[error(transparent)]
+    NotASocketPath(crate::cli::NotASocket),
     /// `vhost_user_backend::Error` is no `std::error::Error`: it is shown in the message.
     #[error("vhost-user socket: accept failed: {0}")]
     Accept(vhost_user_backend::Error),
@@ -251,10 +247,9 @@ fn remove_old_socket(path: &Path) -> Result<(), DaemonError> {
             }),
             _ => Ok(()),
         },
-        Ok(m) => Err(DaemonError::NotASocketPath {
-            path: path.to_path_buf(),
-            kind: crate::cli::file_kind(&m.file_type()),
-        }),
+        Ok(m) => Err(DaemonError::NotASocketPath(crate::cli::NotASocket::at(
+            path, &m,
+        ))),
     }
 }
 

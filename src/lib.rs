@@ -10,7 +10,9 @@
 //!   seccomp filter (`--seccomp`) and the user namespace of `--uid-map`/`--gid-map`
 //!   ([`sandbox::userns`]);
 //! - [`socket_lock`]: one daemon per socket path (`<socket>.pid`);
-//! - [`error`]: showing an error with its causes.
+//! - [`error`]: showing an error with its causes;
+//! - [`os`] and [`mountinfo`]: descriptors, errno values and `/proc/self/mountinfo`, as several
+//!   layers use them (leaves: they use nothing else of the crate).
 //!
 //! The test frontend that plays QEMU and the guest kernel (for the integration tests, the
 //! benchmark and the fuzz harness) is a crate of its own, `virtiofsd-frontend`
@@ -26,6 +28,7 @@ pub mod idmap;
 pub mod logging;
 pub mod migration;
 pub mod mountinfo;
+pub mod os;
 pub mod passthrough;
 pub mod sandbox;
 pub mod socket_lock;

@@ -9,7 +9,9 @@ use virtiofsd::{activation, daemon, logging};
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let settings = match args.into_command(activation::listen_fds_from_env) {
+    // The command line takes the activation error as its message (`UsageError::Activation`).
+    let activated = || activation::listen_fds_from_env().map_err(|e| Chain(&e).to_string());
+    let settings = match args.into_command(activated) {
         Ok(Command::PrintCapabilities) => {
             print!("{CAPABILITIES}");
             return ExitCode::SUCCESS;

@@ -461,18 +461,26 @@ fn what_the_host_lacks_exits_1_naming_the_flag_as_the_reference_does() {
     // An empty group name is a malformed command line, not a missing group.
     assert_exits(2, &d.with(&["--socket-group="]), &["--socket-group"]);
     // A missing shared directory with a malformed flag beside it: the command line is wrong.
-    assert_exits(
-        2,
-        &[
-            socket,
-            format!(
-                "--shared-dir={}",
-                d.tmp.path().join("no-such-dir").display()
-            ),
-            "--cache=sometimes".into(),
-        ],
-        &["--cache"],
-    );
+    for (bad, flag) in [
+        ("--cache=sometimes", "--cache"),
+        ("--xattrmap=:nope:all:::", "--xattrmap"),
+        ("--modcaps=sys_admin", "--modcaps"),
+        ("--translate-uid=map:0:1", "--translate-uid"),
+        ("--uid-map=0:1:2", "--uid-map"),
+    ] {
+        assert_exits(
+            2,
+            &[
+                socket.clone(),
+                format!(
+                    "--shared-dir={}",
+                    d.tmp.path().join("no-such-dir").display()
+                ),
+                bad.into(),
+            ],
+            &[flag],
+        );
+    }
     assert!(!d.socket.exists());
 }
 

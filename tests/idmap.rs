@@ -357,7 +357,7 @@ fn bad_rules_stop_the_daemon_with_status_2_and_the_expected_form() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{rule}: {err}");
         assert!(
-            err.contains(&format!("{flag}: invalid rule '{rule}'")),
+            err.contains(&format!("invalid value '{rule}' for '{flag} <RULE>'")),
             "{err}"
         );
         assert!(err.contains(reason), "{err}");

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# shellcheck disable=SC2317 # the check functions are called through check()
+# shellcheck disable=SC2317 # the check functions are called through check_cmd()
 # Packaging and host-integration checks: installs with packaging/install.sh into a temporary
 # DESTDIR and checks what landed there; verifies the systemd units with `systemd-analyze
 # verify` (no running systemd needed); renders the man page; parses the QEMU vhost-user
@@ -19,7 +19,7 @@
 # Prints one "ok N name" / "not ok N name" line per check and a last line "N passed, N failed";
 # exits non-zero when a check failed.
 #
-# Usage: tests/packaging.sh [--no-build] [--no-install-tools] [--no-deb] [--no-libvirt] [-v]
+# Usage: tests/packaging.sh [--no-build] [--no-install-tools] [--no-deb] [--no-libvirt] [--keep] [-v]
 #   --no-build          use the existing release binary (install.sh --no-build); the .deb is
 #                       always built (in CARGO_TARGET_DIR/deb, default target/deb)
 #   --no-install-tools  do not apt-get install the missing tools (packages systemd, groff-base,
@@ -29,69 +29,35 @@
 #   --no-deb            leave out the Debian package
 #   --no-libvirt        leave out the libvirt boot with the installed package (it needs QEMU,
 #                       the guest kernel and libvirt: tests/libvirt/run.sh installs them)
+#   --keep              keep the work dir (the DESTDIR install, the .deb and its build log)
 #   -v, --verbose       also print the diagnostics of passing checks
 set -uo pipefail
 
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD=1
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "$0")/lib/common.sh"
 TOOLS=1
 DEB=1
 LIBVIRT=1
-VERBOSE=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        --no-build) BUILD=0; shift ;;
         --no-install-tools) TOOLS=0; shift ;;
         --no-deb) DEB=0; shift ;;
         --no-libvirt) LIBVIRT=0; shift ;;
-        -v|--verbose) VERBOSE=1; shift ;;
-        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "packaging.sh: unknown option $1" >&2; exit 2 ;;
+        --daemon|--daemon=*) bad_usage "--daemon: this level installs the tree's own build" ;;
+        *) common_option "$@" || bad_usage "unknown option $1"; shift "$TAKEN" ;;
     esac
 done
 
-TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-case "$TARGET" in /*) ;; *) TARGET="$ROOT/$TARGET" ;; esac
+TARGET="$(target_dir)"
 PKG=virtiofsd-dropin
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-packaging.XXXXXX")"
-PIDS=()
+work_dir virtiofsd-packaging
 PURGE=0   # 1 while this script's package is installed
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null; done
-    if [ "$PURGE" = 1 ]; then
-        echo "# purging $PKG (the run ended early)"
-        DEBIAN_FRONTEND=noninteractive apt-get purge -y "$PKG" >/dev/null 2>&1
-    fi
-    rm -rf "$WORK"
+purge_early() {
+    [ "$PURGE" = 1 ] || return 0
+    echo "# purging $PKG (the run ended early)"
+    DEBIAN_FRONTEND=noninteractive apt-get purge -y "$PKG" >/dev/null 2>&1
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-N=0; PASSED=0; FAILED=0
-# result ok|fail NAME [DIAG]
-result() {
-    N=$((N + 1))
-    if [ "$1" = ok ]; then
-        PASSED=$((PASSED + 1)); echo "ok $N $2"
-    else
-        FAILED=$((FAILED + 1)); echo "not ok $N $2"
-    fi
-    if [ -n "${3:-}" ] && { [ "$1" != ok ] || [ "$VERBOSE" = 1 ]; }; then
-        printf '%s\n' "$3" | sed 's/^/# /'
-    fi
-}
-# check NAME COMMAND...: ok when COMMAND succeeds; its output is the diagnostic. COMMAND runs in
-# a subshell (its variables do not last); check's status is COMMAND's.
-check() {
-    local name="$1" out; shift
-    if out="$("$@" 2>&1)"; then result ok "$name" "$out"; else result fail "$name" "$out"; return 1; fi
-}
-finish() {
-    echo "$PASSED passed, $FAILED failed"
-    [ "$FAILED" -eq 0 ]
-    exit $?
-}
+at_exit purge_early
 
 # need COMMAND DEBIAN_PACKAGE: installs the package when the command is missing
 need() {
@@ -148,10 +114,10 @@ layout() {
     [ -z "$bad" ] || { printf '%s' "$bad"; return 1; }
     echo "$got"
 }
-check "layout: files, modes, nothing else" layout
+check_cmd "layout: files, modes, nothing else" layout
 
-check "installed binary runs (--version)" "$BIN" --version
-check "installed binary is the release build ($TARGET/release/virtiofsd)" cmp "$BIN" "$TARGET/release/virtiofsd"
+check_cmd "installed binary runs (--version)" "$BIN" --version
+check_cmd "installed binary is the release build ($TARGET/release/virtiofsd)" cmp "$BIN" "$TARGET/release/virtiofsd"
 
 # /usr/lib/qemu/virtiofsd, where older QEMU packages put the daemon: a relative symlink that
 # resolves inside the temporary root to usr/libexec/virtiofsd, and runs.
@@ -170,7 +136,7 @@ compat_paths() {
     [ -x "$WORK/nolinks/usr/libexec/virtiofsd" ] && [ ! -e "$WORK/nolinks/usr/lib/qemu" ] ||
         { echo "--compat-links no: $(cd "$WORK/nolinks" && find . -name virtiofsd)"; return 1; }
 }
-check "/usr/lib/qemu/virtiofsd links to /usr/libexec/virtiofsd and runs; --compat-links no" compat_paths
+check_cmd "/usr/lib/qemu/virtiofsd links to /usr/libexec/virtiofsd and runs; --compat-links no" compat_paths
 
 prefix() {
     local d="$WORK/local" p
@@ -184,7 +150,7 @@ prefix() {
     [ -f "$p/share/man/man1/virtiofsd.1.gz" ] || { echo "no man page under the prefix"; return 1; }
     [ "$(readlink "$p/lib/qemu/virtiofsd")" = ../../libexec/virtiofsd ] || { echo "no lib/qemu link under the prefix"; return 1; }
 }
-check "install.sh --prefix /usr/local names /usr/local/libexec/virtiofsd in the units and JSON" prefix
+check_cmd "install.sh --prefix /usr/local names /usr/local/libexec/virtiofsd in the units and JSON" prefix
 
 # --- the QEMU vhost-user descriptor ------------------------------------------------------------
 json() {
@@ -210,7 +176,7 @@ print("\n".join(errs) or json.dumps(d))
 sys.exit(1 if errs else 0)
 PY
 }
-check "50-qemu-virtiofsd.json parses, type fs, binary is the installed daemon, features as --print-capabilities" json
+check_cmd "50-qemu-virtiofsd.json parses, type fs, binary is the installed daemon, features as --print-capabilities" json
 
 # --- systemd units -----------------------------------------------------------------------------
 units() {
@@ -229,7 +195,7 @@ units() {
     printf '%s\n' "$out"
     [ "$rc" = 0 ] && [ -z "$out" ]
 }
-check "systemd-analyze verify virtiofsd@share1.socket and .service" units
+check_cmd "systemd-analyze verify virtiofsd@share1.socket and .service" units
 
 unit_content() {
     local s="$UNITS/virtiofsd@.service" k="$UNITS/virtiofsd@.socket" bad=""
@@ -245,7 +211,7 @@ unit_content() {
     grep -qx 'Service=virtiofsd@%i.service' "$k" || bad+="socket: Service"$'\n'
     [ -z "$bad" ] || { printf '%s' "$bad"; return 1; }
 }
-check "units: environment file, ExecStart without a socket, ListenStream/SocketMode/Accept" unit_content
+check_cmd "units: environment file, ExecStart without a socket, ListenStream/SocketMode/Accept" unit_content
 
 # --- man page ----------------------------------------------------------------------------------
 manpage() {
@@ -265,7 +231,7 @@ manpage() {
     fi
     echo "$(printf '%s\n' "$text" | wc -l) lines"
 }
-check "man page renders without groff warnings; sections present; man -l shows it" manpage
+check_cmd "man page renders without groff warnings; sections present; man -l shows it" manpage
 
 # Every long option the daemon's --help lists is described in the man page, and the man page
 # describes no option the daemon does not have.
@@ -283,7 +249,7 @@ man_options() {
     }
     echo "$(printf '%s\n' "$help" | wc -l) options"
 }
-check "man page describes exactly the long options of --help" man_options
+check_cmd "man page describes exactly the long options of --help" man_options
 
 # --- socket activation with systemd-socket-activate --------------------------------------------
 # The daemon as virtiofsd@share1.service runs it: options from example.conf, socket from the
@@ -336,21 +302,21 @@ activation() {
     systemd-socket-activate -l "$sock" "$BIN" --shared-dir="$SHARED_DIR" $VIRTIOFSD_OPTS \
         >"$dir/daemon.log" 2>&1 &
     pid=$!
-    PIDS+=("$pid")
+    track "$pid"
     out="$(python3 -c "$VHOST_CLIENT" "$sock" 2>&1)"; rc=$?
     echo "client: $out"
-    [ "$rc" = 0 ] || { kill -TERM "$pid" 2>/dev/null; cat "$dir/daemon.log"; return 1; }
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid"; wait "$pid"; echo "daemon still running 10 s after the disconnect"
+    [ "$rc" = 0 ] || { kill_tree "$pid" TERM; cat "$dir/daemon.log"; return 1; }
+    reap "$pid" 10
+    rc="$REAPED"
+    if [ "$rc" = running ]; then
+        echo "daemon still running 10 s after the disconnect"
         cat "$dir/daemon.log"; return 1
     fi
-    wait "$pid"; rc=$?
     echo "daemon exit status $rc"; cat "$dir/daemon.log"
     [ "$rc" = 0 ] || return 1
     [ -S "$sock" ] || { echo "the daemon removed the activator's socket file"; return 1; }
 }
-check "systemd-socket-activate: example.conf options, activated socket, GET_FEATURES, exit 0" activation
+check_cmd "systemd-socket-activate: example.conf options, activated socket, GET_FEATURES, exit 0" activation
 
 two_sockets() {
     need systemd-socket-activate systemd || return 1
@@ -359,18 +325,19 @@ two_sockets() {
     systemd-socket-activate -l "$dir/a.sock" -l "$dir/b.sock" "$BIN" --shared-dir="$dir/share" \
         >"$dir/daemon.log" 2>&1 &
     local pid=$!
-    PIDS+=("$pid")
+    track "$pid"
     python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.recv(1)' \
         "$dir/a.sock" 2>/dev/null &
     local cpid=$!
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && { kill -TERM "$pid"; echo "daemon still running"; }
-    wait "$pid"; rc=$?
-    kill "$cpid" 2>/dev/null; wait "$cpid" 2>/dev/null
+    track "$cpid"
+    reap "$pid" 10
+    rc="$REAPED"
+    [ "$rc" = running ] && echo "daemon still running"
+    reap "$cpid" 0
     cat "$dir/daemon.log"
     [ "$rc" = 2 ] && grep -q 'LISTEN_FDS' "$dir/daemon.log"
 }
-check "two activated sockets are refused (exit 2, message names LISTEN_FDS)" two_sockets
+check_cmd "two activated sockets are refused (exit 2, message names LISTEN_FDS)" two_sockets
 
 # --- qemu-examples -----------------------------------------------------------------------------
 examples() {
@@ -385,7 +352,7 @@ examples() {
     [ -z "$bad" ] || { printf '%s' "$bad"; return 1; }
     ls "$ROOT"/qemu-examples/
 }
-check "qemu-examples: bash -n and shellcheck clean, libvirt snippet is well-formed XML" examples
+check_cmd "qemu-examples: bash -n and shellcheck clean, libvirt snippet is well-formed XML" examples
 
 # The libvirt snippet, made a whole domain (a name, memory and an OS type added), against
 # libvirt's own schema: libvirt refuses what its schema does not allow (<cache mode='auto'/>
@@ -405,7 +372,7 @@ open(sys.argv[2], "w").write(s)
 PY
     virt-xml-validate "$WORK/domain.xml" domain 2>&1
 }
-check "qemu-examples/libvirt-domain.xml validates against libvirt's domain schema" libvirt_schema
+check_cmd "qemu-examples/libvirt-domain.xml validates against libvirt's domain schema" libvirt_schema
 
 # --- the Debian package ------------------------------------------------------------------------
 [ "$DEB" = 1 ] || finish
@@ -441,7 +408,7 @@ host_is_clean() {
     [ -z "$bad" ] || { printf '%s' "$bad"; return 1; }
     echo "no $PKG, no virtiofsd package, none of the package's paths on the host"
 }
-if ! check "host has nothing the package would replace (it is installed and purged again)" host_is_clean; then
+if ! check_cmd "host has nothing the package would replace (it is installed and purged again)" host_is_clean; then
     finish
 fi
 
@@ -463,7 +430,8 @@ build_deb() {
             >"$DEBS/build.log" 2>&1; then
         tail -n 30 "$DEBS/build.log"; return 1
     fi
-    local deb="$DEBS/${PKG}_$(cd "$src" && dpkg-parsechangelog -S Version)_${ARCH}.deb"
+    local deb
+    deb="$DEBS/${PKG}_$(cd "$src" && dpkg-parsechangelog -S Version)_${ARCH}.deb"
     [ -f "$deb" ] || { echo "no $deb:"; ls "$DEBS"; return 1; }
     out="$(dpkg-deb -f "$deb" Package Version Architecture Provides Conflicts Replaces)"
     echo "$out"
@@ -473,7 +441,7 @@ build_deb() {
     grep -qx 'Provides: virtiofsd (= 1\.[0-9]*\.[0-9]*)' <<<"$out" &&
         grep -qx 'Conflicts: virtiofsd' <<<"$out" || { echo "no Provides/Conflicts: virtiofsd"; return 1; }
 }
-check "dpkg-buildpackage -us -uc -b builds ${PKG}_${CARGO_VERSION}-N_${ARCH}.deb" build_deb
+check_cmd "dpkg-buildpackage -us -uc -b builds ${PKG}_${CARGO_VERSION}-N_${ARCH}.deb" build_deb
 for f in "$DEBS/${PKG}_"*"_${ARCH}.deb"; do [ -f "$f" ] && DEBFILE="$f"; done
 [ -n "$DEBFILE" ] || finish
 
@@ -483,7 +451,7 @@ lint() {
     # info and pedantic tags are shown.
     lintian --fail-on error,warning -I --pedantic "$DEBS/${PKG}_"*"_${ARCH}.changes" 2>&1
 }
-check "lintian: no error or warning" lint
+check_cmd "lintian: no error or warning" lint
 
 install_deb() {
     local out
@@ -493,7 +461,7 @@ install_deb() {
     [ "$rc" = 0 ] && dpkg-query -W -f='${db:Status-Status}' "$PKG" 2>/dev/null | grep -qx installed
 }
 PURGE=1   # from here on, an early end purges the package (it was not installed before)
-if ! check "apt-get install ./${DEBFILE##*/}" install_deb; then
+if ! check_cmd "apt-get install ./${DEBFILE##*/}" install_deb; then
     finish
 fi
 
@@ -532,7 +500,7 @@ deb_layout() {
     [ -z "$bad" ] || { printf '%s' "$bad"; return 1; }
     echo "$listed"
 }
-check "installed: install.sh's layout and contents, plus changelogs, crates.txt, lintian overrides" deb_layout
+check_cmd "installed: install.sh's layout and contents, plus changelogs, crates.txt, lintian overrides" deb_layout
 
 deb_version() {
     local v want
@@ -543,7 +511,7 @@ deb_version() {
     grep -Eqx "virtiofsd 1\.[0-9]+\.[0-9]+\+$PKG\.$CARGO_VERSION" <<<"$v" &&
         [ "$(/usr/lib/qemu/virtiofsd --version)" = "$v" ]
 }
-check "/usr/libexec/virtiofsd --version (and /usr/lib/qemu/virtiofsd's) names the reference release and $PKG $CARGO_VERSION" deb_version
+check_cmd "/usr/libexec/virtiofsd --version (and /usr/lib/qemu/virtiofsd's) names the reference release and $PKG $CARGO_VERSION" deb_version
 
 deb_man() {
     need man man-db || return 1
@@ -551,7 +519,7 @@ deb_man() {
     MANWIDTH=200 man virtiofsd 2>&1 | grep -E "$PKG +$CARGO_VERSION" | head -n 1 | grep . ||
         { echo "the page's footer names no $PKG $CARGO_VERSION"; return 1; }
 }
-check "man virtiofsd shows the installed page of $PKG $CARGO_VERSION" deb_man
+check_cmd "man virtiofsd shows the installed page of $PKG $CARGO_VERSION" deb_man
 
 deb_copyright() {
     local c="/$DOCDIR/copyright" bad=""
@@ -567,7 +535,7 @@ deb_copyright() {
     [ -z "$bad" ] || { printf '%s' "$bad"; return 1; }
     head -n 3 "$c"
 }
-check "/$DOCDIR/copyright is machine-readable (DEP-5), Apache-2.0 or BSD-3-Clause" deb_copyright
+check_cmd "/$DOCDIR/copyright is machine-readable (DEP-5), Apache-2.0 or BSD-3-Clause" deb_copyright
 
 deb_units() {
     need systemd-analyze systemd || return 1
@@ -578,7 +546,7 @@ deb_units() {
     printf '%s\n' "$out"
     [ "$rc" = 0 ] && [ -z "$out" ]
 }
-check "systemd-analyze verify: the installed virtiofsd@share1.socket and .service" deb_units
+check_cmd "systemd-analyze verify: the installed virtiofsd@share1.socket and .service" deb_units
 
 # The package's descriptor names the installed daemon, which lists what it says.
 deb_descriptor() {
@@ -591,7 +559,7 @@ print(json.dumps(d))
 sys.exit(0 if ok else 1)
 PY
 }
-check "installed 50-qemu-virtiofsd.json: type fs, binary /usr/libexec/virtiofsd, its --print-capabilities" deb_descriptor
+check_cmd "installed 50-qemu-virtiofsd.json: type fs, binary /usr/libexec/virtiofsd, its --print-capabilities" deb_descriptor
 
 # install.sh does not write over the package's files.
 install_sh_refuses() {
@@ -602,7 +570,7 @@ install_sh_refuses() {
     [ "$rc" = 1 ] && grep -q "/usr/libexec/virtiofsd (package $PKG)" <<<"$out" &&
         [ "$(sha256sum /usr/libexec/virtiofsd)" = "$before" ]
 }
-check "install.sh into / refuses the package's files (exit 1) and changes nothing" install_sh_refuses
+check_cmd "install.sh into / refuses the package's files (exit 1) and changes nothing" install_sh_refuses
 
 # libvirt launches the installed daemon for a guest: the domain has no <binary path>, libvirt
 # finds the daemon through the package's /usr/share/qemu/vhost-user/50-qemu-virtiofsd.json.
@@ -613,7 +581,7 @@ deb_libvirt() {
     [ "$rc" = 0 ] && grep -q '^ok .*the daemon serving the share was /usr/libexec/virtiofsd' <<<"$out"
 }
 if [ "$LIBVIRT" = 1 ]; then
-    check "libvirt starts the installed /usr/libexec/virtiofsd from the package's descriptor; a guest mounts and writes the share" deb_libvirt
+    check_cmd "libvirt starts the installed /usr/libexec/virtiofsd from the package's descriptor; a guest mounts and writes the share" deb_libvirt
 fi
 
 purge_deb() {
@@ -627,7 +595,7 @@ purge_deb() {
     [ -z "$left" ] || { printf '%s' "$left"; return 1; }
     echo "purged; none of its files left"
 }
-check "apt-get purge $PKG leaves none of its files" purge_deb &&
+check_cmd "apt-get purge $PKG leaves none of its files" purge_deb &&
     PURGE=0
 
 finish

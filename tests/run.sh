@@ -74,8 +74,16 @@ mkdir -p target && cargo test --workspace --locked --all-targets 2>&1 | tee targ
 echo "== fuzzing: each cargo-fuzz target for 60 s (a crash leaves its input in tests/fuzz/artifacts/)"
 tests/fuzz/run.sh 60
 
+# The QEMU-level stages below are entered the same way: each tests this release build
+# (--no-build) and prints "ok N ..." / "not ok N ..." lines and "P passed, F failed".
+echo "== the daemon under test: cargo build --release --bin virtiofsd"
+cargo build --release --locked --bin virtiofsd
+
+echo "== the guest kit: QEMU 10, busybox, the guest kernels and tools (tests/guest/install.sh)"
+tests/guest/install.sh
+
 echo "== guest tests (QEMU + Linux 6.12 and 6.1 guests)"
-tests/guest-run.sh --kernel all
+tests/guest/run.sh --kernel all --no-build
 
 echo "== live migration: two QEMUs, two daemons, QMP migrate (6.12 guest)"
 tests/guest/migrate.sh --no-build
@@ -87,7 +95,7 @@ echo "== reliability under load and faults: short forms (the long ones: tests/gu
 tests/guest/reliability.sh --no-build
 
 echo "== packaging: install layout, systemd units, man page, socket activation, examples; the .deb built, installed, booted by libvirt, purged"
-tests/packaging.sh
+tests/packaging.sh --no-build
 
 echo "== real client: libvirt launches this daemon for a TCG guest"
-tests/libvirt/run.sh
+tests/libvirt/run.sh --no-build

@@ -56,9 +56,7 @@ pub trait ZeroCopyReader {
 
 /// The error a filesystem method returns for the raw `errno` value `e` (the server replies with
 /// that errno; every error without one becomes `EIO`).
-pub fn errno(e: i32) -> io::Error {
-    io::Error::from_raw_os_error(e)
-}
+pub use crate::os::errno;
 
 /// Who is asking: the credentials of the guest process behind a request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

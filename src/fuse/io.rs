@@ -7,8 +7,10 @@
 
 use std::cell::RefCell;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::rc::Rc;
+
+use nix::errno::Errno;
 
 pub use crate::filesystem::{ZeroCopyReader, ZeroCopyWriter};
 
@@ -27,6 +29,14 @@ pub trait Writer: ZeroCopyWriter + Sized {
     /// Splits off everything after the next `offset` bytes into a new writer; `self` keeps only
     /// those `offset` bytes of room.
     fn split_at(&mut self, offset: usize) -> io::Result<Self>;
+}
+
+/// The file offset `done` bytes after `offset`; `EINVAL` past what a file offset holds.
+fn file_offset(offset: u64, done: usize) -> io::Result<libc::off_t> {
+    offset
+        .checked_add(done as u64)
+        .and_then(|o| libc::off_t::try_from(o).ok())
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 /// A [`Reader`] over a byte slice.
@@ -50,28 +60,15 @@ impl ZeroCopyReader for SliceReader<'_> {
         let mut done = 0;
         let n = count.min(self.buf.len());
         while done < n {
-            let off = offset
-                .checked_add(done as u64)
-                .and_then(|o| libc::off64_t::try_from(o).ok())
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-            let part = &self.buf[done..n];
-            // SAFETY: the pointer and length describe the live slice `part`.
-            let ret =
-                unsafe { libc::pwrite64(fd.as_raw_fd(), part.as_ptr().cast(), part.len(), off) };
-            if ret < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                if done > 0 {
-                    break;
-                }
-                return Err(e);
-            }
-            if ret == 0 {
-                break;
-            }
-            done += ret as usize;
+            let off = file_offset(offset, done)?;
+            let ret = match nix::sys::uio::pwrite(fd, &self.buf[done..n], off) {
+                Err(Errno::EINTR) => continue,
+                Err(_) if done > 0 => break,
+                Err(e) => return Err(e.into()),
+                Ok(0) => break,
+                Ok(ret) => ret,
+            };
+            done += ret;
         }
         self.buf = &self.buf[done..];
         Ok(done)
@@ -147,28 +144,15 @@ impl ZeroCopyWriter for VecWriter {
         let mut tmp = vec![0u8; n];
         let mut got = 0;
         while got < n {
-            let off = offset
-                .checked_add(got as u64)
-                .and_then(|o| libc::off64_t::try_from(o).ok())
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-            let part = &mut tmp[got..];
-            // SAFETY: the pointer and length describe the live, writable slice `part`.
-            let ret =
-                unsafe { libc::pread64(fd.as_raw_fd(), part.as_mut_ptr().cast(), part.len(), off) };
-            if ret < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                if got > 0 {
-                    break;
-                }
-                return Err(e);
-            }
-            if ret == 0 {
-                break;
-            }
-            got += ret as usize;
+            let off = file_offset(offset, got)?;
+            let ret = match nix::sys::uio::pread(fd, &mut tmp[got..], off) {
+                Err(Errno::EINTR) => continue,
+                Err(_) if got > 0 => break,
+                Err(e) => return Err(e.into()),
+                Ok(0) => break,
+                Ok(ret) => ret,
+            };
+            got += ret;
         }
         self.write_all(&tmp[..got])?;
         Ok(got)

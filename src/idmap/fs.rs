@@ -24,9 +24,9 @@ use std::time::Duration;
 use super::Translation;
 use crate::filesystem::{
     errno, Context, DirEntry, Entry, FileSystem, Opened, SecCtx, SetAttr, XattrReply,
+    ZeroCopyReader, ZeroCopyWriter,
 };
 use crate::fuse::abi::init;
-use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
 use crate::migration::{Decoder, Encoder, StateError};
 
 /// The extended attributes that hold POSIX ACLs.

@@ -101,21 +101,29 @@ pub struct Rule {
 }
 
 /// Why a rule was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuleError {
     /// The part before the first `:` is not a rule type.
+    #[error("unknown rule type '{0}'")]
     UnknownType(String),
     /// Wrong number of `:`-separated numbers after the type.
+    #[error("a {} rule takes {expected} numbers after the type, found {found}", .kind.name())]
     FieldCount {
         kind: RuleKind,
         expected: usize,
         found: usize,
     },
     /// A field is not a decimal number in range.
+    #[error("'{0}' is not an id or count")]
     BadNumber(String),
     /// A range runs past [`MAX_ID`] (or a squash target is above it).
+    #[error("the {what} starting at {first} runs past {MAX_ID}")]
     Overflow { what: &'static str, first: u32 },
     /// The rule covers ids an earlier rule already translates in the same direction.
+    #[error(
+        "{direction} ids {first} to {last} are already covered by '{other}' (rules in the same \
+         direction may not overlap)"
+    )]
     Overlap {
         direction: &'static str,
         first: u32,
@@ -124,37 +132,15 @@ pub enum RuleError {
     },
 }
 
-impl fmt::Display for RuleError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RuleError::UnknownType(t) => write!(f, "unknown rule type '{t}'"),
-            RuleError::FieldCount {
-                kind,
-                expected,
-                found,
-            } => write!(
-                f,
-                "a {} rule takes {expected} numbers after the type, found {found}",
-                kind.name()
-            ),
-            RuleError::BadNumber(s) => write!(f, "'{s}' is not an id or count"),
-            RuleError::Overflow { what, first } => {
-                write!(f, "the {what} starting at {first} runs past {MAX_ID}")
-            }
-            RuleError::Overlap {
-                direction,
-                first,
-                last,
-                other,
-            } => write!(
-                f,
-                "{direction} ids {first} to {last} are already covered by '{other}' (rules in the same direction may not overlap)"
-            ),
-        }
-    }
+/// A rule of `--translate-uid` or `--translate-gid` refused: the flag, the rule, and why. The
+/// message says all three and the expected form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{flag}: invalid rule '{rule}': {error}; expected {form}", form = EXPECTED_FORM)]
+pub struct TranslateError {
+    pub flag: &'static str,
+    pub rule: String,
+    pub error: RuleError,
 }
-
-impl std::error::Error for RuleError {}
 
 impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -324,24 +310,33 @@ impl IdMap {
         IdMap::default()
     }
 
-    /// Builds the map from rules, refusing rules that overlap earlier ones.
-    pub fn from_rules(rules: &[Rule]) -> Result<IdMap, RuleError> {
+    /// Builds the map from the rules of one flag (`flag` is its name, for messages), refusing
+    /// a rule that overlaps an earlier one in the same direction.
+    pub fn from_rules(flag: &'static str, rules: &[Rule]) -> Result<IdMap, TranslateError> {
         let mut map = IdMap::new();
         for &r in rules {
-            map.add(r)?;
+            map.add(r).map_err(|error| TranslateError {
+                flag,
+                rule: r.to_string(),
+                error,
+            })?;
         }
         Ok(map)
     }
 
-    /// Parses the values of one flag (`flag` is its name, for messages). The error is the
-    /// whole message: flag, offending rule, reason and the expected form.
-    pub fn parse<S: AsRef<str>>(flag: &str, specs: &[S]) -> Result<IdMap, String> {
+    /// Parses the values of one flag (`flag` is its name, for messages), refusing a malformed
+    /// rule or one that overlaps an earlier one in the same direction.
+    pub fn parse<S: AsRef<str>>(flag: &'static str, specs: &[S]) -> Result<IdMap, TranslateError> {
         let mut map = IdMap::new();
         for spec in specs {
             let spec = spec.as_ref();
-            spec.parse::<Rule>().and_then(|r| map.add(r)).map_err(|e| {
-                format!("{flag}: invalid rule '{spec}': {e}; expected {EXPECTED_FORM}")
-            })?;
+            spec.parse::<Rule>()
+                .and_then(|r| map.add(r))
+                .map_err(|error| TranslateError {
+                    flag,
+                    rule: spec.to_owned(),
+                    error,
+                })?;
         }
         Ok(map)
     }
@@ -417,11 +412,15 @@ pub struct Translation {
 }
 
 impl Translation {
-    /// Parses the values of `--translate-uid` and `--translate-gid`.
-    pub fn parse<S: AsRef<str>>(uid_specs: &[S], gid_specs: &[S]) -> Result<Translation, String> {
+    /// The translation of the rules of `--translate-uid` and `--translate-gid`, each rule
+    /// already parsed on its own.
+    pub fn from_rules(
+        uid_rules: &[Rule],
+        gid_rules: &[Rule],
+    ) -> Result<Translation, TranslateError> {
         Ok(Translation {
-            uid: IdMap::parse("--translate-uid", uid_specs)?,
-            gid: IdMap::parse("--translate-gid", gid_specs)?,
+            uid: IdMap::from_rules("--translate-uid", uid_rules)?,
+            gid: IdMap::from_rules("--translate-gid", gid_rules)?,
         })
     }
 

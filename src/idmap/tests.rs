@@ -21,8 +21,20 @@ fn map(specs: &[&str]) -> IdMap {
     IdMap::parse("--translate-uid", specs).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Rules each well-formed on its own.
+fn rules(specs: &[&str]) -> Vec<Rule> {
+    specs.iter().map(|s| s.parse().unwrap()).collect()
+}
+
+/// The translation of well-formed, non-overlapping rules.
+fn translation(uid: &[&str], gid: &[&str]) -> Translation {
+    Translation::from_rules(&rules(uid), &rules(gid)).unwrap_or_else(|e| panic!("{e}"))
+}
+
 fn refusal(specs: &[&str]) -> String {
-    IdMap::parse("--translate-gid", specs).unwrap_err()
+    IdMap::parse("--translate-gid", specs)
+        .unwrap_err()
+        .to_string()
 }
 
 // ---- parsing ---------------------------------------------------------------------------------
@@ -328,15 +340,23 @@ fn many_disjoint_rules_are_each_found() {
 
 #[test]
 fn translation_flags_are_named_in_refusals() {
-    let t = Translation::parse(&["map:0:1000:1"], &["squash-host:0:100:1"]).unwrap();
+    let t = translation(&["map:0:1000:1"], &["squash-host:0:100:1"]);
     assert_eq!(t.uid.to_host(0), Ok(1000));
     assert_eq!(t.gid.to_guest(0), 100);
     assert!(!t.is_empty());
-    assert!(Translation::parse::<&str>(&[], &[]).unwrap().is_empty());
-    let e = Translation::parse(&["map:0:1000"], &[]).unwrap_err();
-    assert!(e.starts_with("--translate-uid: "), "{e}");
-    let e = Translation::parse(&["map:0:1000:1"], &["nope"]).unwrap_err();
-    assert!(e.starts_with("--translate-gid: "), "{e}");
+    assert!(translation(&[], &[]).is_empty());
+    // Rules parsed one by one (as the command line does) are checked together.
+    let t = Translation::from_rules(&rules(&["map:0:1000:10"]), &rules(&["host:5:0:1"])).unwrap();
+    assert_eq!(t.uid.to_host(9), Ok(1009));
+    let e = Translation::from_rules(&rules(&["map:0:1:1", "map:0:2:1"]), &[]).unwrap_err();
+    assert!(e.to_string().starts_with("--translate-uid: "), "{e}");
+    let e = Translation::from_rules(&[], &rules(&["map:0:1000:10", "guest:9:0:1"])).unwrap_err();
+    assert!(e.to_string().starts_with("--translate-gid: "), "{e}");
+    assert_eq!(
+        (e.flag, e.rule.as_str()),
+        ("--translate-gid", "guest:9:0:1")
+    );
+    assert!(matches!(e.error, RuleError::Overlap { .. }), "{e}");
 }
 
 // ---- the wrapper -----------------------------------------------------------------------------
@@ -812,7 +832,7 @@ fn guest_ctx() -> Context {
 }
 
 fn mapped(uid: &[&str], gid: &[&str]) -> MappedFs<Fake> {
-    MappedFs::new(Fake::default(), Translation::parse(uid, gid).unwrap())
+    MappedFs::new(Fake::default(), translation(uid, gid))
 }
 
 #[test]
@@ -1003,7 +1023,7 @@ fn listxattr_leaves_out_acl_names_while_translating() {
         plain.listxattr(&ctx, 2, 0).unwrap(),
         XattrReply::Size(list.len() as u32)
     );
-    let t = Translation::parse(&["map:0:1:1"], &[]).unwrap();
+    let t = translation(&["map:0:1:1"], &[]);
     let fs = MappedFs::new(fake(), t);
     let want = b"user.a\0security.x\0".to_vec();
     assert_eq!(
@@ -1040,7 +1060,7 @@ fn posix_acl_is_never_enabled_while_translating() {
         plain.init(u64::MAX).unwrap(),
         init::POSIX_ACL | init::ASYNC_READ
     );
-    let fs = MappedFs::new(fake(), Translation::parse(&["map:0:1:1"], &[]).unwrap());
+    let fs = MappedFs::new(fake(), translation(&["map:0:1:1"], &[]));
     assert_eq!(fs.init(u64::MAX).unwrap(), init::ASYNC_READ);
 }
 

@@ -17,8 +17,9 @@
 use std::ffi::CString;
 use std::fmt;
 
-/// How the destination finds each node the guest knows (`--migration-mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How the destination finds each node the guest knows (`--migration-mode`; the names are the
+/// flag's values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Mode {
     /// The source sends each node's path in the shared directory; the destination opens it.
     #[default]
@@ -28,8 +29,9 @@ pub enum Mode {
     FileHandles,
 }
 
-/// What a node that cannot be found again becomes (`--migration-on-error`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What a node that cannot be found again becomes (`--migration-on-error`; the names are the
+/// flag's values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum OnError {
     /// The migration fails (the source keeps running the guest).
     #[default]

@@ -2,15 +2,16 @@
 //! optional features a host enables on the command line.
 
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
 use super::xattrmap::XattrMap;
 
-/// How much the guest may cache (`--cache`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How much the guest may cache (`--cache`; the names are the flag's values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum CacheMode {
     /// No caching: zero timeouts and direct I/O.
+    // "none" is the old C virtiofsd's spelling (`-o cache=none`).
+    #[value(alias = "none")]
     Never,
     /// Metadata cached for a long time, file data never (direct I/O).
     Metadata,
@@ -19,22 +20,6 @@ pub enum CacheMode {
     Auto,
     /// The guest keeps pages, attributes, entries and directory listings.
     Always,
-}
-
-impl FromStr for CacheMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "never" | "none" => Ok(CacheMode::Never),
-            "metadata" => Ok(CacheMode::Metadata),
-            "auto" => Ok(CacheMode::Auto),
-            "always" => Ok(CacheMode::Always),
-            _ => Err(format!(
-                "invalid cache mode '{s}': expected one of never, metadata, auto, always"
-            )),
-        }
-    }
 }
 
 impl CacheMode {
@@ -49,8 +34,8 @@ impl CacheMode {
 }
 
 /// When inodes are referenced by file handle rather than by descriptor
-/// (`--inode-file-handles`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// (`--inode-file-handles`; the names are the flag's values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum InodeFileHandles {
     /// Every inode the daemon needed a descriptor of keeps an `O_PATH` descriptor: the
     /// default, as the reference's (the daemon needs no `CAP_DAC_READ_SEARCH`).
@@ -58,31 +43,17 @@ pub enum InodeFileHandles {
     Never,
     /// Inodes other than directories keep a file handle instead of a descriptor where the
     /// host file system gives handles and the daemon may open them; a descriptor otherwise.
+    // "fallback" is the reference's deprecated name (the command line warns of it).
+    #[value(alias = "fallback")]
     Prefer,
     /// As `Prefer`, but a file without a handle is refused (lookups fail) and the daemon does
     /// not start when it cannot open handles.
     Mandatory,
 }
 
-impl FromStr for InodeFileHandles {
-    type Err = String;
-
-    /// Parses a mode; "fallback" (the reference's deprecated alias) is "prefer".
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "never" => Ok(InodeFileHandles::Never),
-            "prefer" | "fallback" => Ok(InodeFileHandles::Prefer),
-            "mandatory" => Ok(InodeFileHandles::Mandatory),
-            _ => Err(format!(
-                "invalid value '{s}': expected one of never, prefer, mandatory"
-            )),
-        }
-    }
-}
-
 /// Whether to enable a feature the guest kernel must agree to (`--posix-acl`,
-/// `--security-label`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// `--security-label`; the names are the flags' values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Negotiate {
     /// Not offered.
     #[default]
@@ -91,21 +62,6 @@ pub enum Negotiate {
     Auto,
     /// Enabled; a guest kernel without support fails FUSE_INIT (`EPROTO`).
     Always,
-}
-
-impl FromStr for Negotiate {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "never" => Ok(Negotiate::Never),
-            "auto" => Ok(Negotiate::Auto),
-            "always" => Ok(Negotiate::Always),
-            _ => Err(format!(
-                "invalid value '{s}': expected one of never, auto, always"
-            )),
-        }
-    }
 }
 
 /// Default of [`Config::listing_memory`].
@@ -123,13 +79,7 @@ pub const MEMORY_PER_NODE: u64 = 2048;
 /// The default of `--max-nodes`: one node per [`MEMORY_PER_NODE`] bytes of the host's memory,
 /// at least 65,536 and at most 16,777,216 (24 GiB: 12.5 million).
 pub fn default_max_nodes() -> usize {
-    // SAFETY: sysinfo only writes the local struct, plain data for which zero bytes are valid.
-    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let total = match unsafe { libc::sysinfo(&mut si) } {
-        0 => (si.totalram as u64).saturating_mul(u64::from(si.mem_unit.max(1))),
-        _ => 0,
-    };
+    let total = nix::sys::sysinfo::sysinfo().map_or(0, |si| si.ram_total());
     (total / MEMORY_PER_NODE).clamp(1 << 16, 1 << 24) as usize
 }
 
@@ -227,33 +177,56 @@ impl Default for Config {
 
 #[cfg(test)]
 mod tests {
+    use clap::ValueEnum;
+
     use super::*;
+
+    fn parse<T: ValueEnum>(s: &str) -> Result<T, String> {
+        T::from_str(s, false)
+    }
+
+    /// The names a refusal lists (aliases are not listed).
+    fn names<T: ValueEnum>() -> Vec<String> {
+        T::value_variants()
+            .iter()
+            .filter_map(T::to_possible_value)
+            .map(|p| p.get_name().to_owned())
+            .collect()
+    }
 
     #[test]
     fn cache_mode_parses_every_reference_spelling() {
-        assert_eq!("never".parse::<CacheMode>(), Ok(CacheMode::Never));
-        assert_eq!("none".parse::<CacheMode>(), Ok(CacheMode::Never));
-        assert_eq!("metadata".parse::<CacheMode>(), Ok(CacheMode::Metadata));
-        assert_eq!("auto".parse::<CacheMode>(), Ok(CacheMode::Auto));
-        assert_eq!("always".parse::<CacheMode>(), Ok(CacheMode::Always));
+        assert_eq!(parse("never"), Ok(CacheMode::Never));
+        assert_eq!(parse("none"), Ok(CacheMode::Never));
+        assert_eq!(parse("metadata"), Ok(CacheMode::Metadata));
+        assert_eq!(parse("auto"), Ok(CacheMode::Auto));
+        assert_eq!(parse("always"), Ok(CacheMode::Always));
+        assert!(parse::<CacheMode>("sometimes").is_err());
+        assert_eq!(
+            names::<CacheMode>(),
+            ["never", "metadata", "auto", "always"]
+        );
     }
 
     #[test]
     fn inode_file_handles_parse_with_the_deprecated_alias() {
-        let p = |s: &str| s.parse::<InodeFileHandles>();
-        assert_eq!(p("never"), Ok(InodeFileHandles::Never));
-        assert_eq!(p("prefer"), Ok(InodeFileHandles::Prefer));
-        assert_eq!(p("fallback"), Ok(InodeFileHandles::Prefer));
-        assert_eq!(p("mandatory"), Ok(InodeFileHandles::Mandatory));
-        assert!(p("always")
-            .unwrap_err()
-            .contains("never, prefer, mandatory"));
+        assert_eq!(parse("never"), Ok(InodeFileHandles::Never));
+        assert_eq!(parse("prefer"), Ok(InodeFileHandles::Prefer));
+        assert_eq!(parse("fallback"), Ok(InodeFileHandles::Prefer));
+        assert_eq!(parse("mandatory"), Ok(InodeFileHandles::Mandatory));
+        assert!(parse::<InodeFileHandles>("always").is_err());
+        assert_eq!(
+            names::<InodeFileHandles>(),
+            ["never", "prefer", "mandatory"]
+        );
         assert_eq!(InodeFileHandles::default(), InodeFileHandles::Never);
     }
 
     #[test]
-    fn cache_mode_refusal_names_the_choices() {
-        let err = "sometimes".parse::<CacheMode>().unwrap_err();
-        assert!(err.contains("never, metadata, auto, always"), "{err}");
+    fn negotiate_parses_its_three_values() {
+        assert_eq!(parse("never"), Ok(Negotiate::Never));
+        assert_eq!(parse("auto"), Ok(Negotiate::Auto));
+        assert_eq!(parse("always"), Ok(Negotiate::Always));
+        assert!(parse::<Negotiate>("Always").is_err());
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! The daemon drops its own supplementary groups at start, so the host checks a creation
 //! against the caller's uid, gid and that one group only. The group is set with the raw
-//! `setgroups` system call, which (unlike the C library's wrapper) changes this thread only.
+//! `setgroups` system call, which (unlike the C library's wrapper, which `nix` calls) changes
+//! this thread only.
 //!
 //! Only a daemon running as root switches: then new files are owned by the caller, and the
 //! kernel checks the caller's permissions on the parent directory. An unprivileged daemon
@@ -13,14 +14,16 @@
 
 use std::io;
 
+use nix::unistd::{Gid, Uid};
+
 use crate::filesystem::Context;
 use crate::fuse::abi::INVALID_UIDGID;
 
 /// Restores this thread's fsuid/fsgid on drop.
 #[must_use = "the credentials are restored as soon as the guard is dropped"]
 pub struct CredsGuard {
-    old_uid: libc::uid_t,
-    old_gid: libc::gid_t,
+    old_uid: Uid,
+    old_gid: Gid,
     /// Whether a supplementary group was set (and must be cleared again).
     group_set: bool,
 }
@@ -61,8 +64,7 @@ pub fn switch_to(as_root: bool, ctx: &Context) -> io::Result<Option<CredsGuard>>
     let old_uid = match set_fsuid(uid) {
         Ok(old) => old,
         Err(e) => {
-            // SAFETY: restoring the previous fsgid of this thread; nothing to check.
-            unsafe { libc::setfsgid(old_gid) };
+            nix::unistd::setfsgid(old_gid);
             if group_set {
                 let _ = set_thread_groups(&[]);
             }
@@ -92,31 +94,28 @@ pub fn drop_supplementary_groups() -> io::Result<()> {
     if !running_as_root() {
         return Ok(());
     }
-    // SAFETY: a count of 0 with a null list clears the groups; nothing is read.
-    if unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // The C library's `setgroups`: every thread of the process, though there is one only yet.
+    nix::unistd::setgroups(&[])?;
     Ok(())
 }
 
-/// Sets the fsuid and checks it took effect (`setfsuid` reports no errors, only the old id).
-fn set_fsuid(uid: u32) -> io::Result<u32> {
-    // SAFETY: `setfsuid` only changes this thread's filesystem uid.
-    let old = unsafe { libc::setfsuid(uid) } as u32;
-    // SAFETY: as above; an invalid id (-1) changes nothing and returns the current fsuid.
-    let now = unsafe { libc::setfsuid(u32::MAX) } as u32;
-    if now != uid {
+/// An invalid id: `setfsuid`/`setfsgid` change nothing with it and return the current id.
+const NO_ID: u32 = u32::MAX;
+
+/// Sets this thread's fsuid and checks it took effect (`setfsuid` reports no errors, only the
+/// old id); returns the old one.
+fn set_fsuid(uid: u32) -> io::Result<Uid> {
+    let old = nix::unistd::setfsuid(Uid::from_raw(uid));
+    if nix::unistd::setfsuid(Uid::from_raw(NO_ID)).as_raw() != uid {
         return Err(io::Error::from_raw_os_error(libc::EPERM));
     }
     Ok(old)
 }
 
-fn set_fsgid(gid: u32) -> io::Result<u32> {
-    // SAFETY: `setfsgid` only changes this thread's filesystem gid.
-    let old = unsafe { libc::setfsgid(gid) } as u32;
-    // SAFETY: as above; an invalid id (-1) changes nothing and returns the current fsgid.
-    let now = unsafe { libc::setfsgid(u32::MAX) } as u32;
-    if now != gid {
+/// As [`set_fsuid`], for the fsgid.
+fn set_fsgid(gid: u32) -> io::Result<Gid> {
+    let old = nix::unistd::setfsgid(Gid::from_raw(gid));
+    if nix::unistd::setfsgid(Gid::from_raw(NO_ID)).as_raw() != gid {
         return Err(io::Error::from_raw_os_error(libc::EPERM));
     }
     Ok(old)
@@ -124,12 +123,10 @@ fn set_fsgid(gid: u32) -> io::Result<u32> {
 
 impl Drop for CredsGuard {
     fn drop(&mut self) {
-        // SAFETY: restoring the ids this thread had before the switch; uid first so that the
-        // thread regains the capabilities it needs to restore the gid.
-        unsafe {
-            libc::setfsuid(self.old_uid);
-            libc::setfsgid(self.old_gid);
-        }
+        // Restoring the ids this thread had before the switch; uid first so that the thread
+        // regains the capabilities it needs to restore the gid.
+        nix::unistd::setfsuid(self.old_uid);
+        nix::unistd::setfsgid(self.old_gid);
         if self.group_set {
             let _ = set_thread_groups(&[]);
         }
@@ -141,13 +138,10 @@ mod tests {
     use super::*;
 
     fn current() -> (u32, u32) {
-        // SAFETY: -1 changes nothing; the calls return the current ids.
-        unsafe {
-            (
-                libc::setfsuid(u32::MAX) as u32,
-                libc::setfsgid(u32::MAX) as u32,
-            )
-        }
+        (
+            nix::unistd::setfsuid(Uid::from_raw(NO_ID)).as_raw(),
+            nix::unistd::setfsgid(Gid::from_raw(NO_ID)).as_raw(),
+        )
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! number (see `inode` for the rule each inode keeps).
 //!
 //! Every place that finds a file by name or opens a descriptor for a node goes through here:
-//! [`PassthroughFs::find_or_add`] when a name is looked up (or a file created), and
-//! [`PassthroughFs::same_file`] when a descriptor or a name is to serve a node already known.
+//! [`Nodes::find_or_add`] when a name is looked up (or a file created), and
+//! [`Nodes::same_file`] when a descriptor or a name is to serve a node already known.
 //! The common case costs nothing beyond the `statx` a lookup makes anyway: on file systems
 //! that stamp a birth time, a file born more than [`SETTLE`] ago is proven by its key.
 
@@ -14,11 +14,10 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, PoisonError};
 
 use super::file_handle::FileHandle;
-use super::inode::{InodeData, NewInode, Source};
+use super::inode::{InodeData, InodeStore, NewInode, Source};
 use super::key::{self, SETTLE};
 use super::key::{Identity, InodeKey};
 use super::sys::{self, error, StatExtra};
-use super::PassthroughFs;
 
 /// File systems whose birth time is stamped once, at creation, and never changes (the
 /// `statfs` magic numbers). Others, overlayfs among them (a copy-up gives a file the upper
@@ -57,11 +56,12 @@ impl At<'_> {
         }
     }
 
-    /// An `O_PATH` descriptor of what is there now (a descriptor stands for itself).
-    fn open_path(self, fs: &PassthroughFs) -> io::Result<OwnedFd> {
+    /// An `O_PATH` descriptor of what is there now (a descriptor stands for itself, reopened
+    /// through `/proc/self/fd`).
+    fn open_path(self, proc_self_fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
         match self {
             At::Name(dir, name) => sys::openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0),
-            At::Fd(fd) => fs.reopen_path(fd),
+            At::Fd(fd) => sys::reopen_path(proc_self_fd, fd),
         }
     }
 }
@@ -122,7 +122,18 @@ pub(super) fn probe(fd: BorrowedFd<'_>, x: &StatExtra) -> Identity {
     identity
 }
 
-impl PassthroughFs {
+/// The node table with what telling its files apart needs: the rule of each mount, the node
+/// limit, and `/proc/self/fd` to reopen a descriptor through (`PassthroughFs::nodes` lends
+/// them).
+pub(super) struct Nodes<'a> {
+    pub(super) inodes: &'a InodeStore,
+    pub(super) mounts: &'a MountIdentities,
+    pub(super) proc_self_fd: BorrowedFd<'a>,
+    /// Most nodes the table holds (`--max-nodes`).
+    pub(super) max_nodes: usize,
+}
+
+impl Nodes<'_> {
     /// The identity rule of the mount of the file seen as `st`, `x` at `at`; `near` is a known
     /// inode (its parent), whose rule holds when it is on the same mount.
     pub(super) fn identity_of(
@@ -135,14 +146,14 @@ impl PassthroughFs {
         if st.st_dev == near.key.dev && x.mnt_id == near.key.mnt_id {
             return Ok(near.identity);
         }
-        if let Some(i) = self.mount_identities.get(st.st_dev, x.mnt_id) {
+        if let Some(i) = self.mounts.get(st.st_dev, x.mnt_id) {
             return Ok(i);
         }
         let identity = match at {
             At::Fd(fd) => probe(fd, x),
-            At::Name(..) => probe(at.open_path(self)?.as_fd(), x),
+            At::Name(..) => probe(at.open_path(self.proc_self_fd)?.as_fd(), x),
         };
-        Ok(self.mount_identities.insert(st.st_dev, x.mnt_id, identity))
+        Ok(self.mounts.insert(st.st_dev, x.mnt_id, identity))
     }
 
     /// The key of the file seen as `st`, `x` at `at`, next to the known inode `near`.
@@ -213,7 +224,7 @@ impl PassthroughFs {
                         // The name may have changed between the `statx` and the handle: check once
                         // more through one descriptor before retiring a node the guest holds.
                         (false, At::Name(..)) if !known.is_stale() => {
-                            let fd = at.open_path(self)?;
+                            let fd = at.open_path(self.proc_self_fd)?;
                             let (st, x) = sys::stat_fd_mnt(fd.as_fd())?;
                             if InodeKey::new(&st, &x, identity) != key {
                                 return Err(error(libc::ESTALE));
@@ -259,7 +270,7 @@ impl PassthroughFs {
     /// Refuses a new inode once the table holds `--max-nodes` (`ENFILE`, logged once per
     /// thousand refusals): memory stays bounded whatever the guest looks up and never forgets.
     pub(super) fn check_node_limit(&self) -> io::Result<()> {
-        if self.inodes.len() < self.cfg.max_nodes {
+        if self.inodes.len() < self.max_nodes {
             return Ok(());
         }
         static REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -267,7 +278,7 @@ impl PassthroughFs {
             log::warn!(
                 "the guest holds {} nodes (--max-nodes): a new one is refused with ENFILE until \
                  it forgets some",
-                self.cfg.max_nodes
+                self.max_nodes
             );
         }
         Err(error(libc::ENFILE))
@@ -307,7 +318,7 @@ impl PassthroughFs {
             return Ok(new(source, None, false));
         }
         // Hold the file open: its number cannot go to another file while the guest holds it.
-        let fd = at.open_path(self)?;
+        let fd = at.open_path(self.proc_self_fd)?;
         let (st, x) = sys::stat_fd_mnt(fd.as_fd())?;
         if InodeKey::new(&st, &x, identity) != key {
             return Err(error(libc::ESTALE));

@@ -356,7 +356,7 @@ impl PassthroughFs {
     /// Whether `names` leads to `node` now.
     fn leads_to(&self, names: &[CString], node: &InodeData) -> io::Result<bool> {
         match self.open_beneath(names.iter().map(|n| n.to_bytes())) {
-            Ok(fd) => self.is_inode(fd.as_fd(), node),
+            Ok(fd) => self.nodes().is_inode(fd.as_fd(), node),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
             Err(e) => Err(e),
         }
@@ -727,13 +727,17 @@ impl PassthroughFs {
                 ));
             }
         }
-        let identity = self.identity_of(&root, &st, &x, At::Fd(fd.as_fd()))?;
+        let identity = self
+            .nodes()
+            .identity_of(&root, &st, &x, At::Fd(fd.as_fd()))?;
         let key = InodeKey::new(&st, &x, identity);
         let source = match parent {
             Some((parent, name)) => Source::Found(Origin::new(parent, &name)),
             None => Source::Fd(sys::dup(fd.as_fd())?),
         };
-        let n = self.new_inode(key, identity, At::Fd(fd.as_fd()), source)?;
+        let n = self
+            .nodes()
+            .new_inode(key, identity, At::Fd(fd.as_fd()), source)?;
         self.inodes.restore(node.id, n, node.refcount).map_err(|_| {
             refused(
                 libc::ESTALE,

@@ -13,13 +13,24 @@
 //! `..` of the shared directory is the shared directory.
 //!
 //! # Layout
+//! Each line uses only the modules of the lines below it (`doc/architecture.md`, checked by
+//! `tests/architecture.rs`):
+//! - `ops`: the requests, one method each (`impl FileSystem for PassthroughFs`); `migration`:
+//!   the nodes and handles a migration saves and finds again;
+//! - this module: [`PassthroughFs`], the descriptors of nodes, opening by name, listings, INIT
+//!   negotiation; it lends `identity` and `xattr` what they need of it (`nodes`, `xattrs`);
+//! - `identity`: telling a node's file from a later file with the same inode number;
+//!   `dircache`: directory snapshots shared between handles, under one memory budget;
 //! - `inode`: node id ↔ host file table with lookup counts;
-//! - `file_handle`: file handles, kept instead of descriptors with `--inode-file-handles`;
-//! - `handle`: open files and directories;
-//! - `dir`: directory snapshots served by READDIR / READDIRPLUS;
-//! - `io_fds`: per-inode descriptors for requests without a handle (no-open mode);
-//! - `sys`: thin wrappers over the syscalls;
-//! - `credentials`: creating files as the guest caller when running as root.
+//! - `handle`: open files and directories; `io_fds`: per-inode descriptors for requests
+//!   without a handle (no-open mode); `file_handle`: file handles, kept instead of descriptors
+//!   with `--inode-file-handles`;
+//! - `dir`: directory snapshots and streamed listings served by READDIR / READDIRPLUS; `key`:
+//!   what identifies a host file or a directory's state; `config`: the settings; `xattr`:
+//!   extended attributes, ACL gating, security labels, set-id clearing;
+//! - `budget`: the listings' memory budget; `sys`: thin wrappers over the syscalls; `xattrmap`:
+//!   the `--xattrmap` language; `threadfs`: per-thread working directory and umask;
+//!   `credentials`: creating files as the guest caller when running as root.
 
 mod budget;
 pub mod config;
@@ -54,23 +65,23 @@ pub use inode::allocator_gives_memory_back;
 
 use crate::filesystem::{
     Context, DirEntry, Entry, FileSystem, Opened, SecCtx, SetAttr, SetTime, XattrReply,
+    ZeroCopyReader, ZeroCopyWriter,
 };
 use crate::fuse::abi::{fopen, init, ROOT_ID};
-use crate::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
+use crate::os::open_path_dir;
 use dir::DirSnapshot;
 use dircache::DirCache;
 use file_handle::{FileHandle, MountFds};
 use handle::{HandleData, HandleStore};
-use identity::{At, MountIdentities};
+use identity::{At, MountIdentities, Nodes};
 use inode::{InodeData, InodeStore, Origin, PathFd, Source};
 use io_fds::{Access, IoFd, IoFds};
 use key::{InodeKey, Stamp};
 use sys::{error, ProcName};
+use xattr::Xattrs;
 
 /// Longest name of a directory entry.
 const NAME_MAX: usize = 255;
-/// Largest extended attribute value, and largest list of names (Linux `XATTR_*_MAX`).
-const XATTR_MAX: usize = 65536;
 
 /// A filesystem that passes every request through to a host directory.
 pub struct PassthroughFs {
@@ -151,19 +162,6 @@ fn flags_write(flags: i32) -> bool {
     acc == libc::O_WRONLY || acc == libc::O_RDWR || flags & libc::O_TRUNC != 0
 }
 
-/// The permission bits of `mode` with set-user-id cleared, and set-group-id cleared when the
-/// group may execute; `None` when nothing needs clearing.
-fn killed_suidgid(mode: u32) -> Option<u32> {
-    let mut m = mode & 0o7777;
-    if m & libc::S_ISUID != 0 {
-        m &= !libc::S_ISUID;
-    }
-    if m & libc::S_ISGID != 0 && m & libc::S_IXGRP != 0 {
-        m &= !libc::S_ISGID;
-    }
-    (m != mode & 0o7777).then_some(m)
-}
-
 fn timespec(t: SetTime) -> libc::timespec {
     let (tv_sec, tv_nsec) = match t {
         SetTime::Omit => (0, libc::UTIME_OMIT),
@@ -194,14 +192,6 @@ fn is_resource_shortage(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
     )
-}
-
-/// Opens the directory `path` with `O_PATH` (the shared directory, `/proc/self/fd`; the sandbox
-/// opens the latter with it too, before it hides `/proc`).
-pub fn open_path_dir(path: &std::path::Path) -> nix::Result<OwnedFd> {
-    use nix::fcntl::OFlag;
-    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-    nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty())
 }
 
 fn open_path_flags() -> i32 {
@@ -291,7 +281,7 @@ impl PassthroughFs {
         let pfd = self.path_fd(parent)?;
         let (st, x) = sys::stat_at_mnt(pfd.as_fd(), name)?;
         let at = At::Name(pfd.as_fd(), name);
-        let (node, new) = self.find_or_add(parent, &st, &x, at, || {
+        let (node, new) = self.nodes().find_or_add(parent, &st, &x, at, || {
             Ok(Source::Found(Origin::new(parent.clone(), name)))
         })?;
         if !new {
@@ -345,7 +335,7 @@ impl PassthroughFs {
         let by_name = match &origin {
             Some((parent, name)) => {
                 match sys::openat(self.path_fd(parent)?.as_fd(), name, open_path_flags(), 0) {
-                    Ok(fd) if self.is_inode(fd.as_fd(), data)? => Some(fd),
+                    Ok(fd) if self.nodes().is_inode(fd.as_fd(), data)? => Some(fd),
                     // Out of descriptors or memory says nothing about where the name leads:
                     // the guest gets that error, not ESTALE.
                     Err(e) if is_resource_shortage(&e) => return Err(e),
@@ -383,7 +373,7 @@ impl PassthroughFs {
         }
         if let Some(h) = data.file_handle() {
             if let Ok(fd) = self.mounts.open(h, open_path_flags()) {
-                if self.is_inode(fd.as_fd(), data)? {
+                if self.nodes().is_inode(fd.as_fd(), data)? {
                     return Ok(PathFd::Owned(fd));
                 }
             }
@@ -400,8 +390,32 @@ impl PassthroughFs {
 
     /// A new `O_PATH` descriptor of the file `fd` refers to, through `/proc/self/fd/N`.
     fn reopen_path(&self, fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-        let name = ProcName::new(fd.as_raw_fd());
-        sys::openat(self.proc_self_fd.as_fd(), name.name(), libc::O_PATH, 0)
+        sys::reopen_path(self.proc_self_fd.as_fd(), fd)
+    }
+
+    /// The extended-attribute rules of this session (see `xattr`).
+    fn xattrs(&self) -> Xattrs<'_> {
+        Xattrs {
+            map: self.cfg.xattrmap.as_ref(),
+            cap: self.cap_xattr.as_deref(),
+            acl: self.posix_acl_on.load(Ordering::Relaxed),
+            proc_self_fd: self.proc_self_fd.as_fd(),
+        }
+    }
+
+    /// Whether security contexts sent with creations are applied in this session.
+    fn labels_enabled(&self) -> bool {
+        self.security_ctx_on.load(Ordering::Relaxed)
+    }
+
+    /// The node table with what tells its files apart (see `identity`).
+    fn nodes(&self) -> Nodes<'_> {
+        Nodes {
+            inodes: &self.inodes,
+            mounts: &self.mount_identities,
+            proc_self_fd: self.proc_self_fd.as_fd(),
+            max_nodes: self.cfg.max_nodes,
+        }
     }
 
     /// The file handle of the file `fd` (a descriptor verified to be the inode's), with a
@@ -435,7 +449,7 @@ impl PassthroughFs {
         node: &InodeData,
     ) -> io::Result<FileHandle> {
         let fd = sys::openat(self.path_fd(parent)?.as_fd(), name, open_path_flags(), 0)?;
-        if !self.is_inode(fd.as_fd(), node)? {
+        if !self.nodes().is_inode(fd.as_fd(), node)? {
             return Err(error(libc::ESTALE));
         }
         self.handle_of(fd.as_fd(), Some(parent)).inspect_err(|e| {
@@ -455,6 +469,7 @@ impl PassthroughFs {
                 // Not proven through the name (it may have changed meanwhile): through a
                 // descriptor below.
                 if self
+                    .nodes()
                     .same_file(data, &key, At::Name(pfd.as_fd(), &name))
                     .unwrap_or(false)
                 {
@@ -485,7 +500,7 @@ impl PassthroughFs {
             if let Some((parent, name)) = data.origin().filter(|_| !data.is_stale()) {
                 let pfd = self.path_fd(&parent)?;
                 match sys::openat(pfd.as_fd(), &name, open_path_flags(), 0) {
-                    Ok(path) if self.is_inode(path.as_fd(), data)? => {
+                    Ok(path) if self.nodes().is_inode(path.as_fd(), data)? => {
                         return self.reopen_fd(path.as_fd(), flags);
                     }
                     Err(e) if out_of_fds(&e) => return Err(e),
@@ -513,9 +528,9 @@ impl PassthroughFs {
         let dfd = self.path_fd(dir)?;
         let (st, x) = sys::stat_at_mnt(dfd.as_fd(), dotdot)?;
         let at = At::Name(dfd.as_fd(), dotdot);
-        let key = self.key_at(dir, &st, &x, at)?;
+        let key = self.nodes().key_at(dir, &st, &x, at)?;
         let known = match self.inodes.ref_known(&key) {
-            Some(known) => match self.same_file(&known, &key, at) {
+            Some(known) => match self.nodes().same_file(&known, &key, at) {
                 Ok(true) => Some(known),
                 r => {
                     self.inodes.forget(known.id, 1);
@@ -780,7 +795,7 @@ impl PassthroughFs {
     }
 
     /// Makes a node with `make(parent_fd)` as the caller (with the guest's `umask` when
-    /// given, see [`Self::with_guest_umask`]), labels it with `secctx`, then looks it up. A node
+    /// given, see [`Xattrs::with_guest_umask`]), labels it with `secctx`, then looks it up. A node
     /// that cannot be labelled is removed again and the creation fails.
     fn make_node(
         &self,
@@ -794,14 +809,14 @@ impl PassthroughFs {
         self.check_writable()?;
         check_new_name(name)?;
         // Past --max-nodes nothing is made that the guest could not be given.
-        self.check_node_limit()?;
+        self.nodes().check_node_limit()?;
         let p = self.inode(parent)?;
         {
             let _creds = credentials::switch_to(self.as_root, ctx)?;
             let pfd = self.path_fd(&p)?;
             let pfd = pfd.as_fd();
             match umask {
-                Some(m) => self.with_guest_umask(m, || make(pfd))?,
+                Some(m) => self.xattrs().with_guest_umask(m, || make(pfd))?,
                 None => make(pfd)?,
             }
         }
@@ -809,7 +824,7 @@ impl PassthroughFs {
             let pfd = self.path_fd(&p)?;
             let pfd = pfd.as_fd();
             let labelled = sys::openat(pfd, name, open_path_flags(), 0)
-                .and_then(|fd| self.label_path_fd(fd.as_fd(), secctx).map(|()| fd));
+                .and_then(|fd| self.xattrs().label_path_fd(fd.as_fd(), secctx).map(|()| fd));
             if let Err(e) = labelled {
                 log::warn!("security context of a new node refused by the host: {e}");
                 let kind = sys::fstatat(pfd, name, libc::AT_SYMLINK_NOFOLLOW)
@@ -846,10 +861,11 @@ impl PassthroughFs {
             false => None,
         };
         let (node, new) =
-            self.find_or_add(parent, &st, &x, At::Fd(file.as_fd()), || match name {
-                Some(name) => Ok(Source::Found(Origin::new(parent.clone(), name))),
-                None => self.reopen_path(file.as_fd()).map(Source::Fd),
-            })?;
+            self.nodes()
+                .find_or_add(parent, &st, &x, At::Fd(file.as_fd()), || match name {
+                    Some(name) => Ok(Source::Found(Origin::new(parent.clone(), name))),
+                    None => self.reopen_path(file.as_fd()).map(Source::Fd),
+                })?;
         if let (false, Some(name)) = (new, name) {
             node.found_at(parent, name);
         }
@@ -922,9 +938,9 @@ impl PassthroughFs {
     /// (`FUSE_OPEN_KILL_SUIDGID`), and a remapped `security.capability` in any case.
     fn truncated_on_open(&self, fd: BorrowedFd<'_>, fuse_flags: u32) -> io::Result<()> {
         if fuse_flags & crate::fuse::abi::OPEN_KILL_SUIDGID != 0 {
-            self.kill_priv(fd)
+            self.xattrs().kill_priv(fd)
         } else {
-            self.drop_remapped_capability(fd)
+            self.xattrs().drop_remapped_capability(fd)
         }
     }
 
@@ -1074,11 +1090,14 @@ impl PassthroughFs {
         // Outside no-open mode only a file that keeps other names needs it: a node remembers
         // one name, and this one is going.
         let keep = !is_dir && (self.no_open() || !last_name);
-        let key = self.key_at(parent, &st, &x, At::Name(dir, name)).ok()?;
+        let key = self
+            .nodes()
+            .key_at(parent, &st, &x, At::Name(dir, name))
+            .ok()?;
         let known = self.inodes.find(&key)?;
         if keep && known.opened_fd().is_none() {
             if let Ok(fd) = sys::openat(dir, name, open_path_flags(), 0) {
-                if self.is_inode(fd.as_fd(), &known).unwrap_or(false) {
+                if self.nodes().is_inode(fd.as_fd(), &known).unwrap_or(false) {
                     known.keep_fd(fd);
                 }
             }

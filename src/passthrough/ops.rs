@@ -198,9 +198,10 @@ impl FileSystem for PassthroughFs {
         if attr.kill_suidgid && attr.mode.is_none() {
             // FATTR_KILL_SUIDGID (--killpriv-v2): the truncation or ownership change was made
             // by a guest caller without CAP_FSETID.
-            self.kill_priv(self.path_fd(&data)?.as_fd())?;
+            self.xattrs().kill_priv(self.path_fd(&data)?.as_fd())?;
         } else if attr.size.is_some() || attr.uid.is_some() || attr.gid.is_some() {
-            self.drop_remapped_capability(self.path_fd(&data)?.as_fd())?;
+            self.xattrs()
+                .drop_remapped_capability(self.path_fd(&data)?.as_fd())?;
         }
         Ok((sys::stat_fd(pfd.as_fd())?, self.cfg.attr_timeout))
     }
@@ -236,7 +237,7 @@ impl FileSystem for PassthroughFs {
         umask: u32,
         secctx: &[SecCtx<'_>],
     ) -> io::Result<Entry> {
-        let mode = (mode & libc::S_IFMT) | self.create_mode(mode, umask);
+        let mode = (mode & libc::S_IFMT) | self.xattrs().create_mode(mode, umask);
         self.make_node(ctx, parent, name, Some(umask), secctx, |dir| {
             sys::mknodat(dir, name, mode, u64::from(rdev))
         })
@@ -251,7 +252,7 @@ impl FileSystem for PassthroughFs {
         umask: u32,
         secctx: &[SecCtx<'_>],
     ) -> io::Result<Entry> {
-        let mode = self.create_mode(mode, umask);
+        let mode = self.xattrs().create_mode(mode, umask);
         self.make_node(ctx, parent, name, Some(umask), secctx, |dir| {
             sys::mkdirat(dir, name, mode)
         })
@@ -308,9 +309,12 @@ impl FileSystem for PassthroughFs {
         let known = |dnode: &InodeData, dir: BorrowedFd<'_>, name: &CStr| {
             let (st, x) = sys::stat_at_mnt(dir, name).ok()?;
             let at = At::Name(dir, name);
-            let key = self.key_at(dnode, &st, &x, at).ok()?;
+            let key = self.nodes().key_at(dnode, &st, &x, at).ok()?;
             let node = self.inodes.find(&key)?;
-            self.same_file(&node, &key, at).ok()?.then_some(node)
+            self.nodes()
+                .same_file(&node, &key, at)
+                .ok()?
+                .then_some(node)
         };
         let moved = known(&old, old_fd, oldname);
         let (swapped, replaced) = if flags & libc::RENAME_EXCHANGE != 0 {
@@ -422,7 +426,7 @@ impl FileSystem for PassthroughFs {
         self.check_writable()?;
         check_new_name(name)?;
         // Past --max-nodes nothing is made that the guest could not be given.
-        self.check_node_limit()?;
+        self.nodes().check_node_limit()?;
         let p = self.inode(parent)?;
         let flags = flags as i32;
         let direct = self.host_open_flags(flags) & libc::O_DIRECT != 0;
@@ -430,21 +434,21 @@ impl FileSystem for PassthroughFs {
         // (the host may refuse it, and the file must not be created twice).
         let oflags =
             (self.host_open_flags(flags) & !libc::O_DIRECT) | libc::O_CREAT | libc::O_NOFOLLOW;
-        let mode = self.create_mode(mode, umask);
+        let mode = self.xattrs().create_mode(mode, umask);
         let mut tries = 0;
         loop {
             let created = {
                 let _creds = credentials::switch_to(self.as_root, ctx)?;
                 let pfd = self.path_fd(&p)?;
                 let pfd = pfd.as_fd();
-                self.with_guest_umask(umask, || {
+                self.xattrs().with_guest_umask(umask, || {
                     sys::openat(pfd, name, oflags | libc::O_EXCL, mode)
                 })
             };
             match created {
                 Ok(file) => {
                     if self.labels_enabled() && !secctx.is_empty() {
-                        if let Err(e) = self.label_fd(file.as_fd(), secctx) {
+                        if let Err(e) = self.xattrs().label_fd(file.as_fd(), secctx) {
                             log::warn!("security context of a new file refused by the host: {e}");
                             let _ = sys::unlinkat(self.path_fd(&p)?.as_fd(), name, 0);
                             return Err(e);
@@ -497,16 +501,17 @@ impl FileSystem for PassthroughFs {
         let flags = flags as i32;
         let direct = self.host_open_flags(flags) & libc::O_DIRECT != 0;
         let oflags = (self.host_open_flags(flags) & !libc::O_DIRECT) | libc::O_TMPFILE;
-        let mode = self.create_mode(mode, umask);
+        let mode = self.xattrs().create_mode(mode, umask);
         let file = {
             let _creds = credentials::switch_to(self.as_root, ctx)?;
             let pfd = self.path_fd(&p)?;
             let pfd = pfd.as_fd();
-            self.with_guest_umask(umask, || sys::openat(pfd, c".", oflags, mode))?
+            self.xattrs()
+                .with_guest_umask(umask, || sys::openat(pfd, c".", oflags, mode))?
         };
         if self.labels_enabled() && !secctx.is_empty() {
             // Unnamed: closing it is all the removal it needs.
-            self.label_fd(file.as_fd(), secctx)?;
+            self.xattrs().label_fd(file.as_fd(), secctx)?;
         }
         self.register_open(&p, file, None, direct)
     }
@@ -540,9 +545,9 @@ impl FileSystem for PassthroughFs {
         sys::to_off(offset)?;
         let h = self.file_ref(inode, handle, Access::Write)?;
         if kill_priv {
-            self.kill_priv(h.fd())?;
+            self.xattrs().kill_priv(h.fd())?;
         } else {
-            self.drop_remapped_capability(h.fd())?;
+            self.xattrs().drop_remapped_capability(h.fd())?;
         }
         // The reader keeps writing until `size` bytes are written or the file refuses more.
         r.write_to_file_at(h.fd(), size as usize, offset)
@@ -777,7 +782,8 @@ impl FileSystem for PassthroughFs {
         self.xattr_enabled()?;
         self.check_writable()?;
         let data = self.inode(inode)?;
-        self.do_setxattr(&data, name, value, flags, setxattr_flags)
+        self.xattrs()
+            .set(|| self.path_fd(&data), name, value, flags, setxattr_flags)
     }
 
     fn getxattr(
@@ -789,20 +795,20 @@ impl FileSystem for PassthroughFs {
     ) -> io::Result<XattrReply> {
         self.xattr_enabled()?;
         let data = self.inode(inode)?;
-        self.do_getxattr(&data, name, size)
+        self.xattrs().get(|| self.path_fd(&data), name, size)
     }
 
     fn listxattr(&self, _ctx: &Context, inode: u64, size: u32) -> io::Result<XattrReply> {
         self.xattr_enabled()?;
         let data = self.inode(inode)?;
-        self.do_listxattr(&data, size)
+        self.xattrs().list(self.path_fd(&data)?.as_fd(), size)
     }
 
     fn removexattr(&self, _ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> {
         self.xattr_enabled()?;
         self.check_writable()?;
         let data = self.inode(inode)?;
-        self.do_removexattr(&data, name)
+        self.xattrs().remove(|| self.path_fd(&data), name)
     }
 
     fn fallocate(
@@ -817,7 +823,7 @@ impl FileSystem for PassthroughFs {
     ) -> io::Result<()> {
         self.check_writable()?;
         let h = self.file_ref(inode, handle, Access::Write)?;
-        self.modifying(h.fd(), kill_priv)?;
+        self.xattrs().modifying(h.fd(), kill_priv)?;
         sys::fallocate(h.fd(), mode, offset, length)
     }
 
@@ -859,7 +865,7 @@ impl FileSystem for PassthroughFs {
         let len = usize::try_from(len).unwrap_or(usize::MAX);
         let hin = self.file_ref(inode_in, handle_in, Access::Read)?;
         let hout = self.file_ref(inode_out, handle_out, Access::Write)?;
-        self.modifying(hout.fd(), kill_priv)?;
+        self.xattrs().modifying(hout.fd(), kill_priv)?;
         sys::copy_file_range(hin.fd(), offset_in, hout.fd(), offset_out, len, flags)
     }
 

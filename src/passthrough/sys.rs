@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub const EMPTY: &CStr = c"";
 
 /// An `io::Error` for a raw `errno` value.
-pub use crate::filesystem::errno as error;
+pub use crate::os::errno as error;
 
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 {
@@ -109,6 +109,13 @@ pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Re
         )
     };
     check(fd).map(owned)
+}
+
+/// An `O_PATH` descriptor of the file `fd` refers to, reopened through its magic link in
+/// `/proc/self/fd` (`proc_self_fd`).
+pub fn reopen_path(proc_self_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let name = ProcName::new(fd.as_raw_fd());
+    openat(proc_self_fd, name.name(), libc::O_PATH, 0)
 }
 
 /// A zeroed `stat64`, to be filled in.

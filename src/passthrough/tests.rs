@@ -4,6 +4,7 @@
 mod file_handles;
 mod listings;
 
+use super::xattr::killed_suidgid;
 use super::*;
 use crate::fuse::io::{SliceReader, VecWriter};
 use std::collections::BTreeSet;

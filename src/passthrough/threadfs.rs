@@ -18,8 +18,12 @@
 
 use std::cell::RefCell;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use nix::sched::CloneFlags;
+use nix::sys::stat::Mode;
 
 /// Held while the shared working directory or umask is changed (only when unshare failed).
 static SHARED: Mutex<()> = Mutex::new(());
@@ -38,47 +42,36 @@ thread_local! {
     static STATE: RefCell<State> = const { RefCell::new(State::Unknown) };
 }
 
-fn errno() -> io::Error {
-    io::Error::last_os_error()
-}
-
 /// Opens the current working directory (`O_PATH`), to return to it later.
 fn open_cwd() -> Option<OwnedFd> {
-    // SAFETY: the path is a NUL-terminated literal; the result is checked before use.
-    let fd = unsafe {
-        libc::open(
-            c".".as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    // SAFETY: a non-negative result is a descriptor this function now owns.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+    crate::os::open_path_dir(Path::new(".")).ok()
 }
 
 /// Makes this thread's attributes private if not tried yet; returns the lock to hold when they
-/// are shared, and the directory to return to when they are private.
-fn enter() -> (Option<MutexGuard<'static, ()>>, Option<libc::c_int>) {
+/// are shared, and whether they are private with a directory to return to.
+fn enter() -> (Option<MutexGuard<'static, ()>>, bool) {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         if matches!(*s, State::Unknown) {
-            // SAFETY: unshare(CLONE_FS) only gives this thread its own copy of root, working
-            // directory and umask; it touches no memory.
-            *s = if unsafe { libc::unshare(libc::CLONE_FS) } == 0 {
-                State::Private(open_cwd())
-            } else {
-                log::warn!(
-                    "unshare(CLONE_FS) failed ({}); changes of the working directory and umask \
-                     are serialised process-wide",
-                    errno()
-                );
-                State::Shared
+            // unshare(CLONE_FS) only gives this thread its own copy of root, working directory
+            // and umask.
+            *s = match nix::sched::unshare(CloneFlags::CLONE_FS) {
+                Ok(()) => State::Private(open_cwd()),
+                Err(e) => {
+                    log::warn!(
+                        "unshare(CLONE_FS) failed ({}); changes of the working directory and \
+                         umask are serialised process-wide",
+                        io::Error::from(e)
+                    );
+                    State::Shared
+                }
             };
         }
         match &*s {
-            State::Private(cwd) => (None, cwd.as_ref().map(|f| f.as_raw_fd())),
-            _ => (
+            State::Private(cwd) => (None, cwd.is_some()),
+            State::Shared | State::Unknown => (
                 Some(SHARED.lock().unwrap_or_else(PoisonError::into_inner)),
-                None,
+                false,
             ),
         }
     })
@@ -86,18 +79,16 @@ fn enter() -> (Option<MutexGuard<'static, ()>>, Option<libc::c_int>) {
 
 /// Runs `f` with `dir` as the working directory, then returns to the previous one.
 pub fn in_dir<T>(dir: BorrowedFd<'_>, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    let (_lock, private_cwd) = enter();
-    let back = match private_cwd {
-        Some(fd) => BackTo::Borrowed(fd),
-        None => match open_cwd() {
+    let (_lock, to_start) = enter();
+    let back = if to_start {
+        BackTo::Start
+    } else {
+        match open_cwd() {
             Some(fd) => BackTo::Owned(fd),
             None => BackTo::Root,
-        },
+        }
     };
-    // SAFETY: `dir` is a valid descriptor for the duration of the call.
-    if unsafe { libc::fchdir(dir.as_raw_fd()) } != 0 {
-        return Err(errno());
-    }
+    nix::unistd::fchdir(dir)?;
     let r = f();
     back.go();
     r
@@ -105,7 +96,8 @@ pub fn in_dir<T>(dir: BorrowedFd<'_>, f: impl FnOnce() -> io::Result<T>) -> io::
 
 /// Where [`in_dir`] returns to.
 enum BackTo {
-    Borrowed(libc::c_int),
+    /// The directory this thread's private attributes started with.
+    Start,
     Owned(OwnedFd),
     /// The previous directory could not be opened: the root, which always exists.
     Root,
@@ -113,18 +105,19 @@ enum BackTo {
 
 impl BackTo {
     fn go(self) {
-        let rc = match &self {
-            // SAFETY: the descriptor belongs to this thread's state and stays open.
-            BackTo::Borrowed(fd) => unsafe { libc::fchdir(*fd) },
-            // SAFETY: the descriptor is owned here and open.
-            BackTo::Owned(fd) => unsafe { libc::fchdir(fd.as_raw_fd()) },
-            // SAFETY: a NUL-terminated literal path.
-            BackTo::Root => unsafe { libc::chdir(c"/".as_ptr()) },
+        let root = || nix::unistd::chdir("/");
+        let r = match &self {
+            BackTo::Start => STATE.with(|s| match &*s.borrow() {
+                State::Private(Some(fd)) => nix::unistd::fchdir(fd.as_fd()),
+                _ => root(),
+            }),
+            BackTo::Owned(fd) => nix::unistd::fchdir(fd.as_fd()),
+            BackTo::Root => root(),
         };
-        if rc != 0 {
+        if let Err(e) = r {
             log::warn!(
                 "cannot return to the previous working directory: {}",
-                errno()
+                io::Error::from(e)
             );
         }
     }
@@ -133,11 +126,9 @@ impl BackTo {
 /// Runs `f` with `mask` as the umask, then restores the previous one.
 pub fn with_umask<T>(mask: u32, f: impl FnOnce() -> T) -> T {
     let (_lock, _) = enter();
-    // SAFETY: umask only sets the file mode creation mask and cannot fail.
-    let old = unsafe { libc::umask((mask & 0o777) as libc::mode_t) };
+    let old = nix::sys::stat::umask(Mode::from_bits_truncate(mask & 0o777));
     let r = f();
-    // SAFETY: as above, restoring the previous mask.
-    unsafe { libc::umask(old) };
+    nix::sys::stat::umask(old);
     r
 }
 
@@ -148,12 +139,9 @@ mod tests {
 
     /// Reads this thread's umask (setting it back at once).
     fn current_umask() -> libc::mode_t {
-        // SAFETY: umask cannot fail; the old value is put back.
-        unsafe {
-            let m = libc::umask(0o022);
-            libc::umask(m);
-            m
-        }
+        let m = nix::sys::stat::umask(Mode::from_bits_truncate(0o022));
+        nix::sys::stat::umask(m);
+        m.bits()
     }
 
     #[test]

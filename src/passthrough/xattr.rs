@@ -12,14 +12,15 @@ use std::borrow::Cow;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::sync::atomic::Ordering;
 
 use super::sys::{self, error, ProcName};
 use super::threadfs;
 use super::xattrmap::{ToHost, XattrMap};
-use super::{killed_suidgid, InodeData, PassthroughFs, XATTR_MAX};
 use crate::filesystem::{SecCtx, XattrReply};
 use crate::fuse::abi::SETXATTR_ACL_KILL_SGID;
+
+/// Largest extended attribute value, and largest list of names (Linux `XATTR_*_MAX`).
+const XATTR_MAX: usize = 65536;
 
 const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
 const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
@@ -38,21 +39,41 @@ pub(super) fn remapped_capability(map: Option<&XattrMap>) -> Option<CString> {
     }
 }
 
-impl PassthroughFs {
-    /// Whether POSIX ACLs were enabled in this session (`--posix-acl` and the guest agreed).
-    pub(super) fn acl_enabled(&self) -> bool {
-        self.posix_acl_on.load(Ordering::Relaxed)
+/// The permission bits of `mode` with set-user-id cleared, and set-group-id cleared when the
+/// group may execute; `None` when nothing needs clearing.
+pub(super) fn killed_suidgid(mode: u32) -> Option<u32> {
+    let mut m = mode & 0o7777;
+    if m & libc::S_ISUID != 0 {
+        m &= !libc::S_ISUID;
     }
+    if m & libc::S_ISGID != 0 && m & libc::S_IXGRP != 0 {
+        m &= !libc::S_ISGID;
+    }
+    (m != mode & 0o7777).then_some(m)
+}
 
+/// The extended-attribute rules of a session, and `/proc/self/fd`, through which every call
+/// reaches its file (`PassthroughFs::xattrs` lends them).
+pub(super) struct Xattrs<'a> {
+    /// `--xattrmap`.
+    pub(super) map: Option<&'a XattrMap>,
+    /// The host name of `security.capability` when the map renames it
+    /// ([`remapped_capability`]).
+    pub(super) cap: Option<&'a CStr>,
+    /// Whether POSIX ACLs were enabled in this session (`--posix-acl` and the guest agreed).
+    pub(super) acl: bool,
+    pub(super) proc_self_fd: BorrowedFd<'a>,
+}
+
+impl Xattrs<'_> {
     /// The host name of the attribute the guest calls `name`. While POSIX ACLs are not enabled,
     /// ACL attributes are refused (`EOPNOTSUPP`) whichever side names them: the guest would not
     /// enforce them.
-    pub(super) fn host_xattr_name<'a>(&self, name: &'a CStr) -> io::Result<Cow<'a, CStr>> {
-        let acl = self.acl_enabled();
-        if !acl && is_acl(name.to_bytes()) {
+    fn host_name<'n>(&self, name: &'n CStr) -> io::Result<Cow<'n, CStr>> {
+        if !self.acl && is_acl(name.to_bytes()) {
             return Err(error(libc::EOPNOTSUPP));
         }
-        let host = match &self.cfg.xattrmap {
+        let host = match self.map {
             None => Cow::Borrowed(name),
             Some(map) => match map.to_host(name) {
                 ToHost::Name(n) => n,
@@ -60,7 +81,7 @@ impl PassthroughFs {
                 ToHost::Unsupported => return Err(error(libc::EOPNOTSUPP)),
             },
         };
-        if !acl && is_acl(host.to_bytes()) {
+        if !self.acl && is_acl(host.to_bytes()) {
             return Err(error(libc::EOPNOTSUPP));
         }
         Ok(host)
@@ -68,14 +89,14 @@ impl PassthroughFs {
 
     /// The NUL-separated host list `raw` as the guest sees it: names translated, hidden ones
     /// (by the map, or ACL names while ACLs are off) left out.
-    fn guest_xattr_list(&self, raw: &[u8]) -> Vec<u8> {
-        let acl = self.acl_enabled();
+    fn guest_list(&self, raw: &[u8]) -> Vec<u8> {
+        let acl = self.acl;
         let mut out = Vec::with_capacity(raw.len());
         for name in raw.split(|&b| b == 0).filter(|n| !n.is_empty()) {
             if !acl && is_acl(name) {
                 continue;
             }
-            let shown = match &self.cfg.xattrmap {
+            let shown = match self.map {
                 None => Some(name),
                 Some(map) => map.to_guest(name),
             };
@@ -94,73 +115,68 @@ impl PassthroughFs {
         f: impl FnOnce(&CStr) -> io::Result<T>,
     ) -> io::Result<T> {
         let proc = ProcName::new(fd.as_raw_fd());
-        threadfs::in_dir(self.proc_self_fd.as_fd(), || f(proc.name()))
+        threadfs::in_dir(self.proc_self_fd, || f(proc.name()))
     }
 
-    fn at_node<T>(
+    /// SETXATTR on the node `node` opens an `O_PATH` descriptor of (asked for once the name
+    /// is accepted).
+    pub(super) fn set<P: AsFd>(
         &self,
-        data: &InodeData,
-        f: impl FnOnce(&CStr) -> io::Result<T>,
-    ) -> io::Result<T> {
-        self.at_fd(self.path_fd(data)?.as_fd(), f)
-    }
-
-    pub(super) fn do_setxattr(
-        &self,
-        data: &InodeData,
+        node: impl FnOnce() -> io::Result<P>,
         name: &CStr,
         value: &[u8],
         flags: u32,
         setxattr_flags: u32,
     ) -> io::Result<()> {
-        let host = self.host_xattr_name(name)?;
-        self.at_node(data, |p| sys::setxattr(p, &host, value, flags as i32))?;
-        if self.acl_enabled()
-            && setxattr_flags & SETXATTR_ACL_KILL_SGID != 0
-            && name.to_bytes() == ACL_ACCESS
+        let host = self.host_name(name)?;
+        let pfd = node()?;
+        let fd = pfd.as_fd();
+        self.at_fd(fd, |p| sys::setxattr(p, &host, value, flags as i32))?;
+        if self.acl && setxattr_flags & SETXATTR_ACL_KILL_SGID != 0 && name.to_bytes() == ACL_ACCESS
         {
             // The guest found the caller neither in the file's group nor holding CAP_FSETID:
             // setting the access ACL drops set-group-id, which the host (where the daemon may
             // hold CAP_FSETID) would keep.
-            let pfd = self.path_fd(data)?;
-            let fd = pfd.as_fd();
             let st = sys::stat_fd(fd)?;
             if st.st_mode & libc::S_ISGID != 0 {
                 let proc = ProcName::new(fd.as_raw_fd());
                 let mode = st.st_mode & 0o7777 & !libc::S_ISGID;
-                sys::fchmodat(self.proc_self_fd.as_fd(), proc.name(), mode)?;
+                sys::fchmodat(self.proc_self_fd, proc.name(), mode)?;
             }
         }
         Ok(())
     }
 
-    pub(super) fn do_getxattr(
+    /// GETXATTR (see [`Self::set`] for `node`).
+    pub(super) fn get<P: AsFd>(
         &self,
-        data: &InodeData,
+        node: impl FnOnce() -> io::Result<P>,
         name: &CStr,
         size: u32,
     ) -> io::Result<XattrReply> {
-        let host = match self.host_xattr_name(name) {
+        let host = match self.host_name(name) {
             // A name the rules refuse does not exist, as far as reading goes.
             Err(e) if e.raw_os_error() == Some(libc::EPERM) => return Err(error(libc::ENODATA)),
             r => r?,
         };
+        let pfd = node()?;
         if size == 0 {
-            let n = self.at_node(data, |p| sys::getxattr(p, &host, &mut []))?;
+            let n = self.at_fd(pfd.as_fd(), |p| sys::getxattr(p, &host, &mut []))?;
             return Ok(XattrReply::Size(n as u32));
         }
         let mut buf = vec![0u8; (size as usize).min(XATTR_MAX)];
-        let n = self.at_node(data, |p| sys::getxattr(p, &host, &mut buf))?;
+        let n = self.at_fd(pfd.as_fd(), |p| sys::getxattr(p, &host, &mut buf))?;
         buf.truncate(n);
         Ok(XattrReply::Data(buf))
     }
 
-    pub(super) fn do_listxattr(&self, data: &InodeData, size: u32) -> io::Result<XattrReply> {
+    /// LISTXATTR of the file `node` is an `O_PATH` descriptor of.
+    pub(super) fn list(&self, node: BorrowedFd<'_>, size: u32) -> io::Result<XattrReply> {
         // The whole list is read and filtered, then answered as asked: the size the guest is
         // told is the size of the list it gets.
         let mut buf = vec![0u8; XATTR_MAX];
-        let n = self.at_node(data, |p| sys::listxattr(p, &mut buf))?;
-        let list = self.guest_xattr_list(&buf[..n]);
+        let n = self.at_fd(node, |p| sys::listxattr(p, &mut buf))?;
+        let list = self.guest_list(&buf[..n]);
         let len = u32::try_from(list.len()).map_err(|_| error(libc::E2BIG))?;
         if size == 0 {
             Ok(XattrReply::Size(len))
@@ -171,16 +187,21 @@ impl PassthroughFs {
         }
     }
 
-    pub(super) fn do_removexattr(&self, data: &InodeData, name: &CStr) -> io::Result<()> {
-        let host = self.host_xattr_name(name)?;
-        self.at_node(data, |p| sys::removexattr(p, &host))
+    /// REMOVEXATTR (see [`Self::set`] for `node`).
+    pub(super) fn remove<P: AsFd>(
+        &self,
+        node: impl FnOnce() -> io::Result<P>,
+        name: &CStr,
+    ) -> io::Result<()> {
+        let host = self.host_name(name)?;
+        self.at_fd(node()?.as_fd(), |p| sys::removexattr(p, &host))
     }
 
     /// Sets the security contexts `secctx` on a file just created, open as `file`; the host
     /// names follow `--xattrmap`.
     pub(super) fn label_fd(&self, file: BorrowedFd<'_>, secctx: &[SecCtx<'_>]) -> io::Result<()> {
         for c in secctx {
-            let host = self.host_xattr_name(c.name)?;
+            let host = self.host_name(c.name)?;
             sys::fsetxattr(file, &host, c.value, 0)?;
         }
         Ok(())
@@ -193,22 +214,17 @@ impl PassthroughFs {
         secctx: &[SecCtx<'_>],
     ) -> io::Result<()> {
         for c in secctx {
-            let host = self.host_xattr_name(c.name)?;
+            let host = self.host_name(c.name)?;
             self.at_fd(path_fd, |p| sys::setxattr(p, &host, c.value, 0))?;
         }
         Ok(())
-    }
-
-    /// Whether security contexts sent with creations are applied in this session.
-    pub(super) fn labels_enabled(&self) -> bool {
-        self.security_ctx_on.load(Ordering::Relaxed)
     }
 
     /// Removes the remapped `security.capability` from a regular file about to be written,
     /// truncated or given away, as the host kernel does with the real one (see
     /// [`remapped_capability`]).
     pub(super) fn drop_remapped_capability(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
-        let Some(cap) = &self.cap_xattr else {
+        let Some(cap) = self.cap else {
             return Ok(());
         };
         if sys::stat_fd(fd)?.st_mode & libc::S_IFMT != libc::S_IFREG {
@@ -231,7 +247,7 @@ impl PassthroughFs {
         }
         if let Some(m) = killed_suidgid(st.st_mode) {
             let proc = ProcName::new(fd.as_raw_fd());
-            match sys::fchmodat(self.proc_self_fd.as_fd(), proc.name(), m) {
+            match sys::fchmodat(self.proc_self_fd, proc.name(), m) {
                 Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
                 r => r?,
             }
@@ -255,7 +271,7 @@ impl PassthroughFs {
     /// host kernel when POSIX ACLs are enabled: it uses the umask only when the parent has no
     /// default ACL. Without ACLs `mode` was masked by the guest already.
     pub(super) fn with_guest_umask<T>(&self, umask: u32, make: impl FnOnce() -> T) -> T {
-        if self.acl_enabled() {
+        if self.acl {
             threadfs::with_umask(umask, make)
         } else {
             make()
@@ -265,7 +281,7 @@ impl PassthroughFs {
     /// The mode to create with: as sent when ACLs are enabled (the host applies the umask),
     /// masked with the umask otherwise.
     pub(super) fn create_mode(&self, mode: u32, umask: u32) -> u32 {
-        if self.acl_enabled() {
+        if self.acl {
             mode & 0o7777
         } else {
             mode & !umask & 0o7777
@@ -278,6 +294,7 @@ mod tests {
     use super::*;
     use crate::filesystem::FileSystem;
     use crate::fuse::abi::ROOT_ID;
+    use crate::passthrough::PassthroughFs;
     use crate::passthrough::{CacheMode, Config};
     use std::ffi::CString;
 

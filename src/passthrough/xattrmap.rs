@@ -30,6 +30,7 @@
 
 use std::borrow::Cow;
 use std::ffi::{CStr, CString};
+use std::str::FromStr;
 
 /// What a rule does with a name it matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +85,32 @@ pub struct XattrMap {
 const FORM: &str = "expected rules of the form :type:scope:key:prepend: (type prefix, ok, bad or \
                     unsupported; scope client, server or all) or a final :map:key:prepend:";
 
+/// Why rules were refused; `rule` counts from 1.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum XattrMapError {
+    #[error("rule {rule}: a map rule must be the last rule; {}", FORM)]
+    MapNotLast { rule: usize },
+    #[error("rule {rule}: the delimiter must be an ASCII character; {}", FORM)]
+    NonAsciiDelimiter { rule: usize },
+    #[error(
+        "rule {rule}: incomplete, the {field} field does not end with '{delim}'; {}",
+        FORM
+    )]
+    Incomplete {
+        rule: usize,
+        field: &'static str,
+        delim: char,
+    },
+    #[error("rule {rule}: the {field} field contains a NUL byte")]
+    Nul { rule: usize, field: &'static str },
+    #[error("rule {rule}: unknown type '{name}'; expected prefix, ok, bad, unsupported or map")]
+    UnknownType { rule: usize, name: String },
+    #[error("rule {rule}: unknown scope '{name}'; expected client, server or all")]
+    UnknownScope { rule: usize, name: String },
+    #[error("no rules given; {}", FORM)]
+    NoRules,
+}
+
 impl XattrMap {
     /// Parses the rules of `--xattrmap`. The error says what is wrong and in which rule
     /// (counting from 1).
@@ -92,7 +119,7 @@ impl XattrMap {
     /// `:prefix:all:key:prepend:`, then, with a non-empty `key`, `:bad:all:prepend:key:` (the
     /// guest may not reach the host names directly, and unprefixed host names under `key` are
     /// hidden) and a final `:ok:all:::`; with an empty `key` a final `:bad:all:::` instead.
-    pub fn parse(input: &str) -> Result<XattrMap, String> {
+    pub fn parse(input: &str) -> Result<XattrMap, XattrMapError> {
         let bytes = input.as_bytes();
         let mut rules = Vec::new();
         let mut pos = 0;
@@ -107,31 +134,29 @@ impl XattrMap {
             }
             number += 1;
             if map_seen {
-                return Err(format!(
-                    "rule {number}: a map rule must be the last rule; {FORM}"
-                ));
+                return Err(XattrMapError::MapNotLast { rule: number });
             }
             let delim = bytes[pos];
             if !delim.is_ascii() {
-                return Err(format!(
-                    "rule {number}: the delimiter must be an ASCII character; {FORM}"
-                ));
+                return Err(XattrMapError::NonAsciiDelimiter { rule: number });
             }
             pos += 1;
-            let mut field = |what: &str| -> Result<&[u8], String> {
+            let mut field = |what: &'static str| -> Result<&[u8], XattrMapError> {
                 let rest = &bytes[pos..];
-                let end = rest.iter().position(|&b| b == delim).ok_or_else(|| {
-                    format!(
-                        "rule {number}: incomplete, the {what} field does not end with '{}'; \
-                         {FORM}",
-                        delim as char
-                    )
-                })?;
+                let end =
+                    rest.iter()
+                        .position(|&b| b == delim)
+                        .ok_or(XattrMapError::Incomplete {
+                            rule: number,
+                            field: what,
+                            delim: char::from(delim),
+                        })?;
                 let f = &rest[..end];
                 if f.contains(&0) {
-                    return Err(format!(
-                        "rule {number}: the {what} field contains a NUL byte"
-                    ));
+                    return Err(XattrMapError::Nul {
+                        rule: number,
+                        field: what,
+                    });
                 }
                 pos += end + 1;
                 Ok(f)
@@ -156,11 +181,10 @@ impl XattrMap {
                 b"bad" => Kind::Bad,
                 b"unsupported" => Kind::Unsupported,
                 other => {
-                    return Err(format!(
-                        "rule {number}: unknown type '{}'; expected prefix, ok, bad, unsupported \
-                         or map",
-                        String::from_utf8_lossy(other)
-                    ))
+                    return Err(XattrMapError::UnknownType {
+                        rule: number,
+                        name: String::from_utf8_lossy(other).into_owned(),
+                    })
                 }
             };
             let (client, server) = match field("scope")? {
@@ -168,10 +192,10 @@ impl XattrMap {
                 b"server" => (false, true),
                 b"all" => (true, true),
                 other => {
-                    return Err(format!(
-                        "rule {number}: unknown scope '{}'; expected client, server or all",
-                        String::from_utf8_lossy(other)
-                    ))
+                    return Err(XattrMapError::UnknownScope {
+                        rule: number,
+                        name: String::from_utf8_lossy(other).into_owned(),
+                    })
                 }
             };
             let key = field("key")?;
@@ -179,7 +203,7 @@ impl XattrMap {
             rules.push(Rule::new(kind, client, server, key, prepend));
         }
         if rules.is_empty() {
-            return Err(format!("no rules given; {FORM}"));
+            return Err(XattrMapError::NoRules);
         }
         Ok(XattrMap { rules })
     }
@@ -222,6 +246,15 @@ impl XattrMap {
             }
             Kind::Bad | Kind::Unsupported => None,
         }
+    }
+}
+
+impl FromStr for XattrMap {
+    type Err = XattrMapError;
+
+    /// As [`XattrMap::parse`].
+    fn from_str(s: &str) -> Result<XattrMap, XattrMapError> {
+        XattrMap::parse(s)
     }
 }
 
@@ -361,7 +394,7 @@ mod tests {
             ("ämap:a:b:", "ASCII"),
             (":ok", "rule 1: incomplete"),
         ] {
-            let e = XattrMap::parse(s).unwrap_err();
+            let e = XattrMap::parse(s).unwrap_err().to_string();
             assert!(e.contains(says), "{s:?}: {e}");
         }
     }

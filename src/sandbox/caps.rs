@@ -12,6 +12,7 @@
 
 use std::fmt;
 use std::io;
+use std::str::FromStr;
 
 /// Capability numbers (`linux/capability.h`).
 pub const CAP_CHOWN: u32 = 0;
@@ -146,29 +147,41 @@ pub fn cap_number(name: &str) -> Option<u32> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModCaps(pub Vec<(bool, u32)>);
 
-/// Parses `--modcaps`: `:`-separated entries, each `+name` (keep) or `-name` (drop), the name
-/// a capability without `cap_` in any case, e.g. `+sys_admin:-mknod`.
-pub fn parse_modcaps(s: &str) -> Result<ModCaps, String> {
-    let expected = "expected --modcaps=+CAP:-CAP... with capability names such as sys_admin \
-                    or mknod (e.g. --modcaps=+sys_admin:-mknod)";
-    let mut out = Vec::new();
-    for entry in s.split(':') {
-        let (add, name) = match entry.as_bytes().first() {
-            Some(b'+') => (true, &entry[1..]),
-            Some(b'-') => (false, &entry[1..]),
-            _ => {
-                return Err(format!(
-                    "--modcaps: invalid entry '{entry}' in '{s}': each entry starts with + or \
-                     -; {expected}"
-                ))
-            }
-        };
-        let cap = cap_number(name).ok_or_else(|| {
-            format!("--modcaps: unknown capability '{name}' in '{s}'; {expected}")
-        })?;
-        out.push((add, cap));
+/// What a refusal of a `--modcaps` list says is expected.
+const MODCAPS_FORM: &str = "expected +CAP:-CAP... with capability names such as sys_admin or \
+                            mknod (e.g. +sys_admin:-mknod)";
+
+/// Why a `--modcaps` list was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModCapsError {
+    #[error("an entry is empty (a ':' too many); {form}", form = MODCAPS_FORM)]
+    EmptyEntry,
+    #[error("entry '{0}' does not start with + (keep) or - (drop); {form}", form = MODCAPS_FORM)]
+    NoSign(String),
+    #[error("unknown capability '{0}'; {form}", form = MODCAPS_FORM)]
+    UnknownCapability(String),
+}
+
+impl FromStr for ModCaps {
+    type Err = ModCapsError;
+
+    /// Parses `--modcaps`: `:`-separated entries, each `+name` (keep) or `-name` (drop), the
+    /// name a capability without `cap_` in any case, e.g. `+sys_admin:-mknod`.
+    fn from_str(s: &str) -> Result<ModCaps, ModCapsError> {
+        let mut out = Vec::new();
+        for entry in s.split(':') {
+            let (add, name) = match entry.as_bytes().first() {
+                Some(b'+') => (true, &entry[1..]),
+                Some(b'-') => (false, &entry[1..]),
+                None => return Err(ModCapsError::EmptyEntry),
+                Some(_) => return Err(ModCapsError::NoSign(entry.to_owned())),
+            };
+            let cap =
+                cap_number(name).ok_or_else(|| ModCapsError::UnknownCapability(name.to_owned()))?;
+            out.push((add, cap));
+        }
+        Ok(ModCaps(out))
     }
-    Ok(ModCaps(out))
 }
 
 /// The capabilities the daemon keeps: [`ROOT_CAPS`] and `extra` when it runs as root, none
@@ -406,17 +419,17 @@ mod tests {
     #[test]
     fn modcaps_parses_adds_and_removes_in_order() {
         assert_eq!(
-            parse_modcaps("+sys_admin:-MKNOD").unwrap(),
+            "+sys_admin:-MKNOD".parse::<ModCaps>().unwrap(),
             ModCaps(vec![(true, CAP_SYS_ADMIN), (false, CAP_MKNOD)])
         );
         assert_eq!(
-            parse_modcaps("-chown").unwrap(),
+            "-chown".parse::<ModCaps>().unwrap(),
             ModCaps(vec![(false, CAP_CHOWN)])
         );
     }
 
     #[test]
-    fn bad_modcaps_are_refused_naming_the_flag() {
+    fn bad_modcaps_are_refused_saying_the_form() {
         for bad in [
             "",
             "sys_admin",
@@ -426,13 +439,15 @@ mod tests {
             "*chown",
             "+sys admin",
         ] {
-            let e = parse_modcaps(bad).unwrap_err();
-            assert!(e.starts_with("--modcaps: "), "{bad}: {e}");
-            assert!(e.contains("expected --modcaps="), "{bad}: {e}");
+            let e = bad.parse::<ModCaps>().unwrap_err().to_string();
+            assert!(e.contains("expected +CAP:-CAP..."), "{bad}: {e}");
         }
-        assert!(parse_modcaps("+nonsense")
-            .unwrap_err()
-            .contains("unknown capability 'nonsense'"));
+        let e = "+nonsense".parse::<ModCaps>().unwrap_err();
+        assert_eq!(e, ModCapsError::UnknownCapability("nonsense".into()));
+        let e = "+chown::-mknod".parse::<ModCaps>().unwrap_err();
+        assert_eq!(e, ModCapsError::EmptyEntry);
+        let e = "*chown".parse::<ModCaps>().unwrap_err();
+        assert_eq!(e, ModCapsError::NoSign("*chown".into()));
     }
 
     #[test]
@@ -445,12 +460,12 @@ mod tests {
         );
         let with_fh = kept(true, FILE_HANDLE_CAPS, &ModCaps::default());
         assert_eq!(with_fh, CapSet(0x8800_00df));
-        let m = parse_modcaps("+sys_admin:-mknod").unwrap();
+        let m = "+sys_admin:-mknod".parse::<ModCaps>().unwrap();
         let adjusted = kept(true, FILE_HANDLE_CAPS, &m);
         assert!(adjusted.contains(CAP_SYS_ADMIN) && !adjusted.contains(CAP_MKNOD));
         assert_eq!(adjusted.0, (0x8800_00df | 1 << 21) & !(1 << 27));
         // Later entries win.
-        let m = parse_modcaps("-chown:+chown:-setuid").unwrap();
+        let m = "-chown:+chown:-setuid".parse::<ModCaps>().unwrap();
         let s = kept(true, &[], &m);
         assert!(s.contains(CAP_CHOWN) && !s.contains(CAP_SETUID));
     }
@@ -461,7 +476,7 @@ mod tests {
             kept(false, FILE_HANDLE_CAPS, &ModCaps::default()),
             CapSet(0)
         );
-        let m = parse_modcaps("+mknod:-chown").unwrap();
+        let m = "+mknod:-chown".parse::<ModCaps>().unwrap();
         assert_eq!(kept(false, &[], &m), CapSet::of(&[CAP_MKNOD]));
     }
 

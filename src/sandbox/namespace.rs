@@ -108,7 +108,7 @@ pub fn enter_identity_user_namespace() -> Result<(), Error> {
 
 /// Opens `path` as an `O_PATH` directory descriptor.
 fn open_path_dir(path: &Path) -> Result<OwnedFd, Error> {
-    crate::passthrough::open_path_dir(path).map_err(|source| Error::Open {
+    crate::os::open_path_dir(path).map_err(|source| Error::Open {
         path: path.to_path_buf(),
         source,
     })

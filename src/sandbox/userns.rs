@@ -14,7 +14,7 @@
 //! character is the delimiter and may be any ASCII punctuation or blank (`:` is the usual one);
 //! the value must end with the same delimiter. Each field is a decimal `u32` (an optional
 //! leading `+` is accepted). Unlike the reference daemon, which leaves these checks to the
-//! kernel, [`parse_map`] refuses a zero count and ranges that run past `u32::MAX`, and
+//! kernel, parsing an [`IdMapRange`] refuses a zero count and ranges that run past `u32::MAX`, and
 //! [`check_maps`] refuses overlapping ranges and maps without namespace id 0.
 //!
 //! # How the maps are written
@@ -40,6 +40,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::str::FromStr;
 
 use nix::errno::Errno;
 use nix::sched::CloneFlags;
@@ -116,67 +117,125 @@ fn expected(flag: &str) -> String {
     format!("expected {flag}=:namespace_id:host_id:count: (for example {flag}=:0:100000:65536:)")
 }
 
-/// Parses one `--uid-map` or `--gid-map` value, `:ns_id:host_id:count:`. `flag` is the flag's
-/// name as the user spelled it; every error message starts with it and shows the expected form.
-pub fn parse_map(flag: &str, s: &str) -> Result<IdMapRange, String> {
-    let fail = |why: &str| format!("{flag}: invalid map '{s}': {why}; {}", expected(flag));
-    let delim = s.chars().next().ok_or_else(|| fail("the value is empty"))?;
-    if !(delim.is_ascii_punctuation() || delim.is_ascii_whitespace()) {
-        return Err(fail("it must start with a delimiter such as ':'"));
-    }
-    if s.len() < 2 || !s.ends_with(delim) {
-        return Err(fail(&format!(
-            "it must end with the delimiter it starts with ('{delim}')"
-        )));
-    }
-    let inner = &s[1..s.len() - 1];
-    let fields: Vec<&str> = inner.split(delim).collect();
-    if fields.len() != 3 {
-        return Err(fail(&format!(
-            "expected 3 fields between the delimiters, found {}",
-            fields.len()
-        )));
-    }
-    let names = ["namespace_id", "host_id", "count"];
-    let mut values = [0u32; 3];
-    for ((value, field), name) in values.iter_mut().zip(&fields).zip(names) {
-        *value = parse_u32(field).map_err(|why| fail(&format!("{name} {why}")))?;
-    }
-    let [ns_id, host_id, count] = values;
-    if count == 0 {
-        return Err(fail("count must be at least 1"));
-    }
-    if ns_id.checked_add(count).is_none() {
-        return Err(fail(&format!(
-            "the namespace range {ns_id}+{count} goes past {}",
-            u32::MAX - 1
-        )));
-    }
-    if host_id.checked_add(count).is_none() {
-        return Err(fail(&format!(
-            "the host range {host_id}+{count} goes past {}",
-            u32::MAX - 1
-        )));
-    }
-    Ok(IdMapRange {
-        ns_id,
-        host_id,
-        count,
-    })
+/// Why a `--uid-map` or `--gid-map` value was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MapError {
+    Empty,
+    NoDelimiter,
+    /// The value does not end with the delimiter it starts with.
+    Unterminated(char),
+    /// Not 3 fields between the delimiters.
+    FieldCount(usize),
+    FieldEmpty(&'static str),
+    NotDecimal {
+        field: &'static str,
+        text: String,
+    },
+    TooLarge {
+        field: &'static str,
+        text: String,
+    },
+    ZeroCount,
+    /// The range starting at `first` inside the namespace (`host` false) or on the host runs
+    /// past the last id.
+    Overflow {
+        host: bool,
+        first: u32,
+        count: u32,
+    },
 }
 
-/// A decimal `u32`: ASCII digits with an optional leading `+`.
-fn parse_u32(field: &str) -> Result<u32, String> {
-    let digits = field.strip_prefix('+').unwrap_or(field);
+impl fmt::Display for MapError {
+    /// What is wrong, then the expected form.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MapError::Empty => write!(f, "the value is empty"),
+            MapError::NoDelimiter => write!(f, "it must start with a delimiter such as ':'"),
+            MapError::Unterminated(d) => {
+                write!(f, "it must end with the delimiter it starts with ('{d}')")
+            }
+            MapError::FieldCount(n) => {
+                write!(f, "expected 3 fields between the delimiters, found {n}")
+            }
+            MapError::FieldEmpty(field) => write!(f, "{field} is empty"),
+            MapError::NotDecimal { field, text } => {
+                write!(f, "{field} '{text}' is not a decimal number")
+            }
+            MapError::TooLarge { field, text } => {
+                write!(f, "{field} {text} is larger than {}", u32::MAX)
+            }
+            MapError::ZeroCount => write!(f, "count must be at least 1"),
+            MapError::Overflow { host, first, count } => write!(
+                f,
+                "the {} range {first}+{count} goes past {}",
+                if *host { "host" } else { "namespace" },
+                u32::MAX - 1
+            ),
+        }?;
+        write!(
+            f,
+            "; expected :namespace_id:host_id:count: (for example :0:100000:65536:)"
+        )
+    }
+}
+
+impl std::error::Error for MapError {}
+
+impl FromStr for IdMapRange {
+    type Err = MapError;
+
+    /// Parses one `--uid-map` or `--gid-map` value, `:ns_id:host_id:count:`.
+    fn from_str(s: &str) -> Result<IdMapRange, MapError> {
+        let delim = s.chars().next().ok_or(MapError::Empty)?;
+        if !(delim.is_ascii_punctuation() || delim.is_ascii_whitespace()) {
+            return Err(MapError::NoDelimiter);
+        }
+        if s.len() < 2 || !s.ends_with(delim) {
+            return Err(MapError::Unterminated(delim));
+        }
+        let inner = &s[1..s.len() - 1];
+        let fields: Vec<&str> = inner.split(delim).collect();
+        if fields.len() != 3 {
+            return Err(MapError::FieldCount(fields.len()));
+        }
+        let names = ["namespace_id", "host_id", "count"];
+        let mut values = [0u32; 3];
+        for ((value, text), field) in values.iter_mut().zip(&fields).zip(names) {
+            *value = parse_u32(field, text)?;
+        }
+        let [ns_id, host_id, count] = values;
+        if count == 0 {
+            return Err(MapError::ZeroCount);
+        }
+        for (host, first) in [(false, ns_id), (true, host_id)] {
+            if first.checked_add(count).is_none() {
+                return Err(MapError::Overflow { host, first, count });
+            }
+        }
+        Ok(IdMapRange {
+            ns_id,
+            host_id,
+            count,
+        })
+    }
+}
+
+/// The `field` of a map: a decimal `u32`, ASCII digits with an optional leading `+`.
+fn parse_u32(field: &'static str, text: &str) -> Result<u32, MapError> {
+    let digits = text.strip_prefix('+').unwrap_or(text);
     if digits.is_empty() {
-        return Err("is empty".into());
+        return Err(MapError::FieldEmpty(field));
     }
     if !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("'{field}' is not a decimal number"));
+        return Err(MapError::NotDecimal {
+            field,
+            text: text.to_owned(),
+        });
     }
-    digits
-        .parse()
-        .map_err(|_| format!("{field} is larger than {}", u32::MAX))
+    digits.parse().map_err(|_| MapError::TooLarge {
+        field,
+        text: text.to_owned(),
+    })
 }
 
 /// Checks a whole map (all values of one flag) the way the kernel will: each range valid, at
@@ -244,9 +303,12 @@ pub fn check_maps(flag: &str, maps: &[IdMapRange]) -> Result<(), String> {
 }
 
 fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+    let n = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE);
+    n.ok()
+        .flatten()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(4096)
 }
 
 /// The text written to `/proc/PID/uid_map` or `gid_map`: one `ns host count` line per range.
@@ -534,11 +596,11 @@ mod tests {
     #[test]
     fn parses_the_documented_form() {
         assert_eq!(
-            parse_map("--uid-map", ":0:100000:65536:").unwrap(),
+            ":0:100000:65536:".parse::<IdMapRange>().unwrap(),
             r(0, 100000, 65536)
         );
         assert_eq!(
-            parse_map("--gid-map", ":1000:1000:1:").unwrap(),
+            ":1000:1000:1:".parse::<IdMapRange>().unwrap(),
             r(1000, 1000, 1)
         );
     }
@@ -555,21 +617,21 @@ mod tests {
             "\t0\t1\t2\t",
             ":+0:01:2:",
         ] {
-            assert_eq!(parse_map("--uid-map", s).unwrap(), r(0, 1, 2), "{s:?}");
+            assert_eq!(s.parse::<IdMapRange>().unwrap(), r(0, 1, 2), "{s:?}");
         }
         // The largest ranges that do not reach u32::MAX, which the kernel reserves.
         assert_eq!(
-            parse_map("--uid-map", ":0:0:4294967295:").unwrap(),
+            ":0:0:4294967295:".parse::<IdMapRange>().unwrap(),
             r(0, 0, u32::MAX)
         );
         assert_eq!(
-            parse_map("--uid-map", ":4294967294:1:1:").unwrap(),
+            ":4294967294:1:1:".parse::<IdMapRange>().unwrap(),
             r(u32::MAX - 1, 1, 1)
         );
     }
 
     #[test]
-    fn refuses_malformed_values_naming_the_flag_and_the_form() {
+    fn refuses_malformed_values_saying_the_form() {
         for s in [
             "",
             ":",
@@ -594,10 +656,11 @@ mod tests {
             ":++1:1:1:",
             ":+:1:1:",
         ] {
-            let e = parse_map("--gid-map", s).unwrap_err();
-            assert!(e.starts_with("--gid-map: invalid map '"), "{s:?}: {e}");
+            let e = s.parse::<IdMapRange>().unwrap_err().to_string();
             assert!(
-                e.contains("expected --gid-map=:namespace_id:host_id:count:"),
+                e.ends_with(
+                    "; expected :namespace_id:host_id:count: (for example :0:100000:65536:)"
+                ),
                 "{s:?}: {e}"
             );
         }
@@ -605,41 +668,59 @@ mod tests {
 
     #[test]
     fn messages_say_what_is_wrong() {
-        let e = parse_map("--uid-map", ":0:1000:1").unwrap_err();
+        let e = ":0:1000:1".parse::<IdMapRange>().unwrap_err().to_string();
         assert!(e.contains("must end with the delimiter"), "{e}");
-        let e = parse_map("--uid-map", "0:1000:1:").unwrap_err();
+        let e = "0:1000:1:".parse::<IdMapRange>().unwrap_err().to_string();
         assert!(e.contains("must start with a delimiter"), "{e}");
-        let e = parse_map("--uid-map", ":0:1000:1:2:").unwrap_err();
+        let e = ":0:1000:1:2:"
+            .parse::<IdMapRange>()
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("expected 3 fields") && e.contains("found 4"),
             "{e}"
         );
-        let e = parse_map("--uid-map", ":0:abc:1:").unwrap_err();
+        let e = ":0:abc:1:".parse::<IdMapRange>().unwrap_err().to_string();
         assert!(e.contains("host_id 'abc' is not a decimal number"), "{e}");
-        let e = parse_map("--uid-map", ":0::1:").unwrap_err();
+        let e = ":0::1:".parse::<IdMapRange>().unwrap_err().to_string();
         assert!(e.contains("host_id is empty"), "{e}");
     }
 
     #[test]
     fn refuses_zero_count() {
-        let e = parse_map("--uid-map", ":0:1000:0:").unwrap_err();
+        let e = ":0:1000:0:".parse::<IdMapRange>().unwrap_err().to_string();
         assert!(e.contains("count must be at least 1"), "{e}");
     }
 
     #[test]
     fn refuses_numbers_and_ranges_beyond_u32() {
-        let e = parse_map("--uid-map", ":0:1000:4294967296:").unwrap_err();
+        let e = ":0:1000:4294967296:"
+            .parse::<IdMapRange>()
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("count 4294967296 is larger than 4294967295"),
             "{e}"
         );
-        let e = parse_map("--uid-map", ":4294967295:1:1:").unwrap_err();
+        let e = ":4294967295:1:1:"
+            .parse::<IdMapRange>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("namespace range"), "{e}");
-        let e = parse_map("--uid-map", ":1:0:4294967295:").unwrap_err();
+        let e = ":1:0:4294967295:"
+            .parse::<IdMapRange>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("namespace range"), "{e}");
-        let e = parse_map("--uid-map", ":0:4294967295:1:").unwrap_err();
+        let e = ":0:4294967295:1:"
+            .parse::<IdMapRange>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("host range"), "{e}");
-        let e = parse_map("--uid-map", ":0:1:4294967295:").unwrap_err();
+        let e = ":0:1:4294967295:"
+            .parse::<IdMapRange>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("host range"), "{e}");
     }
 
@@ -647,7 +728,7 @@ mod tests {
     fn displays_in_flag_syntax() {
         assert_eq!(r(0, 100000, 65536).to_string(), ":0:100000:65536:");
         let s = r(5, 6, 7).to_string();
-        assert_eq!(parse_map("--uid-map", &s).unwrap(), r(5, 6, 7));
+        assert_eq!(s.parse::<IdMapRange>().unwrap(), r(5, 6, 7));
     }
 
     #[test]

@@ -8,7 +8,6 @@
 //! refuses ranges outside guest RAM, total lengths are summed with overflow checks, and a chain
 //! that puts a readable descriptor after a writable one is refused.
 
-use std::fmt;
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -38,42 +37,25 @@ const UNSHARED_HINT: &str = " (unless the guest is at fault, part of guest memor
                              with virtiofsd: every memory backend needs share=on)";
 
 /// Why a descriptor chain was refused.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ChainError {
     /// A device-readable descriptor follows a device-writable one.
+    #[error("device-readable descriptor after a device-writable one")]
     ReadableAfterWritable,
     /// A descriptor points outside guest memory.
+    #[error("descriptor {addr:#x}+{len:#x} is outside the guest memory the frontend gave{UNSHARED_HINT}")]
     BadAddress { addr: u64, len: u32 },
     /// The chain's buffers add up to more than 4 GiB.
+    #[error("descriptor chain longer than 4 GiB")]
     TooLong,
     /// Not one descriptor of the chain could be read: its indirect table is malformed or
     /// outside guest memory.
+    #[error(
+        "no descriptor of it could be read: its indirect table is malformed or outside the \
+         guest memory the frontend gave{UNSHARED_HINT}"
+    )]
     Unreadable,
 }
-
-impl fmt::Display for ChainError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ChainError::ReadableAfterWritable => {
-                write!(f, "device-readable descriptor after a device-writable one")
-            }
-            ChainError::BadAddress { addr, len } => write!(
-                f,
-                "descriptor {addr:#x}+{len:#x} is outside the guest memory the frontend gave{}",
-                UNSHARED_HINT
-            ),
-            ChainError::TooLong => write!(f, "descriptor chain longer than 4 GiB"),
-            ChainError::Unreadable => write!(
-                f,
-                "no descriptor of it could be read: its indirect table is malformed or outside \
-                 the guest memory the frontend gave{}",
-                UNSHARED_HINT
-            ),
-        }
-    }
-}
-
-impl std::error::Error for ChainError {}
 
 /// Splits `chain` into the request reader and the reply writer.
 pub fn split_chain<'a, M>(

@@ -59,7 +59,7 @@
 #   --wait S         seconds to wait before a warm step (default 2; 0 runs them back to back)
 #   --kernel K       guest kernel: 6.12-generic (default; has 9p), 6.12 or 6.1 (the cloud kernels
 #                    of the guest tests; no 9p)
-#   --accel A        tcg (default) or kvm
+#   --accel A        tcg (default), kvm, or auto (KVM when a probe boot proves it works)
 #   --mem MIB        guest RAM in MiB (default 2048); --smp N guest CPUs (default 2)
 #   --timeout S      kill a guest still running after S seconds (default 1800)
 #   --tree DIR       where the host tree is generated (default /var/tmp/virtiofsd-guest-bench)
@@ -84,13 +84,17 @@ set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-GUEST="$ROOT/tests/guest"
-CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
 OUT="$ROOT/target/guest-bench"
-# shellcheck source=tests/guest/initramfs.sh
-. "$GUEST/initramfs.sh"
 # shellcheck source=tests/bench/reference.sh
 . "$HERE/reference.sh"
+# shellcheck source=tests/lib/proc.sh
+. "$ROOT/tests/lib/proc.sh"
+# shellcheck source=tests/lib/daemon.sh
+. "$ROOT/tests/lib/daemon.sh"
+# shellcheck source=tests/lib/accel.sh
+. "$ROOT/tests/lib/accel.sh"
+# shellcheck source=tests/lib/guest.sh
+. "$ROOT/tests/lib/guest.sh"
 
 FILES=30000 DIRS=1000 SEED=1 CHURN=2000 BUILD_SOURCES=400 REQUESTS=0 ROUNDS=1 COLUMNS="ours,ref,9p,tmpfs" CACHE_MODES=always WAIT=2
 KERNEL=6.12-generic ACCEL=tcg MEM=2048 SMP=2 TIMEOUT=1800 TREE=/var/tmp/virtiofsd-guest-bench
@@ -141,11 +145,7 @@ if [ "$DIRS" -lt 1 ] || [ "$DIRS" -gt 100000 ]; then bad "--dirs must be 1..1000
 [ "$MEM" -ge 512 ] || bad "--mem must be at least 512 (MiB)"
 [ "$SMP" -ge 1 ] || bad "--smp must be at least 1"
 case "$KERNEL" in 6.12-generic|6.12|6.1) ;; *) bad "--kernel must be 6.12-generic, 6.12 or 6.1" ;; esac
-case "$ACCEL" in
-    tcg) ACCEL_ARGS=(-accel tcg -cpu max) ;;
-    kvm) ACCEL_ARGS=(-accel kvm -cpu host) ;;
-    *) bad "--accel must be tcg or kvm" ;;
-esac
+case "$ACCEL" in auto|tcg|kvm) ;; *) bad "--accel must be auto, tcg or kvm" ;; esac
 [ "$CACHE_MODES" = all ] && CACHE_MODES="never,metadata,auto,always"
 MODES=()
 for m in ${CACHE_MODES//,/ }; do
@@ -178,48 +178,16 @@ if ! flock -n 9; then
     echo "guest.sh: another guest.sh is running (it holds $OUT/.lock)" >&2
     exit 1
 fi
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-guest-bench.XXXXXX")"
-PIDS=()   # process (group) ids this script started and has not reaped yet
-
-# shellcheck disable=SC2317  # called by the EXIT trap
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do
-        kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
-    done
-    if [ "${#PIDS[@]}" -gt 0 ]; then
-        sleep 1
-        for p in "${PIDS[@]}"; do
-            kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null
-        done
-    fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+work_dir virtiofsd-guest-bench
 trap 'printf "\nguest.sh: interrupted\n" >&2; exit 130' INT TERM HUP
-
-forget_pid() {
-    local p new=()
-    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || new+=("$p"); done
-    PIDS=("${new[@]}")
-}
 
 die() { echo "guest.sh: $*" >&2; exit 1; }
 say() { echo "# $*" >&2; }
 
 # --- prerequisites -----------------------------------------------------------------------------
-need_install=0
-command -v qemu-system-x86_64 >/dev/null || need_install=1
-command -v cpio >/dev/null || need_install=1
-command -v gcc >/dev/null || need_install=1
-[ -x /usr/bin/tcc ] || need_install=1
-[ -x /usr/bin/make ] || need_install=1
-[ -x /usr/bin/git ] || need_install=1
-[ -x /bin/busybox ] || need_install=1
-[ -f "$CACHE/kernel-$KERNEL/.complete" ] || need_install=1
-if [ "$need_install" = 1 ]; then
+if [ -n "$(kit_missing "$KERNEL" /usr/bin/gcc /usr/bin/tcc /usr/bin/make /usr/bin/git /bin/busybox)" ]; then
     say "running tests/guest/install.sh (log: $OUT/install.log)"
-    GUEST_KERNELS="$KERNEL" VIRTIOFSD_GUEST_CACHE="$CACHE" "$GUEST/install.sh" >"$OUT/install.log" 2>&1 ||
+    install_kit "$OUT/install.log" "$KERNEL" ||
         die "tests/guest/install.sh failed; tail of $OUT/install.log:
 $(tail -n 20 "$OUT/install.log")"
 fi
@@ -231,11 +199,10 @@ done
 if has_col ours; then
     if [ "$BUILD" = 1 ]; then
         say "cargo build --release --bin virtiofsd (log: $OUT/build.log)"
-        (cd "$ROOT" && cargo build --release --locked --bin virtiofsd) >"$OUT/build.log" 2>&1 ||
-            die "cargo build failed; see $OUT/build.log:
+        build_daemon "$OUT/build.log" || die "cargo build failed; see $OUT/build.log:
 $(grep -E '^error' -A5 "$OUT/build.log" | head -n 30)"
     fi
-    DAEMON="${DAEMON:-$ROOT/target/release/virtiofsd}"
+    DAEMON="${DAEMON:-$(target_dir)/release/virtiofsd}"
     [ -x "$DAEMON" ] || die "$DAEMON is missing or not executable"
 fi
 # --requests: the daemons log every request (the log is cut into steps at the guest's FSYNCDIR)
@@ -250,8 +217,8 @@ if has_col ref; then
     [ -x "$REF" ] || die "$REF is missing"
 fi
 
-gcc -static -O2 -Wall -o "$WORK/benchtool" "$HERE/guest/benchtool.c" 2>"$WORK/benchtool.err" ||
-    die "compiling tests/bench/guest/benchtool.c failed:
+gcc -static -O2 -Wall -o "$WORK/benchtool" "$HERE/in-guest/benchtool.c" 2>"$WORK/benchtool.err" ||
+    die "compiling tests/bench/in-guest/benchtool.c failed:
 $(cat "$WORK/benchtool.err")"
 
 # --- the tree ----------------------------------------------------------------------------------
@@ -306,7 +273,7 @@ if [ "$BUILD_SOURCES" -gt 0 ]; then
     PROJ="$WORK/proj"
     PROJ_INFO="$("$WORK/benchtool" mkproj "$PROJ" "$BUILD_SOURCES" "$SEED")" || die "generating the project failed"
     say "project: $PROJ_INFO"
-    # the five sources build-incr touches (as tests/bench/guest/init picks them)
+    # the five sources build-incr touches (as tests/bench/in-guest/init picks them)
     TOUCHED=()
     for i in 0 1 2 3 4; do
         c=$(( (i * (BUILD_SOURCES / 5) + i) % BUILD_SOURCES ))
@@ -344,13 +311,17 @@ done
 ST="$WORK/initramfs"
 initramfs_skeleton "$ST"
 mkdir -p "$ST/helpers"
-cp "$HERE/guest/init" "$ST/init"
+cp "$HERE/in-guest/init" "$ST/init"
 chmod 755 "$ST/init"
 cp "$WORK/benchtool" "$ST/helpers/"
 initramfs_modules "$ST" "$CACHE/kernel-$KERNEL"
 initramfs_binaries "$ST" "${GUEST_TOOLS[@]}" ||
     die "copying the GNU tools, make and tcc into the initramfs failed"
 initramfs_pack "$ST" "$WORK/initramfs.cpio" || die "packing the initramfs failed"
+choose_accel "$ACCEL" qemu-system-x86_64 "$CACHE/kernel-$KERNEL/vmlinuz" "$WORK/initramfs.cpio" \
+    bench_fs=probe '#GUEST kernel=' "$WORK/probe.log"
+[ -z "$ACCEL_NOTE" ] || say "--accel auto: $ACCEL_NOTE; using TCG"
+ACCEL="${ACCEL_ARGS[1]}"   # tcg or kvm, for the report
 
 # --- boots -------------------------------------------------------------------------------------
 TIMES="$OUT/times.tsv"
@@ -363,14 +334,16 @@ rm -rf "$OUT"/r[0-9]*-* "$OUT"/{never,metadata,auto,always}-r[0-9]*-*
 # bad_boot MSG: a failure of the current boot (reported, counted; the run goes on)
 bad_boot() { echo "FAILED: $*" >&2; FAILED=$((FAILED + 1)); }
 
+show_time() { printf ' %s' "$1" >&2; }
+
 # boot ROUND COLUMN: one boot of COLUMN with --cache=$CACHE_MODE
 boot() {
-    local r="$1" col="$2" logs="$OUT/$CACHE_MODE-r$1-$2" sock="$WORK/vfs.sock" dpid="" bin flags=()
+    local r="$1" col="$2" logs="$OUT/$CACHE_MODE-r$1-$2" sock="$WORK/vfs.sock" dpid="" flags=()
     local wants=WANT
     [ "$col" = tmpfs ] && wants=BARE_WANT
     local -n want="$wants"
     mkdir -p "$logs"
-    local append="console=ttyS0 quiet panic=-1 bench_churn=$CHURN bench_build=$BUILD_SOURCES,$SEED bench_wait=$WAIT"
+    local append="bench_churn=$CHURN bench_build=$BUILD_SOURCES,$SEED bench_wait=$WAIT"
     [ "$REQUESTS" = 1 ] && append+=" bench_marks=1"
     local dev=()
     if [ "$col" != tmpfs ]; then
@@ -387,22 +360,17 @@ boot() {
              -device "virtio-9p-pci,fsdev=fs9p,mount_tag=share")
     else
         append+=" bench_fs=virtiofs"
-        if [ "$col" = ours ]; then bin="$DAEMON"; flags=("${OURS_EXTRA[@]}"); else bin="$REF"; flags=("${REF_EXTRA[@]}"); fi
+        # (start_daemon runs $DAEMON: here the column's)
+        local DAEMON="$DAEMON"
+        if [ "$col" = ours ]; then flags=("${OURS_EXTRA[@]}"); else DAEMON="$REF"; flags=("${REF_EXTRA[@]}"); fi
         rm -f "$sock"
-        echo "$bin --socket-path $sock --shared-dir $TREE --cache=$CACHE_MODE ${flags[*]}" > "$logs/daemon.cmd"
-        setsid "$bin" --socket-path "$sock" --shared-dir "$TREE" "--cache=$CACHE_MODE" "${flags[@]}" \
-            >"$logs/daemon.log" 2>&1 </dev/null &
-        dpid=$!
-        PIDS+=("$dpid")
-        for _ in $(seq 1 100); do
-            [ -S "$sock" ] && break
-            kill -0 "$dpid" 2>/dev/null || break
-            sleep 0.1
-        done
-        if [ ! -S "$sock" ]; then
+        echo "$DAEMON --socket-path $sock --shared-dir $TREE --cache=$CACHE_MODE ${flags[*]}" > "$logs/daemon.cmd"
+        start_daemon "$sock" "$TREE" "$logs/daemon.log" "--cache=$CACHE_MODE" "${flags[@]}"
+        dpid=$DPID
+        if ! wait_socket "$sock" "$dpid"; then
             bad_boot "round $r, $col: the daemon did not create its socket within 10 s; $logs/daemon.log:
 $(tail -n 10 "$logs/daemon.log")"
-            kill -KILL -- "-$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null; forget_pid "$dpid"
+            reap "$dpid" 0
             return
         fi
         dev=(-chardev "socket,id=vfs,path=$sock"
@@ -410,43 +378,19 @@ $(tail -n 10 "$logs/daemon.log")"
     fi
 
     local t0=$SECONDS
-    setsid qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m "${MEM}M" -smp "$SMP" -machine q35 -nodefaults \
-        -display none -no-reboot -monitor none -serial "file:$logs/console.log" \
-        -kernel "$CACHE/kernel-$KERNEL/vmlinuz" -initrd "$WORK/initramfs.cpio" -append "$append" \
-        -object "memory-backend-memfd,id=mem,size=${MEM}M,share=on" -numa node,memdev=mem \
-        "${dev[@]}" >"$logs/qemu.log" 2>&1 </dev/null &
-    local qpid=$!
-    PIDS+=("$qpid")
+    start_guest "$logs/console.log" "$logs/qemu.log" "$CACHE/kernel-$KERNEL/vmlinuz" \
+        "$WORK/initramfs.cpio" "${MEM}M" "$append" -smp "$SMP" "${dev[@]}"
     # wait for the guest to power off, showing each step's time as it comes
-    local timed_out=0 shown=0 times
     printf '# round %s/%s %s:' "$r" "$ROUNDS" "$col" >&2
-    while kill -0 "$qpid" 2>/dev/null; do
-        if [ $((SECONDS - t0)) -ge "$TIMEOUT" ]; then timed_out=1; break; fi
-        sleep 0.5
-        mapfile -t times < <(tr -d '\r' < "$logs/console.log" 2>/dev/null | sed -n 's/^#TIME \([^ ]*\) \([0-9.]*\)$/\1=\2/p')
-        while [ "$shown" -lt "${#times[@]}" ]; do
-            printf ' %s' "${times[$shown]}" >&2
-            shown=$((shown + 1))
-        done
-    done
-    if [ "$timed_out" = 1 ]; then
-        kill -TERM "$qpid" 2>/dev/null; sleep 2; kill -KILL "$qpid" 2>/dev/null
-    fi
-    wait "$qpid"; local qrc=$?
-    forget_pid "$qpid"
+    watch_guest "$TIMEOUT" show_time "$logs/console.log" 's/^#TIME \([^ ]*\) \([0-9.]*\)$/\1=\2/p'
+    local qrc="$QRC" timed_out=0
+    [ "$qrc" = timeout ] && timed_out=1
     local secs=$((SECONDS - t0))
 
     if [ -n "$dpid" ]; then
-        for _ in $(seq 1 100); do
-            kill -0 "$dpid" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$dpid" 2>/dev/null; then
+        reap "$dpid" 10
+        [ "$REAPED" = running ] &&
             echo "# the daemon was still running 10 s after QEMU exited; killed" >> "$logs/daemon.log"
-            kill -TERM -- "-$dpid" 2>/dev/null; sleep 1; kill -KILL -- "-$dpid" 2>/dev/null
-        fi
-        wait "$dpid" 2>/dev/null
-        forget_pid "$dpid"
     fi
 
     local c="$logs/console.log" line

@@ -13,90 +13,54 @@
 #   file-handles --cache=auto    --migration-on-error=abort
 #   file-handles --cache=always  --migration-on-error=abort
 #
-# Usage: tests/guest/migrate.sh [--kernel 6.12|6.1] [--no-build] [--keep] [--only N]
+# Usage: tests/guest/migrate.sh [options]
+#   --kernel 6.12|6.1  guest kernel (default 6.12)
+#   --only N           only run N (1 to 4, in the order above)
+#   --daemon PATH      test this binary instead of building target/release/virtiofsd
+#   --no-build         do not run cargo build (use the existing target/release/virtiofsd)
+#   --keep             keep the work dir
+#   -v, --verbose      also print the diagnostics of passing tests
 # Prints "ok N name" / "not ok N name" lines and "N passed, N failed"; exits non-zero when a
-# check failed. Logs (consoles, daemons, QEMUs) in target/guest-tests/migrate-*. Needs root and
-# tests/guest/install.sh's packages (run.sh or guest-run.sh installs them).
+# check failed. Logs (consoles, daemons, QEMUs) in target/guest-tests/migrate-*. Needs root; runs
+# tests/guest/install.sh when QEMU, busybox or the guest kernel is missing.
 set -uo pipefail
 
-HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-# shellcheck source=tests/guest/initramfs.sh
-. "$HERE/initramfs.sh"
-CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "$0")/../lib/common.sh"
 OUT="$ROOT/target/guest-tests"
 KERNEL=6.12
-BUILD=1
-KEEP=0
 ONLY=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --kernel) KERNEL="$2"; shift 2 ;;
         --kernel=*) KERNEL="${1#*=}"; shift ;;
-        --no-build) BUILD=0; shift ;;
-        --keep) KEEP=1; shift ;;
         --only) ONLY="$2"; shift 2 ;;
-        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "migrate.sh: unknown option $1 (expected --kernel, --no-build, --keep, --only)" >&2; exit 2 ;;
+        --only=*) ONLY="${1#*=}"; shift ;;
+        *) common_option "$@" || bad_usage "unknown option $1"; shift "$TAKEN" ;;
     esac
 done
-[ "$(id -u)" = 0 ] || { echo "migrate.sh: needs root" >&2; exit 2; }
-# QEMU, busybox and the guest kernel: installed on first use, as run.sh does.
-if ! command -v qemu-system-x86_64 >/dev/null || [ ! -f "$CACHE/kernel-$KERNEL/.complete" ]; then
-    mkdir -p "$ROOT/target/guest-tests"
-    GUEST_KERNELS="$KERNEL" VIRTIOFSD_GUEST_CACHE="$CACHE" "$HERE/install.sh" \
-        >"$ROOT/target/guest-tests/migrate-install.log" 2>&1 \
-        || { echo "migrate.sh: tests/guest/install.sh failed (target/guest-tests/migrate-install.log)" >&2; exit 1; }
-fi
-
+case "$KERNEL" in 6.12|6.1) ;; *) bad_usage "--kernel must be 6.12 or 6.1" ;; esac
+case "$ONLY" in ""|[1-4]) ;; *) bad_usage "--only takes a run's number, 1 to 4" ;; esac
+need_root "the daemons create files as the guest's callers; the shares are tmpfs mounts"
 mkdir -p "$OUT"
-WORK="$(mktemp -d /tmp/virtiofsd-migrate.XXXXXX)"
-PIDS=()
+# QEMU, busybox and the guest kernel: installed on first use, as run.sh does.
+ensure_kit "$OUT/migrate-install.log" "$KERNEL"
+work_dir virtiofsd-migrate /tmp
 MOUNTS=()
-cleanup() {
-    local p m
-    for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+unmount_all() {
+    local m
     for m in "${MOUNTS[@]}"; do umount -l "$m" 2>/dev/null; done
-    if [ "$KEEP" = 1 ]; then echo "# work dir kept: $WORK"; else rm -rf "$WORK"; fi
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+at_exit unmount_all
 
-N=0; PASSED=0; FAILED=0
-# A run's results are held until it ends (see `run_once`): a run whose QEMU aborted on an
-# assertion of its own is run again instead of reported.
-HELD=()
-result() { HELD+=("$1"$'\t'"$2"$'\t'"${3:-}"); }
-report() {
-    local r st name diag
-    for r in "${HELD[@]}"; do
-        IFS=$'\t' read -r st name diag <<< "$r"
-        diag="${r#*$'\t'*$'\t'}"
-        N=$((N + 1))
-        if [ "$st" = ok ]; then PASSED=$((PASSED + 1)); echo "ok $N $name"
-        else FAILED=$((FAILED + 1)); echo "not ok $N $name"; [ -n "$diag" ] && printf '%s\n' "$diag" | sed 's/^/# /'
-        fi
-    done
-    HELD=()
-}
-check() { if [ "$2" = "$3" ]; then result ok "$1"; else result fail "$1" "got '$2', expected '$3'"; fi; }
-
-if [ "$BUILD" = 1 ]; then
-    (cd "$ROOT" && cargo build --release --bin virtiofsd) >"$OUT/migrate-build.log" 2>&1 \
-        || { result fail "cargo build --release" "$(tail -n 20 "$OUT/migrate-build.log")"; report; exit 1; }
-fi
-DAEMON="$ROOT/target/release/virtiofsd"
+prepare_daemon "$OUT/migrate-build.log"
 
 # The initramfs: busybox, /init, the suites, the dirhold helper.
-st="$WORK/initramfs"
-initramfs_skeleton "$st"
-mkdir -p "$st"/{tests,helpers}
-cp "$HERE/guest/init" "$st/init"; chmod 755 "$st/init"
-cp "$HERE"/guest/*.sh "$st/tests/"
-gcc -static -O2 -Wall -o "$st/helpers/dirhold" "$HERE/helpers/dirhold.c" \
-    || { result fail "compile dirhold"; report; exit 1; }
-initramfs_modules "$st" "$CACHE/kernel-$KERNEL"
-initramfs_pack "$st" "$WORK/initramfs.cpio"
+build_helpers "$WORK/helpers" dirhold
+kit_initramfs "$WORK/initramfs.cpio" "$KERNEL" "$WORK/helpers"
+
+# Both QEMUs run under TCG (as doc/migration.md says); there is no --accel here.
+choose_accel tcg
 
 # qmp SOCKET COMMAND [ARGS-JSON]: one QMP command; prints its "return" as JSON.
 qmp() {
@@ -134,36 +98,20 @@ wait_for() { # FILE PATTERN SECONDS
     return 0
 }
 
-start_daemon() { # NAME SHARE FLAGS...
+pair_daemon() { # NAME SHARE FLAGS...: the daemon NAME (src, dst) on $DIR/NAME.sock, listening; DPID
     local name="$1" share="$2"; shift 2
-    "$DAEMON" --socket-path "$DIR/$name.sock" --shared-dir "$share" "$@" \
-        >"$LOGS/daemon-$name.log" 2>&1 &
-    LAST_PID=$!
-    PIDS+=("$LAST_PID")
-    for _ in $(seq 1 100); do [ -S "$DIR/$name.sock" ] && break; sleep 0.1; done
+    start_daemon "$DIR/$name.sock" "$share" "$LOGS/daemon-$name.log" "$@"
+    wait_socket "$DIR/$name.sock" "$DPID"
 }
 
-start_qemu() { # NAME EXTRA...
+pair_qemu() { # NAME EXTRA...: the QEMU NAME (src, dst), its QMP on $DIR/qmp-NAME.sock; QPID
     local name="$1"; shift
-    qemu-system-x86_64 -accel tcg -cpu max -m 512M -smp 2 -machine q35 -nodefaults -display none \
-        -no-reboot -monitor none -serial "file:$LOGS/console-$name.log" \
-        -kernel "$CACHE/kernel-$KERNEL/vmlinuz" -initrd "$WORK/initramfs.cpio" \
-        -append "console=ttyS0 quiet panic=-1 init_on_alloc=0 init_on_free=0 guest_suite=migrate guest_migrate_error=$GUEST_ERROR" \
-        -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
-        -chardev "socket,id=vfs,path=$DIR/$name.sock" \
+    start_guest "$LOGS/console-$name.log" "$LOGS/qemu-$name.log" "$CACHE/kernel-$KERNEL/vmlinuz" \
+        "$WORK/initramfs.cpio" 512M \
+        "init_on_alloc=0 init_on_free=0 guest_suite=migrate guest_migrate_error=$GUEST_ERROR" \
+        -smp 2 -chardev "socket,id=vfs,path=$DIR/$name.sock" \
         -device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues=2 \
-        -qmp "unix:$DIR/qmp-$name.sock,server=on,wait=off" \
-        "$@" >"$LOGS/qemu-$name.log" 2>&1 </dev/null &
-    LAST_PID=$!
-    PIDS+=("$LAST_PID")
-}
-
-exited() { # PID SECONDS → EXITED: the exit status, or "running"
-    local t=0
-    while kill -0 "$1" 2>/dev/null; do
-        sleep 0.5; t=$((t + 1)); [ $t -ge $(($2 * 2)) ] && { EXITED=running; return; }
-    done
-    wait "$1" 2>/dev/null; EXITED=$?
+        -qmp "unix:$DIR/qmp-$name.sock,server=on,wait=off" "$@"
 }
 
 # one RUN_INDEX MODE CACHE ON_ERROR
@@ -180,10 +128,10 @@ one() {
     local flags=(--cache "$cache" --migration-mode "$mode" --migration-on-error "$onerr" --log-level info)
     echo "# run $idx: $name"
     local dsrc ddst qsrc qdst
-    start_daemon src "$share" "${flags[@]}"; dsrc=$LAST_PID
-    start_daemon dst "$share" "${flags[@]}"; ddst=$LAST_PID
-    start_qemu src; qsrc=$LAST_PID
-    start_qemu dst -incoming "unix:$DIR/migration.sock"; qdst=$LAST_PID
+    pair_daemon src "$share" "${flags[@]}"; dsrc=$DPID
+    pair_daemon dst "$share" "${flags[@]}"; ddst=$DPID
+    pair_qemu src; qsrc=$QPID
+    pair_qemu dst -incoming "unix:$DIR/migration.sock"; qdst=$QPID
     if ! wait_for "$LOGS/console-src.log" '^#MARK ready' 240; then
         result fail "${p}guest reached the migration point" "$(tr -d '\r' < "$LOGS/console-src.log" | tail -n 20)"
         return
@@ -213,22 +161,13 @@ one() {
     local f
     for f in $(seq 1 100); do : > "$share/.signal/$f"; done
     qmp "$DIR/qmp-src.sock" quit >>"$LOGS/qmp.log" 2>&1
-    exited "$qsrc" 30; check "${p}source QEMU quits" "$EXITED" 0
-    exited "$dsrc" 15; check "${p}source daemon exits 0 once its QEMU is gone" "$EXITED" 0
-    exited "$qdst" 300
-    [ "$EXITED" = running ] && kill -KILL "$qdst" 2>/dev/null
-    check "${p}destination guest ran to the end and powered off" "$EXITED" 0
-    exited "$ddst" 15; check "${p}destination daemon exits 0" "$EXITED" 0
+    reap "$qsrc" 30; check "${p}source QEMU quits" "$REAPED" 0
+    reap "$dsrc" 15; check "${p}source daemon exits 0 once its QEMU is gone" "$REAPED" 0
+    reap "$qdst" 300; check "${p}destination guest ran to the end and powered off" "$REAPED" 0
+    reap "$ddst" 15; check "${p}destination daemon exits 0" "$REAPED" 0
     local c="$LOGS/console-dst.log"
     # The guest's own results, after the switch-over, from the destination's console.
-    local line n_ok=0
-    while IFS= read -r line; do
-        case "$line" in
-            "ok "*) n_ok=$((n_ok + 1)); result ok "${p}guest: ${line#ok [0-9]* }" ;;
-            "not ok "*) result fail "${p}guest: ${line#not ok [0-9]* }" \
-                "$(tr -d '\r' < "$c" | sed -n "/^${line//\//\\/}\$/,/^\(ok\|not ok\|#RUN\)/p" | grep '^#' | head -n 20)" ;;
-        esac
-    done < <(tr -d '\r' < "$c" | grep -E '^(ok|not ok) ')
+    report_tap "$c" "${p}guest: "
     grep -q '^#DONE' <(tr -d '\r' < "$c") || result fail "${p}guest finished on the destination" "$(tr -d '\r' < "$c" | tail -n 20)"
     grep -q 'state sent' "$LOGS/daemon-src.log" \
         && result ok "${p}source daemon sent its state" \
@@ -242,12 +181,12 @@ one() {
     check "${p}host: file made in a new directory after" "$(cat "$share/work/newdir/new.txt" 2>&1)" "new"
     check "${p}host: file removed after" "$([ -e "$share/work/dir/e0" ] && echo present || echo gone)" gone
     check "${p}host: the 8 MiB file" "$(sha256sum "$share/work/big" | cut -d' ' -f1)" \
-        "$(sed -n 's/^#DATA big_sha256 //p' "$LOGS/console-src.log" | tr -d '\r' | tail -n 1)"
-    echo "# reads during the migration: $(sed -n 's/^#DATA reads_during //p' "$c" | tr -d '\r')"
+        "$(data_of "$LOGS/console-src.log" big_sha256)"
+    echo "# reads during the migration: $(data_of "$c" reads_during)"
     umount -l "$share" 2>/dev/null
 }
 
-START=$SECONDS
+report_start "migration tests" "$OUT/migrate-*"
 runs=(
     "find-paths auto guest-error"
     "find-paths always guest-error"
@@ -260,8 +199,10 @@ for r in "${runs[@]}"; do
     [ -n "$ONLY" ] && [ "$ONLY" != "$i" ] && continue
     # QEMU under TCG sometimes aborts on an assertion of its own (iotlb_to_section, about one
     # boot in 60 here; not the daemon): such a run is run once more, saying so.
+    # A run's results are held until it ends: a run whose QEMU aborted on an assertion of its
+    # own is run again instead of reported.
     for try in 1 2; do
-        HELD=()
+        hold_results
         # shellcheck disable=SC2086
         one "$i" $r
         aborted="$(grep -l 'Assertion .* failed' "$LOGS"/qemu-*.log 2>/dev/null | head -n 1)"
@@ -272,8 +213,6 @@ for r in "${runs[@]}"; do
         fi
         break
     done
-    report
+    release_results
 done
-echo "# migration tests took $((SECONDS - START)) s; logs in $OUT/migrate-*"
-echo "$PASSED passed, $FAILED failed"
-[ "$FAILED" -eq 0 ]
+finish

@@ -155,7 +155,7 @@ scenario_kill_qemu() {
     KQ_SERVING="$(serving_pid "$dp")"
     start_qemu "$l" killq "" "$d/vfs.sock=share"
     run_guest "$l" killq_mark
-    guest_results "$l/console.log" "kill-qemu: "
+    report_tap "$l/console.log" "kill-qemu: "
     if [ -z "$KQ_KILLED" ]; then
         result fail "kill-qemu: QEMU killed while the guest held files open" "QEMU: $QRC; no holding mark"
         return
@@ -194,7 +194,7 @@ kill_daemon_run() {
     while [ "$(fsynced_count "$l/console.log")" -lt 5 ]; do
         if [ $((SECONDS - t0)) -gt "$TIMEOUT" ] || ! kill -0 "$QPID" 2>/dev/null; then
             [ "${KD_QUIET:-0}" = 1 ] || result fail "$name: the guest fsync'ed 5 files" "$(tr -d '\r' < "$l/console.log" | tail -n 20)"
-            { wait "$QPID"; } 2>/dev/null; QRC=$?; forget_pid "$QPID"
+            reap "$QPID" 0; QRC="$REAPED"
             qemu_aborted "$l"
             return 1
         fi
@@ -224,7 +224,7 @@ kill_daemon_run() {
     KD_AFTER2="$(fsynced_count "$l/console.log")"
     KD_QEMU_ALIVE=no
     kill -0 "$QPID" 2>/dev/null && KD_QEMU_ALIVE=yes
-    kill -KILL "$QPID" 2>/dev/null; { wait "$QPID"; } 2>/dev/null; forget_pid "$QPID"
+    reap "$QPID" 0
     # what the guest saw as durable must be on the host
     local f sha bad=0 n=0
     : > "$d/share/VERIFY.sha256"
@@ -290,7 +290,7 @@ scenario_reconnect() {
 }
 
 # --- host-change -------------------------------------------------------------------------------
-# hc_change SHARE N: round N's changes (see guest/suite-hostchange.sh); N=0 makes the files
+# hc_change SHARE N: round N's changes (see in-guest/suite-hostchange.sh); N=0 makes the files
 hc_change() {
     python3 - "$1" "$2" <<'PY'
 import os, sys
@@ -368,10 +368,13 @@ scenario_fsync() {
     local d="$WORK/fsync" l="$OUT/fsync" m f
     declare -gA FS_SHA=()
     local -A dpid flags=([mnt]="--cache auto" [always]="--cache always" [wb]="--cache always --writeback")
+    local -a DAEMON_PREFIX   # each daemon runs under strace (start_daemon reads it)
     for m in $FS_MODES; do
         mkdir -p "$d/$m"
+        # shellcheck disable=SC2054,SC2034  # the commas belong to strace's -e
+        DAEMON_PREFIX=(strace -f -qq -y -e trace=fsync,fdatasync,syncfs -o "$d/$m.strace")
         # shellcheck disable=SC2086
-        start_daemon "$d/$m.sock" "$d/$m" "$l/daemon-$m.log" --strace "$d/$m.strace" ${flags[$m]}
+        start_daemon "$d/$m.sock" "$d/$m" "$l/daemon-$m.log" ${flags[$m]}
         dpid[$m]=$DPID
     done
     for m in $FS_MODES; do
@@ -441,7 +444,7 @@ scenario_kill_qemu_activated() {
     python3 -c "$ACTIVATOR" "$d/vfs.sock" 2 "$l/activator.log" "$DAEMON" --shared-dir "$d/share" \
         --xattr --log-level debug >"$l/daemon.log" 2>&1 &
     local ap=$!
-    PIDS+=("$ap")
+    track "$ap"
     wait_socket "$d/vfs.sock" || { result fail "kill-qemu-activated: the activator listens" "$(cat "$l/daemon.log")"; return; }
     KQ_FDS=""; KQ_KILLED=""
     # the serving process is found once a daemon runs
@@ -450,7 +453,7 @@ scenario_kill_qemu_activated() {
     for _ in $(seq 1 100); do grep -q '^started 1' "$l/activator.log" && break; sleep 0.1; done
     KQ_SERVING="$(serving_pid "$(awk '/^started 1/ { print $4 }' "$l/activator.log")")"
     run_guest "$l" killq_mark_activated
-    guest_results "$l/console.log" "kill-qemu-activated: first VM: "
+    report_tap "$l/console.log" "kill-qemu-activated: first VM: "
     for _ in $(seq 1 100); do grep -q '^exited 1' "$l/activator.log" && break; sleep 0.1; done
     check "kill-qemu-activated: the daemon exits 0 after QEMU is killed and leaves the activated socket" \
         "$(sed -n 's/^exited 1 //p' "$l/activator.log")" "status 0 socket present" "activator"
@@ -459,10 +462,9 @@ scenario_kill_qemu_activated() {
     start_qemu "$l" verify "" "$d/vfs.sock=share"
     run_guest "$l" no_handler
     guest_end "kill-qemu-activated: next VM: " "$l"
-    for _ in $(seq 1 100); do kill -0 "$ap" 2>/dev/null || break; sleep 0.1; done
+    reap "$ap" 10
     check "kill-qemu-activated: the next VM was served by a second daemon, which exits 0" \
         "$(sed -n 's/^exited 2 //p' "$l/activator.log")" "status 0 socket present" "activator"
-    kill_tree "$ap"; wait "$ap" 2>/dev/null; forget_pid "$ap"
 }
 killq_mark_activated() {
     [ "$1" = holding ] || return

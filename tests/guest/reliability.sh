@@ -26,21 +26,19 @@
 #                       reconnect    (not in the default list) a measurement: QEMU's chardev
 #                                    reconnect-ms with a restarted daemon; does the guest resume?
 #   --long            the long forms (minutes of load instead of seconds; more rounds)
-#   --secs N          stress-ng time per share (default 8, --long 120)
+#   --secs N          stress-ng time per share (default 6, --long 120)
 #   --kernel 6.12|6.1 guest kernel (default 6.12)
-#   --accel tcg|kvm   (default tcg)
+#   --accel auto|tcg|kvm  (default tcg; auto: KVM when a probe boot proves it works)
 #   --timeout SECONDS per boot (default 300, --long 1800)
+#   --daemon PATH     test this binary instead of building target/release/virtiofsd
 #   --no-build        use the existing target/release/virtiofsd
 #   --keep            keep the work dir
 #   -v, --verbose     also print the diagnostics of passing tests
 # Logs of every boot are kept in target/guest-tests/reliability/. Needs root.
 set -uo pipefail
 
-HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-# shellcheck source=tests/guest/initramfs.sh
-. "$HERE/initramfs.sh"
-CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "$0")/../lib/common.sh"
 OUT="$ROOT/target/guest-tests/reliability"
 
 SCENARIOS="load full kill-qemu kill-qemu-activated kill-daemon host-change fsync"
@@ -49,11 +47,6 @@ SECS=""
 KERNEL=6.12
 ACCEL=tcg
 TIMEOUT=""
-BUILD=1
-KEEP=0
-VERBOSE=0
-
-usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --scenario) SCENARIOS="${2//,/ }"; shift 2 ;;
@@ -63,17 +56,14 @@ while [ $# -gt 0 ]; do
         --kernel) KERNEL="$2"; shift 2 ;;
         --accel) ACCEL="$2"; shift 2 ;;
         --timeout) TIMEOUT="$2"; shift 2 ;;
-        --no-build) BUILD=0; shift ;;
-        --keep) KEEP=1; shift ;;
-        -v|--verbose) VERBOSE=1; shift ;;
-        -h|--help) usage 0 ;;
-        *) echo "reliability.sh: unknown option $1" >&2; usage 2 ;;
+        *) common_option "$@" || bad_usage "unknown option $1"; shift "$TAKEN" ;;
     esac
 done
+case "$ACCEL" in auto|tcg|kvm) ;; *) bad_usage "--accel takes auto, tcg or kvm" ;; esac
 for s in $SCENARIOS; do
     case "$s" in
         load|full|kill-qemu|kill-qemu-activated|kill-daemon|host-change|fsync|reconnect) ;;
-        *) echo "reliability.sh: unknown scenario $s" >&2; exit 2 ;;
+        *) bad_usage "unknown scenario $s" ;;
     esac
 done
 # shellcheck disable=SC2034  # FIO_MB and ROUNDS are read by reliability-scenarios.sh
@@ -82,156 +72,40 @@ if [ "$LONG" = 1 ]; then
 else
     SECS="${SECS:-6}"; TIMEOUT="${TIMEOUT:-300}"; FIO_MB=16; ROUNDS=3
 fi
-if [ "$(id -u)" -ne 0 ]; then
-    echo "reliability.sh: must run as root" >&2
-    exit 2
-fi
+need_root "the daemons create files as the guest's callers; loop mounts"
 
-START=$(date +%s)
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-rel.XXXXXX")"
+report_start "reliability tests" "$OUT"
+work_dir virtiofsd-rel
 mkdir -p "$OUT"
-PIDS=()      # processes this script started and has not reaped yet
 # loop mounts to undo: listed in $WORK/mounts (scenarios run in subshells)
-
-cleanup() {
-    local p m
-    for p in "${PIDS[@]}"; do
-        kill -0 "$p" 2>/dev/null && kill_tree "$p"
-    done
+unmount_listed() {
+    local m
     [ -f "$WORK/mounts" ] && while read -r m; do
         umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
     done < "$WORK/mounts"
-    if [ "$KEEP" = 1 ]; then echo "# work dir kept: $WORK"; else rm -rf "$WORK"; fi
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-forget_pid() {
-    local p new=()
-    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || new+=("$p"); done
-    PIDS=("${new[@]}")
-}
-
-# --- results -----------------------------------------------------------------------------------
-N=0; PASSED=0; FAILED=0
-result() {
-    local st="$1" name="$2" diag="${3:-}"
-    N=$((N + 1))
-    if [ "$st" = ok ]; then
-        PASSED=$((PASSED + 1)); echo "ok $N $name"
-    else
-        FAILED=$((FAILED + 1)); echo "not ok $N $name"
-    fi
-    if [ -n "$diag" ] && { [ "$st" != ok ] || [ "$VERBOSE" = 1 ]; }; then
-        printf '%s\n' "$diag" | sed 's/^/# /'
-    fi
-}
-check() {
-    if [ "$2" = "$3" ]; then result ok "$1" "${4:-value}: '$2'"
-    else result fail "$1" "${4:-value}: got '$2', expected '$3'"; fi
-}
-# check_le NAME GOT LIMIT WHAT: GOT <= LIMIT (integers)
-check_le() {
-    if [ -n "$2" ] && [ "$2" -le "$3" ] 2>/dev/null; then result ok "$1" "${4:-value}: $2 (limit $3)"
-    else result fail "$1" "${4:-value}: got '$2', limit $3"; fi
-}
-finish() {
-    echo "# reliability tests took $(( $(date +%s) - START ))s; logs in $OUT"
-    echo "$PASSED passed, $FAILED failed"
-    [ "$FAILED" -eq 0 ]
-    exit $?
-}
-
-# guest_results CONSOLE PREFIX: each guest test line as a test
-guest_results() {
-    local line diag="" cur_st="" cur_name=""
-    flush() {
-        if [ -n "$cur_name" ]; then result "$cur_st" "$2$cur_name" "${diag%$'\n'}"; fi
-        cur_name=""; diag=""
-    }
-    while IFS= read -r line; do
-        if [[ "$line" =~ ^ok\ [0-9]+\ (.*)$ ]]; then
-            flush "" "$2"; cur_st=ok; cur_name="${BASH_REMATCH[1]}"
-        elif [[ "$line" =~ ^not\ ok\ [0-9]+\ (.*)$ ]]; then
-            flush "" "$2"; cur_st=fail; cur_name="${BASH_REMATCH[1]}"
-        elif [[ "$line" =~ ^#\ (.*)$ ]] && [ -n "$cur_name" ]; then
-            diag+="${BASH_REMATCH[1]}"$'\n'
-        fi
-    done < <(tr -d '\r' < "$1")
-    flush "" "$2"
-}
-data_of() { tr -d '\r' < "$1" | sed -n "s/^#DATA $2 //p" | tail -n 1; }
+at_exit unmount_listed
 
 # --- prerequisites -----------------------------------------------------------------------------
-if ! command -v qemu-system-x86_64 >/dev/null || [ ! -x /usr/bin/stress-ng ] || [ ! -x /usr/bin/fio ] \
-   || [ ! -x /usr/bin/strace ] || [ ! -f "$CACHE/kernel-$KERNEL/.complete" ]; then
-    echo "# running tests/guest/install.sh"
-    if ! GUEST_KERNELS="$KERNEL" "$HERE/install.sh" >"$OUT/install.log" 2>&1; then
-        result fail "install guest test prerequisites" "$(tail -n 20 "$OUT/install.log")"
-        finish
-    fi
-fi
-if [ "$BUILD" = 1 ]; then
-    echo "# cargo build --release --bin virtiofsd"
-    if ! (cd "$ROOT" && cargo build --release --bin virtiofsd) >"$OUT/build.log" 2>&1; then
-        result fail "cargo build --release" "$(tail -n 30 "$OUT/build.log")"
-        finish
-    fi
-fi
-DAEMON="$ROOT/target/release/virtiofsd"
-mkdir -p "$WORK/helpers"
-for src in "$HERE"/helpers/*.c; do
-    name="$(basename "$src" .c)"
-    if ! gcc -static -O2 -Wall -o "$WORK/helpers/$name" "$src" 2>"$WORK/helpers/$name.err"; then
-        result fail "compile helper $name" "$(cat "$WORK/helpers/$name.err")"
-        finish
-    fi
-    rm -f "$WORK/helpers/$name.err"
-done
+ensure_kit "$OUT/install.log" "$KERNEL" /usr/bin/stress-ng /usr/bin/fio /usr/bin/strace /usr/bin/find
+prepare_daemon "$OUT/build.log"
+build_helpers "$WORK/helpers"
 
 # The initramfs: the guest kit of run.sh plus Debian's stress-ng and fio (with their shared
 # libraries, about 95 MiB).
 INITRD="$WORK/initramfs.cpio"
-st="$WORK/initramfs"
-initramfs_skeleton "$st"
-mkdir -p "$st"/{tests,helpers}
-cp "$HERE/guest/init" "$st/init"
-chmod 755 "$st/init"
-cp "$HERE"/guest/*.sh "$st/tests/"
-cp "$WORK"/helpers/* "$st/helpers/"
-initramfs_modules "$st" "$CACHE/kernel-$KERNEL"
-if ! initramfs_binaries "$st" /usr/bin/find /usr/bin/strace /usr/bin/stress-ng /usr/bin/fio; then
+if ! kit_initramfs "$INITRD" "$KERNEL" "$WORK/helpers" \
+        /usr/bin/find /usr/bin/strace /usr/bin/stress-ng /usr/bin/fio; then
     result fail "guest kit: stress-ng and fio into the initramfs" "see above"
     finish
 fi
-initramfs_pack "$st" "$INITRD"
-rm -rf "$st"
-if [ "$ACCEL" = kvm ]; then ACCEL_ARGS=(-accel kvm -cpu host); else ACCEL_ARGS=(-accel tcg -cpu max); fi
-echo "# initramfs $(( $(stat -c %s "$INITRD") / 1048576 )) MiB; accelerator: ${ACCEL_ARGS[*]}; long=$LONG secs=$SECS"
+choose_accel "$ACCEL" qemu-system-x86_64 "$CACHE/kernel-$KERNEL/vmlinuz" "$INITRD" guest_suite=probe \
+    '#PROBE-OK' "$WORK/probe.log"
+echo "# initramfs $(( $(stat -c %s "$INITRD") / 1048576 )) MiB; accelerator: ${ACCEL_ARGS[*]}${ACCEL_NOTE:+ ($ACCEL_NOTE)}; long=$LONG secs=$SECS"
 
 # --- daemon and guest --------------------------------------------------------------------------
-# start_daemon SOCK SHARE LOG [--strace FILE] FLAGS...: sets DPID (our child: the daemon, or
-# strace running it). The caller waits with wait_socket.
-start_daemon() {
-    local sock="$1" share="$2" log="$3"; shift 3
-    local pre=()
-    if [ "${1:-}" = --strace ]; then
-        # shellcheck disable=SC2054  # the commas belong to strace's -e
-        pre=(strace -f -qq -y -e trace=fsync,fdatasync,syncfs -o "$2"); shift 2
-    fi
-    "${pre[@]}" "$DAEMON" --socket-path "$sock" --shared-dir "$share" --log-level debug "$@" \
-        >"$log" 2>&1 &
-    DPID=$!
-    PIDS+=("$DPID")
-}
-wait_socket() {
-    local _
-    for _ in $(seq 1 100); do
-        [ -S "$1" ] && return 0
-        sleep 0.05
-    done
-    return 1
-}
+# Every daemon logs each request (start_daemon, tests/lib/daemon.sh).
+DAEMON_ARGS=(--log-level debug)
 # serving_pid PID: the process that serves: with the default --sandbox=namespace, the child
 # of the supervising daemon (under strace one level further down).
 serving_pid() {
@@ -242,16 +116,6 @@ serving_pid() {
         p="$c"
     done
     echo "$p"
-}
-# kill_tree PID: SIGKILL to PID and every process below it (a daemon's serving child, the
-# daemon under strace), children first found, then all at once
-kill_tree() {
-    local all=("$1") i=0 c
-    while [ "$i" -lt "${#all[@]}" ]; do
-        for c in $(cat /proc/"${all[$i]}"/task/*/children 2>/dev/null); do all+=("$c"); done
-        i=$((i + 1))
-    done
-    kill -KILL "${all[@]}" 2>/dev/null
 }
 nfds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
 # anon_kib PID: the daemon's own memory (RssAnon; its VmRSS also counts the pages of guest
@@ -272,37 +136,17 @@ start_qemu() {
         i=$((i + 1))
     done
     : > "$logs/console.log"
-    qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m 1536M -smp 2 -machine q35 -nodefaults -display none \
-        -no-reboot -monitor none -serial "file:$logs/console.log" \
-        -kernel "$CACHE/kernel-$KERNEL/vmlinuz" -initrd "$INITRD" \
-        -append "console=ttyS0 quiet panic=-1 guest_suite=$suite $extra" \
-        -object memory-backend-memfd,id=mem,size=1536M,share=on -numa node,memdev=mem \
-        "${devs[@]}" >"$logs/qemu.log" 2>&1 </dev/null &
-    QPID=$!
-    PIDS+=("$QPID")
+    start_guest "$logs/console.log" "$logs/qemu.log" "$CACHE/kernel-$KERNEL/vmlinuz" "$INITRD" \
+        1536M "guest_suite=$suite $extra" -smp 2 "${devs[@]}"
 }
 
 # run_guest LOGDIR HANDLER: waits for QEMU to exit (or TIMEOUT), calling HANDLER MARK for each
 # "#MARK name" line of the console as it appears. Sets QRC (exit status, or "timeout").
 run_guest() {
-    local logs="$1" handler="$2" t0=$SECONDS seen=0 m marks
-    while kill -0 "$QPID" 2>/dev/null; do
-        if [ $((SECONDS - t0)) -ge "$TIMEOUT" ]; then
-            kill -KILL "$QPID" 2>/dev/null; wait "$QPID" 2>/dev/null; forget_pid "$QPID"
-            QRC=timeout
-            return
-        fi
-        sleep 0.2
-        mapfile -t marks < <(tr -d '\r' < "$logs/console.log" | sed -n 's/^#MARK \([A-Za-z0-9_-]*\).*/\1/p')
-        while [ "$seen" -lt "${#marks[@]}" ]; do
-            m="${marks[$seen]}"
-            seen=$((seen + 1))
-            "$handler" "$m"
-        done
-    done
-    { wait "$QPID"; } 2>/dev/null; QRC=$?
-    forget_pid "$QPID"
-    qemu_aborted "$logs"
+    local t0=$SECONDS
+    watch_guest "$TIMEOUT" "$2" "$1/console.log"
+    [ "$QRC" = timeout ] && return
+    qemu_aborted "$1"
     echo "# guest ran $((SECONDS - t0))s"
 }
 no_handler() { :; }
@@ -326,7 +170,7 @@ run_scenario() {
     for try in 1 2; do
         rm -f "$WORK/qemu-aborted"
         # whatever a scenario left running (it gave up half-way) ends with its subshell
-        ( "scenario_${s//-/_}"; for p in "${PIDS[@]}"; do kill_tree "$p"; done ) > "$out" 2>&1
+        ( "scenario_${s//-/_}"; kill_tracked ) > "$out" 2>&1
         if [ "$try" = 1 ] && [ -s "$WORK/qemu-aborted" ]; then
             echo "# scenario $s: QEMU aborted on an assertion of its own ($(grep -h 'Assertion' "$(head -n 1 "$WORK/qemu-aborted").qemu-abort.log" | head -n 1)); log kept as $(head -n 1 "$WORK/qemu-aborted").qemu-abort.log; running the scenario again"
             continue
@@ -334,16 +178,14 @@ run_scenario() {
         break
     done
     # (bash's notices of the QEMUs the scenarios kill are left out)
-    grep -vE '^[^ ]*reliability\.sh: line [0-9]+: +[0-9]+ (Killed|Aborted) ' "$out"
-    local ok bad
-    ok="$(grep -c '^ok ' "$out")"; bad="$(grep -c '^not ok ' "$out")"
-    N=$((N + ok + bad)); PASSED=$((PASSED + ok)); FAILED=$((FAILED + bad))
+    grep -vE '^[^ ]*\.sh: line [0-9]+: +[0-9]+ (Killed|Aborted) ' "$out"
+    tally "$out"
 }
 
 # guest_end PREFIX LOGDIR: the guest's own results, and that it ran to the end
 guest_end() {
     local con="$2/console.log"
-    guest_results "$con" "$1"
+    report_tap "$con" "$1"
     if [ "$QRC" = 0 ] && grep -q '^#DONE' "$con"; then
         result ok "${1}guest ran to the end and powered off"
     else
@@ -353,14 +195,10 @@ $(tr -d '\r' < "$con" | tail -n 25)"
 }
 # daemon_end PREFIX PID LOG: the daemon exits 0 by itself within 10 s of the disconnect
 daemon_end() {
-    local _ rc
-    for _ in $(seq 1 100); do kill -0 "$2" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$2" 2>/dev/null; then
-        kill_tree "$2"; wait "$2" 2>/dev/null; rc="still running 10 s after QEMU exited (killed)"
-    else
-        wait "$2"; rc=$?
-    fi
-    forget_pid "$2"
+    local rc
+    reap "$2" 10
+    rc="$REAPED"
+    [ "$rc" = running ] && rc="still running 10 s after QEMU exited (killed)"
     if [ "$rc" = 0 ]; then result ok "${1}daemon exits 0 after the disconnect"
     else result fail "${1}daemon exits 0 after the disconnect" "exit: $rc; log tail:
 $(tail -n 15 "$3")"; fi
@@ -378,7 +216,7 @@ scen_dir() {
 }
 
 # shellcheck source=tests/guest/reliability-scenarios.sh
-. "$HERE/reliability-scenarios.sh"
+. "$ROOT/tests/guest/reliability-scenarios.sh"
 
 for s in $SCENARIOS; do
     t0=$SECONDS

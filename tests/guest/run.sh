@@ -22,7 +22,8 @@
 #                                         the daemon must say guest memory is not shared
 #                             all = main,readonly,xattr,escape,always,noshare; full = all eight
 #   --timeout SECONDS       kill a guest that has not powered off after this long (default 300)
-#   --accel auto|tcg|kvm    auto (default) uses KVM only if a short probe boot proves it works
+#   --accel auto|tcg|kvm    auto (default) uses KVM only if a short probe boot proves it works;
+#                           kvm uses it without a probe
 #   --daemon PATH           test this binary instead of building target/release/virtiofsd
 #   --no-build              do not run cargo build (use the existing target/release/virtiofsd)
 #   --keep                  keep the work dir (shares, sockets, initramfs) for inspection
@@ -32,25 +33,14 @@
 # and kernels; it runs install.sh itself when something is missing.
 set -uo pipefail
 
-HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-# shellcheck source=tests/guest/initramfs.sh
-. "$HERE/initramfs.sh"
-# shellcheck source=tests/guest/kvm-probe.sh
-. "$HERE/kvm-probe.sh"
-CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "$0")/../lib/common.sh"
 OUT="$ROOT/target/guest-tests"
 
 KERNELS="6.12"
-SUITES="main readonly xattr escape always"
+SUITES="main readonly xattr escape always noshare"
 TIMEOUT=300
 ACCEL=auto
-DAEMON=""
-BUILD=1
-KEEP=0
-VERBOSE=0
-
-usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --kernel) KERNELS="$2"; shift 2 ;;
@@ -61,13 +51,7 @@ while [ $# -gt 0 ]; do
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
         --accel) ACCEL="$2"; shift 2 ;;
         --accel=*) ACCEL="${1#*=}"; shift ;;
-        --daemon) DAEMON="$2"; BUILD=0; shift 2 ;;
-        --daemon=*) DAEMON="${1#*=}"; BUILD=0; shift ;;
-        --no-build) BUILD=0; shift ;;
-        --keep) KEEP=1; shift ;;
-        -v|--verbose) VERBOSE=1; shift ;;
-        -h|--help) usage 0 ;;
-        *) echo "run.sh: unknown option $1" >&2; usage 2 ;;
+        *) common_option "$@" || bad_usage "unknown option $1"; shift "$TAKEN" ;;
     esac
 done
 [ "$KERNELS" = all ] && KERNELS="6.12 6.1"
@@ -75,156 +59,40 @@ SUITES="${SUITES//,/ }"
 SUITES="${SUITES//full/main readonly cache-never writeback xattr escape always noshare}"
 SUITES="${SUITES//all/main readonly xattr escape always noshare}"
 for k in $KERNELS; do
-    case "$k" in 6.12|6.1) ;; *) echo "run.sh: --kernel must be 6.12, 6.1 or all" >&2; exit 2 ;; esac
+    case "$k" in 6.12|6.1) ;; *) bad_usage "--kernel must be 6.12, 6.1 or all" ;; esac
 done
+case "$ACCEL" in auto|tcg|kvm) ;; *) bad_usage "--accel takes auto, tcg or kvm" ;; esac
 for s in $SUITES; do
     case "$s" in
         main|readonly|cache-never|writeback|xattr|escape|always|noshare) ;;
-        *) echo "run.sh: --suite takes main, readonly, cache-never, writeback, xattr, escape, always, noshare, all or full" >&2; exit 2 ;;
+        *) bad_usage "--suite takes main, readonly, cache-never, writeback, xattr, escape, always, noshare, all or full" ;;
     esac
 done
-if [ "$(id -u)" -ne 0 ]; then
-    echo "run.sh: must run as root (the daemon has to chown and mknod for the guest)" >&2
-    exit 2
-fi
+need_root "the daemon has to chown and mknod for the guest"
 
-START=$(date +%s)
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-guest.XXXXXX")"
+report_start "guest tests" "$OUT"
+work_dir virtiofsd-guest
 mkdir -p "$OUT"
-PIDS=()   # processes this script started and has not reaped yet
-
-cleanup() {
-    local p
-    unmount_nofiletype
-    [ -n "${KVM_PROBE_PID:-}" ] && kill -KILL "$KVM_PROBE_PID" 2>/dev/null
-    for p in "${PIDS[@]}"; do
-        kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
-    done
-    if [ "$KEEP" = 1 ]; then
-        echo "# work dir kept: $WORK"
-    else
-        rm -rf "$WORK"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-forget_pid() {
-    local p new=()
-    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || new+=("$p"); done
-    PIDS=("${new[@]}")
-}
-
-# --- results -----------------------------------------------------------------------------------
-N=0; PASSED=0; FAILED=0; SKIPPED=0
-
-# result ok|fail|skip NAME [DIAG_TEXT]
-result() {
-    local st="$1" name="$2" diag="${3:-}"
-    N=$((N + 1))
-    case "$st" in
-        ok) PASSED=$((PASSED + 1)); echo "ok $N $name" ;;
-        skip) SKIPPED=$((SKIPPED + 1)); echo "ok $N $name # SKIP $diag"; diag="" ;;
-        *) FAILED=$((FAILED + 1)); echo "not ok $N $name" ;;
-    esac
-    if [ -n "$diag" ] && { [ "$st" = fail ] || [ "$VERBOSE" = 1 ]; }; then
-        printf '%s\n' "$diag" | sed 's/^/# /'
-    fi
-}
-
-# check NAME GOT WANT [WHAT]: a host-side comparison reported as a test
-check() {
-    if [ "$2" = "$3" ]; then
-        result ok "$1" "${4:-value}: '$2'"
-    else
-        result fail "$1" "${4:-value}: got '$2', expected '$3'"
-    fi
-}
-
-finish() {
-    local secs=$(( $(date +%s) - START ))
-    echo "# guest tests took ${secs}s; logs in $OUT"
-    if [ "$SKIPPED" -gt 0 ]; then
-        echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
-    else
-        echo "$PASSED passed, $FAILED failed"
-    fi
-    [ "$FAILED" -eq 0 ]
-    exit $?
-}
 
 # --- prerequisites -----------------------------------------------------------------------------
-need_install=0
-command -v qemu-system-x86_64 >/dev/null || need_install=1
-command -v cpio >/dev/null || need_install=1
-dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep 'install ok installed' >/dev/null || need_install=1
-[ -x /usr/bin/strace ] && [ -x /usr/bin/find ] || need_install=1   # GNU find + strace for the guest
-for k in $KERNELS; do [ -f "$CACHE/kernel-$k/.complete" ] || need_install=1; done
-if [ "$need_install" = 1 ]; then
-    echo "# running tests/guest/install.sh"
-    if ! GUEST_KERNELS="$KERNELS" VIRTIOFSD_GUEST_CACHE="$CACHE" "$HERE/install.sh" >"$OUT/install.log" 2>&1; then
-        result fail "install guest test prerequisites" "$(tail -n 20 "$OUT/install.log")"
-        finish
-    fi
-fi
+# GNU find and strace go into the guest (/usr/bin/find, /usr/bin/strace; busybox's find stays
+# the one on PATH).
+ensure_kit "$OUT/install.log" "$KERNELS" /usr/bin/find /usr/bin/strace
+prepare_daemon "$OUT/build.log"
 
-if [ "$BUILD" = 1 ]; then
-    echo "# cargo build --release"
-    if ! (cd "$ROOT" && cargo build --release) >"$OUT/build.log" 2>&1; then
-        result fail "cargo build --release" "$(grep -E '^(error|warning: unused)' -A5 "$OUT/build.log" | head -n 40)"
-        finish
-    fi
-fi
-DAEMON="${DAEMON:-$ROOT/target/release/virtiofsd}"
-if [ ! -x "$DAEMON" ]; then
-    result fail "daemon binary exists" "$DAEMON is missing"
-    finish
-fi
+# Static helpers for the guest (and getdents for the host).
+build_helpers "$WORK/helpers"
 
-# Static helpers for the guest.
-mkdir -p "$WORK/helpers"
-for src in "$HERE"/helpers/*.c; do
-    name="$(basename "$src" .c)"
-    if ! gcc -static -O2 -Wall -o "$WORK/helpers/$name" "$src" 2>"$WORK/helpers/$name.err"; then
-        result fail "compile helper $name" "$(cat "$WORK/helpers/$name.err")"
-        finish
-    fi
-done
-
-# build_initramfs KERNEL OUTFILE: busybox, /init, the suites, the helpers, and the kernel's
-# fuse/virtiofs modules when they are not built in. An uncompressed newc cpio.
-build_initramfs() {
-    local k="$1" out="$2" st="$WORK/initramfs-$1"
-    initramfs_skeleton "$st"
-    mkdir -p "$st"/{tests,helpers}
-    cp "$HERE/guest/init" "$st/init"
-    chmod 755 "$st/init"
-    cp "$HERE"/guest/*.sh "$st/tests/"
-    cp "$WORK"/helpers/* "$st/helpers/"
-    rm -f "$st"/helpers/*.err
-    initramfs_modules "$st" "$CACHE/kernel-$k"
-    # GNU find and strace with their shared libraries and the loader at the host's paths; the
-    # guest calls them as /usr/bin/find and /usr/bin/strace (busybox's find stays the one on
-    # PATH).
-    initramfs_binaries "$st" /usr/bin/find /usr/bin/strace
-    initramfs_pack "$st" "$out"
-}
+# build_initramfs KERNEL OUTFILE: the kit's initramfs for KERNEL, with GNU find and strace.
+build_initramfs() { kit_initramfs "$2" "$1" "$WORK/helpers" /usr/bin/find /usr/bin/strace; }
 
 # --- accelerator -------------------------------------------------------------------------------
 first_kernel="${KERNELS%% *}"
 build_initramfs "$first_kernel" "$WORK/initramfs-$first_kernel.cpio"
-ACCEL_ARGS=(-accel tcg -cpu max)
-if [ "$ACCEL" = kvm ] || [ "$ACCEL" = auto ]; then
-    # A probe boot (tests/guest/kvm-probe.sh): KVM counts as working if the guest reaches
-    # userspace within 15 s.
-    if kvm_probe qemu-system-x86_64 "$CACHE/kernel-$first_kernel/vmlinuz" \
-            "$WORK/initramfs-$first_kernel.cpio" guest_suite=probe '#PROBE-OK' "$WORK/probe.log"; then
-        ACCEL_ARGS=(-accel kvm -cpu host)
-    elif [ "$ACCEL" = kvm ]; then
-        echo "# --accel kvm: the probe boot did not reach userspace; using TCG anyway"
-    fi
-fi
-echo "# accelerator: ${ACCEL_ARGS[*]}"
+# auto: KVM if a probe boot reaches userspace within 15 s (tests/lib/accel.sh)
+choose_accel "$ACCEL" qemu-system-x86_64 "$CACHE/kernel-$first_kernel/vmlinuz" \
+    "$WORK/initramfs-$first_kernel.cpio" guest_suite=probe '#PROBE-OK' "$WORK/probe.log"
+echo "# accelerator: ${ACCEL_ARGS[*]}${ACCEL_NOTE:+ ($ACCEL_NOTE)}"
 
 # --- the share ---------------------------------------------------------------------------------
 # prepare_share DIR: the fixtures the guest suites expect under /mnt/fixtures.
@@ -372,6 +240,7 @@ unmount_nofiletype() {
     done
     NOFT_MOUNTS=()
 }
+at_exit unmount_nofiletype
 
 # prepare_tree DIR: 30,000 small files (f00..f29, 0-3 KiB) in 1,000 directories
 # (dNN/sN, 100 x 10) plus 10 symlinks (dNN/ln, NN < 10) for the find-without-stat tests of the
@@ -426,27 +295,16 @@ snapshot() {
     done > "$2"
 }
 
-# guest_results CONSOLE PREFIX: reports each guest test line as a test
-guest_results() {
-    local console="$1" prefix="$2" line name st diag="" cur_st="" cur_name=""
-    flush() {
-        if [ -n "$cur_name" ]; then result "$cur_st" "$prefix$cur_name" "${diag%$'\n'}"; fi
-        cur_name=""; diag=""
-    }
-    while IFS= read -r line; do
-        line="${line%$'\r'}"
-        if [[ "$line" =~ ^ok\ [0-9]+\ (.*)$ ]]; then
-            flush; cur_st=ok; cur_name="${BASH_REMATCH[1]}"
-        elif [[ "$line" =~ ^not\ ok\ [0-9]+\ (.*)$ ]]; then
-            flush; cur_st=fail; cur_name="${BASH_REMATCH[1]}"
-        elif [[ "$line" =~ ^#\ (.*)$ ]] && [ -n "$cur_name" ]; then
-            diag+="${BASH_REMATCH[1]}"$'\n'
-        fi
-    done < <(tr -d '\r' < "$console")
-    flush
+# boot_mark MARK (watch_guest's handler in boot, whose dpid, logs and share it uses): a
+# snapshot of the daemon's threads and descriptors, and how far its request log had got.
+boot_mark() {
+    snapshot "$dpid" "$logs/threads-$1.txt"
+    fds "$dpid" > "$logs/fds-$1.txt"
+    # how far the daemon's request log had got (requests between two marks)
+    wc -l < "$logs/daemon.log" > "$logs/loglines-$1.txt"
+    [ "$1" = host-delete ] && rm -f "$share/fixtures/host-deletes.txt"
+    return 0
 }
-
-data_of() { sed -n "s/^#DATA $2 //p" "$1" | tr -d '\r' | tail -n 1; }
 
 # boot KERNEL NAME SUITE DAEMON_FLAGS...: one guest boot running the guest suite SUITE against
 # a fresh daemon and share
@@ -468,18 +326,11 @@ boot() {
     [ "$suite" = readonly ] && fingerprint "$share" > "$dir/before.txt"
 
     echo "# boot: kernel $k, $bname (guest suite $suite), daemon flags: ${flags[*]}"
-    "$DAEMON" --socket-path "$sock" --shared-dir "$share" "${flags[@]}" --log-level debug \
-        >"$logs/daemon.log" 2>&1 &
-    local dpid=$!
-    PIDS+=("$dpid")
-    for _ in $(seq 1 100); do
-        [ -S "$sock" ] && break
-        kill -0 "$dpid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if [ ! -S "$sock" ]; then
+    start_daemon "$sock" "$share" "$logs/daemon.log" "${flags[@]}" --log-level debug
+    local dpid=$DPID
+    if ! wait_socket "$sock" "$dpid"; then
         result fail "${prefix}daemon listens on its socket" "$(tail -n 20 "$logs/daemon.log")"
-        kill -KILL "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null; forget_pid "$dpid"
+        reap "$dpid" 0
         return
     fi
 
@@ -491,61 +342,26 @@ boot() {
         prev="$f"
     done
     local t0=$SECONDS
-    qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m 1G -smp 2 -machine q35 -nodefaults -display none \
-        -no-reboot -monitor none -serial "file:$logs/console.log" \
-        -kernel "$CACHE/kernel-$k/vmlinuz" -initrd "$WORK/initramfs-$k.cpio" \
-        -append "console=ttyS0 quiet panic=-1 guest_suite=$suite guest_cache=$gcache" \
-        -object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
+    start_guest "$logs/console.log" "$logs/qemu.log" "$CACHE/kernel-$k/vmlinuz" \
+        "$WORK/initramfs-$k.cpio" 1G "guest_suite=$suite guest_cache=$gcache" -smp 2 \
         -chardev "socket,id=vfs,path=$sock" \
-        -device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues=2 \
-        >"$logs/qemu.log" 2>&1 </dev/null &
-    local qpid=$!
-    PIDS+=("$qpid")
+        -device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues=2
 
     # Wait for the guest to power off; take a snapshot of the daemon's threads at each #MARK.
-    local timed_out=0 marks_seen=0 m
-    while kill -0 "$qpid" 2>/dev/null; do
-        if [ $((SECONDS - t0)) -ge "$TIMEOUT" ]; then timed_out=1; break; fi
-        sleep 0.2
-        if [ -f "$logs/console.log" ]; then
-            mapfile -t marks < <(sed -n 's/^#MARK \([A-Za-z0-9_-]*\).*/\1/p' "$logs/console.log")
-            while [ "$marks_seen" -lt "${#marks[@]}" ]; do
-                m="${marks[$marks_seen]}"
-                snapshot "$dpid" "$logs/threads-$m.txt"
-                fds "$dpid" > "$logs/fds-$m.txt"
-                # how far the daemon's request log had got (requests between two marks)
-                wc -l < "$logs/daemon.log" > "$logs/loglines-$m.txt"
-                [ "$m" = host-delete ] && rm -f "$share/fixtures/host-deletes.txt"
-                marks_seen=$((marks_seen + 1))
-            done
-        fi
-    done
-    if [ "$timed_out" = 1 ]; then
-        kill -TERM "$qpid" 2>/dev/null; sleep 2; kill -KILL "$qpid" 2>/dev/null
-    fi
-    wait "$qpid"; local qrc=$?
-    forget_pid "$qpid"
+    watch_guest "$TIMEOUT" boot_mark "$logs/console.log"
+    local qrc="$QRC" timed_out=0
+    [ "$qrc" = timeout ] && timed_out=1
     local secs=$((SECONDS - t0))
     echo "# boot took ${secs}s (QEMU exit status $qrc)"
 
     # The daemon must notice the disconnect and exit 0 by itself.
-    for _ in $(seq 1 100); do
-        kill -0 "$dpid" 2>/dev/null || break
-        sleep 0.1
-    done
-    local drc
-    if kill -0 "$dpid" 2>/dev/null; then
-        kill -TERM "$dpid" 2>/dev/null; sleep 1; kill -KILL "$dpid" 2>/dev/null
-        wait "$dpid" 2>/dev/null
-        drc="still running 10 s after QEMU exited (killed)"
-    else
-        wait "$dpid"; drc=$?
-    fi
-    forget_pid "$dpid"
+    reap "$dpid" 10
+    local drc="$REAPED"
+    [ "$drc" = running ] && drc="still running 10 s after QEMU exited (killed)"
 
     local console="$logs/console.log"
     touch "$console"
-    guest_results "$console" "$prefix"
+    report_tap "$console" "$prefix"
     if [ "$timed_out" = 1 ]; then
         result fail "${prefix}guest finished within ${TIMEOUT}s" \
             "guest killed after ${TIMEOUT}s; last test started: $(grep '^#RUN' "$console" | tail -n 1)
@@ -598,31 +414,17 @@ boot_noshare() {
     rm -rf "$logs"; mkdir -p "$dir/share" "$logs"
     local sock="$dir/vfs.sock"
     echo "# boot: kernel $k, noshare (QEMU -m 256M without a shared memory backend)"
-    "$DAEMON" --socket-path "$sock" --shared-dir "$dir/share" >"$logs/daemon.log" 2>&1 &
-    local dpid=$!
-    PIDS+=("$dpid")
-    for _ in $(seq 1 100); do
-        [ -S "$sock" ] && break
-        kill -0 "$dpid" 2>/dev/null || break
-        sleep 0.1
-    done
-    qemu-system-x86_64 "${ACCEL_ARGS[@]}" -m 256M -machine q35 -nodefaults -display none \
-        -no-reboot -monitor none -serial "file:$logs/console.log" \
-        -kernel "$CACHE/kernel-$k/vmlinuz" -initrd "$WORK/initramfs-$k.cpio" \
-        -append "console=ttyS0 quiet panic=-1 guest_suite=main" \
-        -chardev "socket,id=vfs,path=$sock" -device vhost-user-fs-pci,chardev=vfs,tag=share \
-        >"$logs/qemu.log" 2>&1 </dev/null &
-    local qpid=$! t0=$SECONDS drc
-    PIDS+=("$qpid")
-    while kill -0 "$dpid" 2>/dev/null && [ $((SECONDS - t0)) -lt 60 ]; do sleep 0.2; done
-    if kill -0 "$dpid" 2>/dev/null; then
-        kill -KILL "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null
-        drc="still running after 60 s (killed)"
-    else
-        wait "$dpid"; drc=$?
-    fi
-    forget_pid "$dpid"
-    kill -KILL "$qpid" 2>/dev/null; wait "$qpid" 2>/dev/null; forget_pid "$qpid"
+    start_daemon "$sock" "$dir/share" "$logs/daemon.log"
+    local dpid=$DPID
+    wait_socket "$sock" "$dpid"
+    GUEST_SHARED_MEM=0 start_guest "$logs/console.log" "$logs/qemu.log" \
+        "$CACHE/kernel-$k/vmlinuz" "$WORK/initramfs-$k.cpio" 256M guest_suite=main \
+        -chardev "socket,id=vfs,path=$sock" -device vhost-user-fs-pci,chardev=vfs,tag=share
+    local qpid=$QPID t0=$SECONDS drc
+    reap "$dpid" 60
+    drc="$REAPED"
+    [ "$drc" = running ] && drc="still running after 60 s (killed)"
+    reap "$qpid" 0
     echo "# the daemon stopped after $((SECONDS - t0))s"
     check "${prefix}daemon exits 1 when guest memory is not shared" "$drc" 1 "exit status"
     local line
@@ -787,7 +589,7 @@ host_checks_main() {
     fi
 }
 
-# After the idmap suite (guest/suite-idmap.sh, run in main-suite boots): what the guest made
+# After the idmap suite (in-guest/suite-idmap.sh, run in main-suite boots): what the guest made
 # through its idmapped mount is owned on the host by the mapped ids (0 -> 100000,
 # 1000 -> 101000), and, with FUSE_ALLOW_IDMAP agreed, only creating requests carried caller ids
 # (every other request uid=gid=4294967295, FUSE_INVALID_UIDGID). Skipped before 6.12.
@@ -966,6 +768,7 @@ host_checks_escape() {
         "character special file 1:1, block special file 8:0, fifo" "type major:minor"
     check "${prefix}hard link to a symlink pointing out is that symlink" \
         "$(host_stat %F "$e/hl-abs") -> $(readlink "$e/hl-abs" 2>&1)" "symbolic link -> $c/secret" "type -> target"
+    # shellcheck disable=SC2010 # the names here are the test's own, plain ones
     check "${prefix}no file appeared next to the share" \
         "$(cd "$dir" && ls -A | grep -vxE 'share|canary|canary-(before|after).txt|vfs.sock' | tr '\n' ' ')" "" "unexpected entries"
 }

@@ -22,71 +22,32 @@
 # for its writable overlays of /etc, /tmp, ...) unpacked in the cache dir; the test user
 # virtiofsd-rootless (the one tests/rootless.rs makes).
 #
-# Usage: tests/guest/virtme-ng.sh [--daemon PATH] [--no-build] [--keep]
+# Usage: tests/guest/virtme-ng.sh [options]
 #   --daemon PATH   test this binary instead of building target/release/virtiofsd
 #   --no-build      do not run cargo build (use the existing target/release/virtiofsd)
 #   --keep          keep the work dir (/virtiofsd-vng.*) for inspection
+#   -v, --verbose   also print the diagnostics of passing checks
 # Env: VIRTME_NG_VERSION (default 1.42), VIRTIOFSD_GUEST_CACHE (default /var/cache/virtiofsd-guest)
 # Prints "ok N name" / "not ok N name" lines and "N passed, N failed"; exits non-zero when a
 # check failed. Logs in target/guest-tests/virtme-ng/. Needs root (apt, the test user).
 set -uo pipefail
 
-HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "$0")/../lib/common.sh"
 VNG_VERSION="${VIRTME_NG_VERSION:-1.42}"
 OUT="$ROOT/target/guest-tests/virtme-ng"
 USER_NAME=virtiofsd-rootless
-DAEMON=""
-BUILD=1
-KEEP=0
 while [ $# -gt 0 ]; do
-    case "$1" in
-        --daemon) DAEMON="$2"; BUILD=0; shift 2 ;;
-        --daemon=*) DAEMON="${1#*=}"; BUILD=0; shift ;;
-        --no-build) BUILD=0; shift ;;
-        --keep) KEEP=1; shift ;;
-        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "virtme-ng.sh: unknown option $1 (expected --daemon PATH, --no-build, --keep)" >&2; exit 2 ;;
-    esac
+    common_option "$@" || bad_usage "unknown option $1"
+    shift "$TAKEN"
 done
-[ "$(id -u)" = 0 ] || { echo "virtme-ng.sh: needs root (apt, a test user)" >&2; exit 2; }
-START=$(date +%s)
+need_root "apt, a test user"
+report_start "virtme-ng stage" "$OUT"
 rm -rf "$OUT" && mkdir -p "$OUT"
-
-N=0; PASSED=0; FAILED=0
-ok() { N=$((N + 1)); PASSED=$((PASSED + 1)); echo "ok $N $1"; }
-not_ok() {
-    N=$((N + 1)); FAILED=$((FAILED + 1)); echo "not ok $N $1"
-    [ -n "${2:-}" ] && printf '%s\n' "$2" | sed 's/^/# /'
-    return 0
-}
-check() { if [ "$2" = "$3" ]; then ok "$1"; else not_ok "$1" "got '$2', expected '$3'"; fi; }
-finish() {
-    echo "# virtme-ng stage took $(( $(date +%s) - START ))s; logs in $OUT"
-    echo "$PASSED passed, $FAILED failed"
-    [ "$FAILED" -eq 0 ]
-    exit $?
-}
-
-WORK=""
-WATCH=""
-cleanup() {
-    [ -n "$WATCH" ] && kill "$WATCH" 2>/dev/null
-    if [ -n "$WORK" ]; then
-        if [ "$KEEP" = 1 ]; then echo "# work dir kept: $WORK"; else rm -rf "$WORK"; fi
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 # --- what vng needs ----------------------------------------------------------------------------
 export DEBIAN_FRONTEND=noninteractive
-if ! command -v qemu-system-x86_64 >/dev/null || [ ! -f "$CACHE/kernel-6.12/.complete" ] \
-   || ! dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed'; then
-    GUEST_KERNELS=6.12 VIRTIOFSD_GUEST_CACHE="$CACHE" "$HERE/install.sh" >"$OUT/install.log" 2>&1 \
-        || { not_ok "tests/guest/install.sh" "$(tail -n 20 "$OUT/install.log")"; finish; }
-fi
+ensure_kit "$OUT/install.log" 6.12
 missing=()
 for p in python3-venv udev kmod file; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -96,7 +57,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get install -y -q --no-install-recommends "${missing[@]}" >"$OUT/apt.log" 2>&1 \
         || { apt-get update -qq && apt-get install -y -q --no-install-recommends "${missing[@]}"; } \
         >>"$OUT/apt.log" 2>&1 \
-        || { not_ok "apt-get install ${missing[*]}" "$(tail -n 20 "$OUT/apt.log")"; finish; }
+        || { result fail "apt-get install ${missing[*]}" "$(tail -n 20 "$OUT/apt.log")"; finish; }
 fi
 
 # virtme-ng in a venv of the system's python3 (the test user must be able to run it: a
@@ -109,7 +70,7 @@ if ! "$VENV/bin/vng" --version >/dev/null 2>&1; then
     rm -rf "$VENV"
     { "$PY" -m venv "$VENV" && "$VENV/bin/pip" install -q --disable-pip-version-check \
         "virtme-ng==$VNG_VERSION"; } >"$OUT/pip.log" 2>&1 \
-        || { not_ok "pip install virtme-ng==$VNG_VERSION" "$(tail -n 20 "$OUT/pip.log")"; rm -rf "$VENV"; finish; }
+        || { result fail "pip install virtme-ng==$VNG_VERSION" "$(tail -n 20 "$OUT/pip.log")"; rm -rf "$VENV"; finish; }
 fi
 chmod -R a+rX "$VENV"
 
@@ -124,7 +85,7 @@ if [ ! -f "$KDIR/.complete" ]; then
         pkg="$(apt-cache pkgnames linux-image-6.12. \
             | grep -E '^linux-image-6\.12\.[0-9]+\+deb12(\.[0-9]+)?-cloud-amd64$' | sort -rV | head -n 1)"
         (cd "$KDIR/deb" && apt-get download -qq "$pkg") >>"$OUT/kernel.log" 2>&1 \
-            || { not_ok "apt-get download $pkg" "$(tail -n 20 "$OUT/kernel.log")"; finish; }
+            || { result fail "apt-get download $pkg" "$(tail -n 20 "$OUT/kernel.log")"; finish; }
     fi
     dpkg-deb -x "$KDIR"/deb/*.deb "$KDIR/root"
     kver="$(ls "$KDIR/root/lib/modules")"
@@ -133,7 +94,7 @@ if [ ! -f "$KDIR/.complete" ]; then
     mv "$KDIR/root/lib/modules/$kver" "$KDIR/lib/modules/"
     rm -rf "$KDIR/root" "$KDIR/deb"
     depmod -a -b "$KDIR" "$kver" >>"$OUT/kernel.log" 2>&1 \
-        || { not_ok "depmod for $pkg" "$(tail -n 20 "$OUT/kernel.log")"; finish; }
+        || { result fail "depmod for $pkg" "$(tail -n 20 "$OUT/kernel.log")"; finish; }
     echo "$pkg" > "$KDIR/.complete"
 fi
 chmod -R a+rX "$KDIR"
@@ -143,21 +104,16 @@ echo "# kernel: $(cat "$KDIR/.complete"); virtme-ng $("$VENV/bin/vng" --version 
 if ! getent passwd "$USER_NAME" >/dev/null; then
     useradd --system --user-group --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin "$USER_NAME" \
-        || { not_ok "useradd $USER_NAME"; finish; }
+        || { result fail "useradd $USER_NAME"; finish; }
 fi
 
-if [ "$BUILD" = 1 ]; then
-    (cd "$ROOT" && cargo build --release --bin virtiofsd) >"$OUT/build.log" 2>&1 \
-        || { not_ok "cargo build --release" "$(tail -n 20 "$OUT/build.log")"; finish; }
-fi
-DAEMON="${DAEMON:-$ROOT/target/release/virtiofsd}"
-[ -x "$DAEMON" ] || { not_ok "daemon binary exists" "$DAEMON is missing"; finish; }
+prepare_daemon "$OUT/build.log"
 
 # --- the work dir ------------------------------------------------------------------------------
 # At the top of the host's tree: vng overlays /etc, /lib, /home, /opt, /srv, /usr, /var and /tmp
 # in the guest (writes there stay in the guest), not this directory, so the guest's writes to it
 # reach the daemon. It is the same path inside the guest.
-WORK="$(mktemp -d /virtiofsd-vng.XXXXXX)"
+work_dir virtiofsd-vng /
 chmod 755 "$WORK"
 mkdir -p "$WORK"/{bin,home,tmp,ro,rw}
 cp "$DAEMON" "$WORK/bin/virtiofsd"     # the build tree may not be reachable by the test user
@@ -187,6 +143,7 @@ watch_daemons() {
 : > "$OUT/daemons.tsv"
 watch_daemons &
 WATCH=$!
+track "$WATCH"
 
 # The guest's command: each line of its output is a result for the host to check.
 cat > "$WORK/guest.sh" <<EOF
@@ -211,7 +168,7 @@ runuser -u "$USER_NAME" -- env -i HOME="$WORK/home" TMPDIR="$WORK/tmp" TERM=dumb
         --rwdir '$WORK/rw' -- '$WORK/guest.sh' <\"/dev/null\" >'$WORK/home/out.txt' 2>'$WORK/home/err.txt'"
 rc=$?
 echo "# the boot took $(( $(date +%s) - t0 ))s"
-kill "$WATCH" 2>/dev/null; wait "$WATCH" 2>/dev/null; WATCH=""
+reap "$WATCH" 0
 cp "$WORK/home/out.txt" "$OUT/guest-output.txt" 2>/dev/null
 cp "$WORK/home/err.txt" "$OUT/vng-stderr.txt" 2>/dev/null   # boot console and daemon logs
 OUTPUT="$OUT/guest-output.txt"
@@ -232,9 +189,9 @@ while IFS=$'\t' read -r pid exe duid cmd; do
     [ "$duid" = "$uid" ] || bad="$bad pid $pid has uid $duid;"
 done < "$OUT/daemons.tsv"
 if [ -s "$OUT/daemons.tsv" ] && [ -z "$bad" ]; then
-    ok "each daemon is $WORK/bin/virtiofsd (a copy of $DAEMON), run as $USER_NAME"
+    result ok "each daemon is $WORK/bin/virtiofsd (a copy of $DAEMON), run as $USER_NAME"
 else
-    not_ok "each daemon is $WORK/bin/virtiofsd, run as $USER_NAME" "${bad:-no daemon seen}"
+    result fail "each daemon is $WORK/bin/virtiofsd, run as $USER_NAME" "${bad:-no daemon seen}"
 fi
 check "the guest read the daemons' pids from <socket>.pid through the share" \
     "$(val daemon-pids | tr ' ' '\n' | grep . | sort | tr '\n' ' ')" \
@@ -246,9 +203,9 @@ for flag in --readonly "--sandbox none" "--cache always" --syslog --no-announce-
     case "$root_cmd" in *" $flag "*) ;; *) bad="$bad $flag;" ;; esac
 done
 if [ -n "$root_cmd" ] && [ -z "$bad" ]; then
-    ok "the root share's daemon: --shared-dir / --readonly --sandbox none --cache always"
+    result ok "the root share's daemon: --shared-dir / --readonly --sandbox none --cache always"
 else
-    not_ok "the root share's daemon: --shared-dir / --readonly --sandbox none --cache always" \
+    result fail "the root share's daemon: --shared-dir / --readonly --sandbox none --cache always" \
         "command line: '${root_cmd:-none}'; missing:$bad"
 fi
 bad=""
@@ -257,9 +214,9 @@ case "$rw_cmd" in
     *) bad=cache ;;
 esac
 if [ -n "$rw_cmd" ] && [ -z "$bad" ]; then
-    ok "the --rwdir share's daemon: --cache auto, not read-only"
+    result ok "the --rwdir share's daemon: --cache auto, not read-only"
 else
-    not_ok "the --rwdir share's daemon: --cache auto, not read-only" "command line: '${rw_cmd:-none}'"
+    result fail "the --rwdir share's daemon: --cache auto, not read-only" "command line: '${rw_cmd:-none}'"
 fi
 
 check "the guest remounted / read-write" "$(grep -c '^remounted-rw$' "$OUTPUT" 2>/dev/null)" 1

@@ -37,28 +37,18 @@
 # dir), and stopped at exit. No virtlogd: qemu.conf says stdio_handler = "file".
 set -uo pipefail
 
-HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-CACHE="${VIRTIOFSD_GUEST_CACHE:-/var/cache/virtiofsd-guest}"
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "$0")/../lib/common.sh"
 OUT="$ROOT/target/libvirt-tests"
 KERNEL_SERIES=6.12
 
-DAEMON=""
-BUILD=1
 WRAP=1
 DESCRIPTOR=""
 TIMEOUT=180
 BOOTS=all
 LIBVIRT_SUITE=""
-KEEP=0
-VERBOSE=0
-
-usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case "$1" in
-        --daemon) DAEMON="$2"; BUILD=0; shift 2 ;;
-        --daemon=*) DAEMON="${1#*=}"; BUILD=0; shift ;;
-        --no-build) BUILD=0; shift ;;
         --no-wrap) WRAP=0; shift ;;
         --descriptor) DESCRIPTOR="$2"; shift 2 ;;
         --descriptor=*) DESCRIPTOR="${1#*=}"; shift ;;
@@ -68,51 +58,30 @@ while [ $# -gt 0 ]; do
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
         --libvirt-suite) LIBVIRT_SUITE="$2"; shift 2 ;;
         --libvirt-suite=*) LIBVIRT_SUITE="${1#*=}"; shift ;;
-        --keep) KEEP=1; shift ;;
-        -v|--verbose) VERBOSE=1; shift ;;
-        -h|--help) usage 0 ;;
-        *) echo "run.sh: unknown option $1" >&2; usage 2 ;;
+        *) common_option "$@" || bad_usage "unknown option $1"; shift "$TAKEN" ;;
     esac
 done
 if [ -n "$DESCRIPTOR" ]; then
-    [ -z "$DAEMON" ] || { echo "run.sh: --descriptor and --daemon exclude each other" >&2; exit 2; }
-    case "$DESCRIPTOR" in /*) ;; *) echo "run.sh: --descriptor takes an absolute path" >&2; exit 2 ;; esac
+    [ -z "$DAEMON" ] || bad_usage "--descriptor and --daemon exclude each other"
+    case "$DESCRIPTOR" in /*) ;; *) bad_usage "--descriptor takes an absolute path" ;; esac
     DAEMON="$DESCRIPTOR"; BUILD=0; WRAP=0
 fi
 [ "$BOOTS" = all ] && BOOTS="plain,options"
 BOOTS="${BOOTS//,/ }"
 for b in $BOOTS; do
-    case "$b" in plain|options) ;; *) echo "run.sh: --boot takes plain, options or all" >&2; exit 2 ;; esac
+    case "$b" in plain|options) ;; *) bad_usage "--boot takes plain, options or all" ;; esac
 done
-if [ "$(id -u)" -ne 0 ]; then
-    echo "run.sh: must run as root (system libvirtd; libvirt runs virtiofsd as root)" >&2
-    exit 2
-fi
+need_root "system libvirtd; libvirt runs virtiofsd as root"
 
-START=$(date +%s)
+report_start "libvirt check" "$OUT"
 mkdir -p "$OUT"
 rm -rf "$OUT"/*.log "$OUT"/plain "$OUT"/options
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/virtiofsd-libvirt.XXXXXX")"
+work_dir virtiofsd-libvirt
 chmod 755 "$WORK"
 DOM_BASE="virtiofsd-libvirt-$$"
 DOMS=()    # domains started (destroyed at exit if still there)
 URI=""
 LIBVIRTD_PID=""
-
-# --- results -----------------------------------------------------------------------------------
-N=0; PASSED=0; FAILED=0
-result() {
-    local st="$1" name="$2" diag="${3:-}"
-    N=$((N + 1))
-    if [ "$st" = ok ]; then
-        PASSED=$((PASSED + 1)); echo "ok $N $name"
-    else
-        FAILED=$((FAILED + 1)); echo "not ok $N $name"
-    fi
-    if [ -n "$diag" ] && { [ "$st" != ok ] || [ "$VERBOSE" = 1 ]; }; then
-        printf '%s\n' "$diag" | sed 's/^/# /'
-    fi
-}
 
 show() {   # show TITLE FILE [LINES]
     echo "# --- $1 ($2) ---"
@@ -130,51 +99,27 @@ libvirtd_errors() {
     show "libvirtd errors and warnings (startup noise filtered)" "$WORK/libvirtd-errors.txt" 15
 }
 
-finish() {
-    [ -f "$WORK/libvirtd.log" ] && cp "$WORK/libvirtd.log" "$OUT/libvirtd.log"
-    echo "# libvirt check took $(( $(date +%s) - START ))s; logs in $OUT"
-    echo "$PASSED passed, $FAILED failed"
-    [ "$FAILED" -eq 0 ]
-    exit $?
-}
-
 virsh_() { virsh -q -c "$URI" "$@"; }
 
-cleanup() {
-    local d p
+# At exit: the log kept, the domains destroyed, libvirtd stopped (it is not our child: it
+# daemonized).
+stop_libvirt() {
+    local d p="$LIBVIRTD_PID" _
+    [ -f "$WORK/libvirtd.log" ] && cp "$WORK/libvirtd.log" "$OUT/libvirtd.log"
     for d in "${DOMS[@]}"; do
         virsh_ domstate "$d" >/dev/null 2>&1 && virsh_ destroy "$d" >/dev/null 2>&1
     done
-    for p in "$LIBVIRTD_PID"; do
-        [ -n "$p" ] || continue
-        kill -TERM "$p" 2>/dev/null
-        for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$p" 2>/dev/null
-    done
-    if [ "$KEEP" = 1 ]; then
-        echo "# work dir kept: $WORK"
-    else
-        rm -rf "$WORK"
-    fi
+    [ -n "$p" ] || return 0
+    kill -TERM "$p" 2>/dev/null
+    for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null
+    return 0
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+at_exit stop_libvirt
 
 # --- prerequisites -----------------------------------------------------------------------------
 export DEBIAN_FRONTEND=noninteractive
-need_guest=0
-command -v qemu-system-x86_64 >/dev/null || need_guest=1
-command -v cpio >/dev/null || need_guest=1
-[ -x /bin/busybox ] && dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed' || need_guest=1
-[ -f "$CACHE/kernel-$KERNEL_SERIES/.complete" ] || need_guest=1
-if [ "$need_guest" = 1 ]; then
-    echo "# running tests/guest/install.sh (QEMU 10, busybox, the $KERNEL_SERIES kernel)"
-    if ! GUEST_KERNELS="$KERNEL_SERIES" VIRTIOFSD_GUEST_CACHE="$CACHE" "$ROOT/tests/guest/install.sh" \
-            >"$OUT/install.log" 2>&1; then
-        result fail "install guest prerequisites" "$(tail -n 20 "$OUT/install.log")"
-        finish
-    fi
-fi
+ensure_kit "$OUT/install.log" "$KERNEL_SERIES" /bin/busybox
 # libvirt: the QEMU driver, the daemon (libvirtd) and virsh. Not
 # libvirt-daemon-system: it pulls in systemd, iptables, polkit config and network setup.
 LV_PKGS="libvirt-daemon-driver-qemu libvirt-daemon libvirt-clients"
@@ -202,19 +147,7 @@ fi
 echo "# libvirt $(dpkg-query -W -f='${Version}' libvirt-daemon-driver-qemu), QEMU $(dpkg-query -W -f='${Version}' qemu-system-x86)"
 
 # --- the daemon --------------------------------------------------------------------------------
-if [ "$BUILD" = 1 ]; then
-    echo "# cargo build --release --bin virtiofsd"
-    if ! (cd "$ROOT" && cargo build --release --bin virtiofsd) >"$OUT/build.log" 2>&1; then
-        result fail "cargo build --release --bin virtiofsd" "$(grep -E '^error' -A7 "$OUT/build.log" | head -n 40)"
-        finish
-    fi
-fi
-DAEMON="${DAEMON:-$ROOT/target/release/virtiofsd}"
-case "$DAEMON" in /*) ;; *) DAEMON="$(pwd)/$DAEMON" ;; esac
-if [ ! -x "$DAEMON" ]; then
-    result fail "daemon binary exists" "$DAEMON is missing or not executable"
-    finish
-fi
+prepare_daemon "$OUT/build.log"
 echo "# daemon: $DAEMON"
 
 # Newer libvirt releases run BINARY --print-capabilities and expect {"type":"fs", ...}; 9.0
@@ -230,9 +163,7 @@ fi
 # --- guest: kernel and a tiny initramfs -----------------------------------------------------
 KERNEL="$CACHE/kernel-$KERNEL_SERIES/vmlinuz"
 st="$WORK/initramfs"
-mkdir -p "$st"/{bin,dev,proc,sys,mnt}
-cp /bin/busybox "$st/bin/busybox"
-ln -s busybox "$st/bin/sh"
+initramfs_skeleton "$st"
 cat >"$st/init" <<'EOF'
 #!/bin/sh
 /bin/busybox --install -s /bin
@@ -260,7 +191,7 @@ sync
 poweroff -f
 EOF
 chmod 755 "$st/init"
-(cd "$st" && find . -print0 | cpio --null -o -H newc --quiet) >"$WORK/initramfs.cpio"
+initramfs_pack "$st" "$WORK/initramfs.cpio"
 
 # --- libvirt -----------------------------------------------------------------------------------
 if pgrep -x libvirtd >/dev/null || pgrep -x virtqemud >/dev/null; then

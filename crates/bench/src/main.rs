@@ -65,7 +65,7 @@ struct Args {
     cache: String,
 
     /// Comma-separated workloads, or "all": walk-readdirplus, walk-readdir-lookup, getattr,
-    /// open-read-close, seq-read-1m, create-unlink
+    /// open-read-close, seq-read-1m, create-unlink, read-twice
     #[arg(long, value_name = "LIST", default_value = "all")]
     workloads: String,
 
@@ -389,28 +389,11 @@ fn run_latency(
     };
     for round in 1..=args.rounds {
         for (i, spec) in specs.iter().enumerate() {
-            let socket = run_dir.join(format!("{}-{round}.sock", spec.label));
-            let log = run_dir.join(format!("{}-{round}.log", spec.label));
-            let mut d = Running::spawn(spec, &socket, tree_dir, &args.cache, &log)?;
-            d.wait_for_socket(&socket, Duration::from_secs(10))?;
-            let config = FrontendConfig {
-                queue_size: args.queue_size,
-                timeout: Duration::from_secs(args.reply_timeout.max(1)),
-                connect_timeout: Duration::from_secs(10),
-                ..Default::default()
-            };
-            let fe = FsFrontend::connect_with(&socket, 1, &config)
-                .map_err(|e| format!("{}: vhost-user setup failed: {e}", spec.label))?;
-            let mut session = Session::new(fe).map_err(|e| format!("{}: {e}", spec.label))?;
-            let got = latency::measure(&mut session, &d, n).map_err(|e| {
-                let alive = d.check_alive().err().unwrap_or_default();
-                format!("{} round {round}: {e}\n{alive}", spec.label)
+            let got = one_session(args, spec, round, tree_dir, run_dir, |s, d| {
+                latency::measure(s, d, n)
             })?;
             eprintln!("round {round}/{} {}: done", args.rounds, spec.label);
             merge(&mut cols[i], got);
-            session.fe.disconnect();
-            drop(session);
-            d.wait_exit(Duration::from_secs(10))?;
         }
         let got = latency::floor(tree_dir, n)?;
         merge(&mut cols[specs.len()], got);
@@ -462,6 +445,39 @@ fn run_latency(
     Ok(t)
 }
 
+/// One daemon's turn in one round of `--latency` or `--hold`: spawn it on `tree`, connect,
+/// INIT, run `f`, disconnect, and wait for it to exit.
+fn one_session<T>(
+    args: &Args,
+    spec: &DaemonSpec,
+    round: usize,
+    tree: &Path,
+    run_dir: &Path,
+    f: impl FnOnce(&mut Session, &Running) -> Result<T, String>,
+) -> Result<T, String> {
+    let socket = run_dir.join(format!("{}-{round}.sock", spec.label));
+    let log = run_dir.join(format!("{}-{round}.log", spec.label));
+    let mut d = Running::spawn(spec, &socket, tree, &args.cache, &log)?;
+    d.wait_for_socket(&socket, Duration::from_secs(10))?;
+    let config = FrontendConfig {
+        queue_size: args.queue_size,
+        timeout: Duration::from_secs(args.reply_timeout.max(1)),
+        connect_timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let fe = FsFrontend::connect_with(&socket, 1, &config)
+        .map_err(|e| format!("{}: vhost-user setup failed: {e}", spec.label))?;
+    let mut session = Session::new(fe).map_err(|e| format!("{}: {e}", spec.label))?;
+    let got = f(&mut session, &d).map_err(|e| {
+        let alive = d.check_alive().err().unwrap_or_default();
+        format!("{} round {round}: {e}\n{alive}", spec.label)
+    })?;
+    session.fe.disconnect();
+    drop(session);
+    d.wait_exit(Duration::from_secs(30))?;
+    Ok(got)
+}
+
 /// The `--hold` comparison: every round, each daemon walks the hold tree holding every node.
 fn run_hold(args: &Args, specs: &[DaemonSpec], n: usize) -> Result<(), String> {
     let dir = match &args.hold_tree {
@@ -501,22 +517,8 @@ fn run_hold(args: &Args, specs: &[DaemonSpec], n: usize) -> Result<(), String> {
     let mut rows: Vec<(String, hold::Held)> = Vec::new();
     for round in 1..=args.rounds {
         for spec in specs {
-            let socket = run_dir.join(format!("{}-{round}.sock", spec.label));
-            let log = run_dir.join(format!("{}-{round}.log", spec.label));
-            let mut d = Running::spawn(spec, &socket, &dir, &args.cache, &log)?;
-            d.wait_for_socket(&socket, Duration::from_secs(10))?;
-            let config = FrontendConfig {
-                queue_size: args.queue_size,
-                timeout: Duration::from_secs(args.reply_timeout.max(1)),
-                connect_timeout: Duration::from_secs(10),
-                ..Default::default()
-            };
-            let fe = FsFrontend::connect_with(&socket, 1, &config)
-                .map_err(|e| format!("{}: vhost-user setup failed: {e}", spec.label))?;
-            let mut session = Session::new(fe).map_err(|e| format!("{}: {e}", spec.label))?;
-            let got = hold::measure(&mut session, &d, expected).map_err(|e| {
-                let alive = d.check_alive().err().unwrap_or_default();
-                format!("{} round {round}: {e}\n{alive}", spec.label)
+            let got = one_session(args, spec, round, &dir, &run_dir, |s, d| {
+                hold::measure(s, d, expected)
             })?;
             eprintln!(
                 "round {round}/{} {}: {:.0} B/node",
@@ -525,9 +527,6 @@ fn run_hold(args: &Args, specs: &[DaemonSpec], n: usize) -> Result<(), String> {
                 got.bytes_per_node()
             );
             rows.push((spec.label.to_string(), got));
-            session.fe.disconnect();
-            drop(session);
-            d.wait_exit(Duration::from_secs(30))?;
         }
     }
     let _ = fs::remove_dir_all(&run_dir);

@@ -37,17 +37,19 @@ pub enum Workload {
     OpenReadClose,
     SeqRead1m,
     CreateUnlink,
+    ReadTwice,
 }
 
 impl Workload {
     /// Every workload, in run order.
-    pub const ALL: [Workload; 6] = [
+    pub const ALL: [Workload; 7] = [
         Workload::WalkReaddirplus,
         Workload::WalkReaddirLookup,
         Workload::Getattr,
         Workload::OpenReadClose,
         Workload::SeqRead1m,
         Workload::CreateUnlink,
+        Workload::ReadTwice,
     ];
 
     /// Name on the command line and in the report.
@@ -59,6 +61,7 @@ impl Workload {
             Workload::OpenReadClose => "open-read-close",
             Workload::SeqRead1m => "seq-read-1m",
             Workload::CreateUnlink => "create-unlink",
+            Workload::ReadTwice => "read-twice",
         }
     }
 
@@ -67,7 +70,7 @@ impl Workload {
         match self {
             Workload::WalkReaddirplus | Workload::WalkReaddirLookup => "entries",
             Workload::Getattr => "GETATTRs",
-            Workload::OpenReadClose => "files",
+            Workload::OpenReadClose | Workload::ReadTwice => "files",
             Workload::SeqRead1m => "READs",
             Workload::CreateUnlink => "CREATEs+UNLINKs",
         }
@@ -470,6 +473,28 @@ pub fn run(
                 }) {
                     open_read_close(c, f)?;
                     ops += 1;
+                }
+                m.pause()
+            })?;
+            m.stop(ops, 0)
+        }
+        Workload::ReadTwice => {
+            // Every file read twice while its node is held: with --cache=always (no OPEN), the
+            // second pass shows what the daemon's kept descriptors save, or what reopening
+            // costs once there are more files than --max-data-fds.
+            let mut m = Meter::new(daemon);
+            let mut ops = 0;
+            walk(&mut s.c, &mut s.hp, true, max_held, &mut |c, group| {
+                m.resume()?;
+                let small = |f: &&Found| {
+                    f.attr.mode & libc::S_IFMT == libc::S_IFREG
+                        && f.attr.size <= u64::from(SMALL_READ)
+                };
+                for _ in 0..2 {
+                    for f in group.iter().filter(small) {
+                        open_read_close(c, f)?;
+                        ops += 1;
+                    }
                 }
                 m.pause()
             })?;

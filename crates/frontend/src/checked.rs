@@ -21,12 +21,12 @@
 //! }
 //! ```
 
+use super::error::{Error, FuseResult, Result};
 use super::fuse_client::{
     cstr, opcode_name, parse_direntplus, parse_dirents, request_header, DirEntry, DirEntryPlus,
     FuseClient, KernelState, XattrReply, DEFAULT_INIT_FLAGS, DEFAULT_MAX_READAHEAD,
     INIT_COMPAT_MINOR, INIT_MINOR, LINUX_5_4_INIT_FLAGS, PAGE_SIZE,
 };
-use super::{Error, FuseResult, Result};
 use virtiofsd::fuse::abi::{self, opcode, Pod};
 
 fn exact<T: Pod>(op: u32, body: &[u8]) -> Result<T> {

@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::error::{Error, FuseResult, Result};
 use super::memory::{Arena, GuestMemory};
 use super::virtqueue::{Buffer, RawDesc, UsedElem, Virtqueue};
-use super::{Error, FuseResult, Result};
 use virtiofsd::fuse::abi::{self, opcode, InHeader, OutHeader, Pod};
 
 /// Step between request ids, as in Linux (the low bit marks interrupts).

@@ -24,6 +24,7 @@
 //! ```
 
 pub mod checked;
+mod error;
 pub mod fuse_client;
 pub mod memory;
 pub mod migrate;
@@ -31,6 +32,8 @@ pub mod virtqueue;
 
 #[cfg(test)]
 mod echo_tests;
+
+pub use error::{Error, FuseResult, Result};
 
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -64,137 +67,6 @@ pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
 
 /// Index of the virtio-fs high-priority queue (FORGET, INTERRUPT).
 pub const HIPRIO_QUEUE: usize = 0;
-
-/// Errors of the frontend itself (FUSE-level errors are replies, see [`Reply`]).
-#[derive(Debug)]
-pub enum Error {
-    /// A system call failed.
-    Io {
-        what: &'static str,
-        source: std::io::Error,
-    },
-    /// A vhost-user request failed (daemon rejected it or the socket broke).
-    Vhost(vhost::Error),
-    /// The daemon does not offer what a virtio-fs frontend needs.
-    Handshake(String),
-    /// Invalid frontend configuration or argument.
-    Config(String),
-    /// Guest memory (or a client's buffer arena) is exhausted.
-    OutOfGuestMemory { requested: u64, available: u64 },
-    /// A buffer lies outside guest memory.
-    AddressOutOfRange { addr: u64, len: u64 },
-    /// Not enough free descriptors for the chain.
-    QueueFull { needed: usize, free: usize },
-    /// A checked method was asked to build a malformed chain.
-    InvalidChain(String),
-    /// The feature needed for this was not negotiated.
-    NotNegotiated(&'static str),
-    /// The vring does not exist or was already handed out.
-    NoSuchQueue(usize),
-    /// Nothing came back from the device in time.
-    Timeout {
-        queue: usize,
-        waited: Duration,
-        in_flight: usize,
-    },
-    /// Waiting for a used entry while the device owns no chain.
-    Idle { queue: usize },
-    /// The device returned a head it did not own.
-    UnknownUsedId { queue: usize, id: u32 },
-    /// The device moved `used.idx` by more than the queue size.
-    UsedRingCorrupt {
-        queue: usize,
-        used_idx: u16,
-        last_used: u16,
-    },
-    /// The device's reply violates the FUSE or virtio-fs protocol.
-    Protocol(String),
-}
-
-impl Error {
-    pub(crate) fn io(what: &'static str, source: std::io::Error) -> Self {
-        Error::Io { what, source }
-    }
-
-    /// Whether this is a [`Error::Timeout`].
-    pub fn is_timeout(&self) -> bool {
-        matches!(self, Error::Timeout { .. })
-    }
-}
-
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Error::Io { what, source } => write!(f, "{what}: {source}"),
-            Error::Vhost(e) => write!(f, "vhost-user: {e}"),
-            Error::Handshake(s) => write!(f, "vhost-user handshake: {s}"),
-            Error::Config(s) => write!(f, "invalid frontend configuration: {s}"),
-            Error::OutOfGuestMemory {
-                requested,
-                available,
-            } => write!(
-                f,
-                "out of guest memory: {requested} bytes requested, {available} available"
-            ),
-            Error::AddressOutOfRange { addr, len } => {
-                write!(f, "guest range {addr:#x}+{len:#x} is outside guest memory")
-            }
-            Error::QueueFull { needed, free } => {
-                write!(f, "virtqueue full: {needed} descriptors needed, {free} free")
-            }
-            Error::InvalidChain(s) => write!(f, "invalid descriptor chain: {s}"),
-            Error::NotNegotiated(s) => write!(f, "{s} was not negotiated"),
-            Error::NoSuchQueue(i) => write!(f, "vring {i} does not exist or is already in use"),
-            Error::Timeout {
-                queue,
-                waited,
-                in_flight,
-            } => write!(
-                f,
-                "timed out after {waited:?} waiting for vring {queue} ({in_flight} chains in flight)"
-            ),
-            Error::Idle { queue } => {
-                write!(f, "waiting on vring {queue} but no chain is in flight")
-            }
-            Error::UnknownUsedId { queue, id } => {
-                write!(f, "device returned head {id} on vring {queue}, which it does not own")
-            }
-            Error::UsedRingCorrupt {
-                queue,
-                used_idx,
-                last_used,
-            } => write!(
-                f,
-                "device set used.idx of vring {queue} to {used_idx} (driver at {last_used})"
-            ),
-            Error::Protocol(s) => write!(f, "protocol violation: {s}"),
-        }
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Io { source, .. } => Some(source),
-            Error::Vhost(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
-impl From<vhost::Error> for Error {
-    fn from(e: vhost::Error) -> Self {
-        Error::Vhost(e)
-    }
-}
-
-/// Result type of the frontend.
-pub type Result<T> = std::result::Result<T, Error>;
-
-/// Outcome of a typed FUSE request (the `try_*` helpers of [`FuseClient`]): `Err` for a
-/// transport or protocol failure, `Ok(Err(e))` for a FUSE error reply with positive errno `e`,
-/// `Ok(Ok(v))` for success. The panicking helpers (`lookup`, `read`, ...) unwrap the outer one.
-pub type FuseResult<T> = Result<std::result::Result<T, i32>>;
 
 /// How much of guest memory the frontend gives the daemon (`SET_MEM_TABLE`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

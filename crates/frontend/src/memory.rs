@@ -22,7 +22,7 @@ use vm_memory::{
     GuestRegionMmap, MmapRegion,
 };
 
-use super::{Error, Result};
+use super::error::{Error, Result};
 use virtiofsd::fuse::abi::Pod;
 
 /// Default size of guest memory: 64 MiB.

@@ -11,7 +11,8 @@ use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferState
 use vhost::vhost_user::VhostUserFrontend;
 use vhost::{VhostBackend, VhostUserDirtyLogRegion};
 
-use super::{Error, FsFrontend, Result};
+use super::error::{Error, Result};
+use super::FsFrontend;
 
 /// Page size of the vhost dirty log: one bit per 4 KiB of guest physical memory.
 pub const LOG_PAGE: u64 = 4096;

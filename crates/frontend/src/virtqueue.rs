@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use vhost::VringConfigData;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::error::{Error, Result};
 use super::memory::{Arena, GuestMemory};
-use super::{Error, Result};
 
 /// Descriptor flag: the chain continues at `next`.
 pub const VIRTQ_DESC_F_NEXT: u16 = 1;

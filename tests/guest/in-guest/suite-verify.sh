@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Verify suite (tests/guest/reliability.sh): checks the files listed in /mnt/VERIFY.sha256
 # that the host wrote after an earlier guest's run.
 t_verify() {

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Host-change suite (tests/guest/reliability.sh): four shares of the same layout, served with
 # --cache auto (/mnt), metadata (/m/metadata), never (/m/never) and always (/m/always). In each
 # round the guest reads everything (so that it is cached), prints "#MARK change-N" and waits

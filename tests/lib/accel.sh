@@ -1,10 +1,18 @@
 # shellcheck shell=bash
-# Whether KVM can run a guest here, found out by booting one (sourced, not run). Shared by the
-# guest tests (tests/guest/run.sh) and the QEMU examples (qemu-examples/common.sh).
+# The accelerator a test guest runs under (sourced, not run). One choice for the guest tests,
+# the migration and reliability tests, the guest benchmark and qemu-examples/common.sh.
 #
 # A writable /dev/kvm is not enough: under nested virtualisation QEMU may abort at the first
-# guest instruction, or the guest may hang. So the probe boots a kernel under KVM and waits
+# guest instruction, or the guest may hang. So "auto" boots a kernel under KVM first and waits
 # for the initramfs to print a marker on the serial console.
+#
+#   choose_accel MODE [QEMU KERNEL INITRD APPEND MARKER LOG]
+#       ACCEL_ARGS: QEMU's flags for MODE.
+#         tcg   -accel tcg -cpu max
+#         kvm   -accel kvm -cpu host, without a probe (QEMU says so when KVM cannot run a guest)
+#         auto  kvm when /dev/kvm is there and kvm_probe with the other arguments succeeds,
+#               else tcg; ACCEL_NOTE then says why, when a probe boot failed
+#       Returns 2 for another MODE (the caller names its flag).
 
 # kvm_probe QEMU KERNEL INITRD APPEND MARKER LOG: boots KERNEL with INITRD under KVM
 # (256 MiB, no devices but the serial console, which goes to LOG) with "console=ttyS0 quiet
@@ -33,4 +41,24 @@ kvm_probe() {
         KVM_PROBE_PID=""
     } 2>/dev/null
     return "$ok"
+}
+
+# shellcheck disable=SC2034 # ACCEL_ARGS and ACCEL_NOTE are for the caller
+choose_accel() {
+    local mode="$1"
+    shift
+    ACCEL_NOTE=""
+    case "$mode" in
+        tcg) ACCEL_ARGS=(-accel tcg -cpu max) ;;
+        kvm) ACCEL_ARGS=(-accel kvm -cpu host) ;;
+        auto)
+            ACCEL_ARGS=(-accel tcg -cpu max)
+            [ -r /dev/kvm ] && [ -w /dev/kvm ] || return 0
+            if kvm_probe "$@"; then
+                ACCEL_ARGS=(-accel kvm -cpu host)
+            else
+                ACCEL_NOTE="a guest did not boot under KVM here ($(tail -n 1 "$6.qemu" 2>/dev/null))"
+            fi ;;
+        *) return 2 ;;
+    esac
 }

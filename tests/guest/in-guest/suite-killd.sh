@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Killed-daemon suite (tests/guest/reliability.sh): the guest writes files one after another;
 # after each fsync succeeds it prints "#FSYNCED NAME SHA256" (the host kills the daemon after a
 # few of them). Between two synced files it writes one it never syncs. When the daemon is gone

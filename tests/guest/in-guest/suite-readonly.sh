@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Read-only suite: the daemon runs with --readonly --xattr. Reads must work; every change must
 # fail with EROFS ("Read-only file system"), and the host checks afterwards that the share is
 # unchanged.

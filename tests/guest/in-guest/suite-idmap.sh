@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Idmapped mounts (FUSE_ALLOW_IDMAP, guest kernel 6.12+): run by /init after the main suite, on
 # the same virtiofs mount. /idmapped is an idmapped bind mount of /mnt (helpers/idmapmount.c)
 # whose idmapping shows the share's ids 100000..165535 as 0..65535: guest root creates files

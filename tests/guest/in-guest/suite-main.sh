@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Main suite: runs against a daemon started with --xattr (cache auto) on a share prepared by
 # the host (see prepare_share in run.sh): /mnt/fixtures holds what the host made before boot.
 # Everything the guest makes goes under /mnt/work; the host inspects some of it after the run.

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Escape suite: the guest (root) tries to reach the host outside the share. The host put a
 # canary outside the share (on a strictatime tmpfs, so even a read shows) and, inside the share
 # under escape/, symlinks pointing at it (absolute, relative, through /proc, to /). Every

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # fsync suite (tests/guest/reliability.sh): on /mnt (--cache auto), /m/always (--cache always:
 # handle-less I/O) and /m/wb (--cache always --writeback) the guest writes four files:
 # f-fsync is fsync'ed, f-fdatasync fdatasync'ed, f-syncfs followed by syncfs(2) of its file

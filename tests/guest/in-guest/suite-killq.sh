@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Killed-QEMU suite (tests/guest/reliability.sh): the guest writes and fsyncs a file, keeps
 # files and a directory open in background processes, says "#MARK holding" and waits; the host
 # then kills QEMU with SIGKILL and checks that the daemon exits 0 and removes its socket.

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Load suite (tests/guest/reliability.sh): stress-ng file-system stressors with --verify and
 # fio with verify=crc32c, on /mnt (daemon without a thread pool) and then /mnt2 (tag "pool",
 # daemon --thread-pool-size 4), both with two request queues on a 2-vCPU guest. The guest then

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Extended attribute features suite: the daemon runs with --posix-acl --security-label=auto
 # --killpriv-v2 --xattrmap "/ok/all/system.posix_acl_/system.posix_acl_/ /map/user./user.guest./"
 # (ACL attributes pass unchanged, guest user.* is stored as user.guest.user.* on the host, and

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Live migration suite (tests/guest/migrate.sh): sourced by /init with the share on /mnt.
 # Phase 1 runs on the source VM: it leaves the guest holding files open for reading and
 # writing, a directory handle in the middle of a listing, its working directory in the share

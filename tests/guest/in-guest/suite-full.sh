@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Full file system suite (tests/guest/reliability.sh): /mnt is a share on a small ext4 whose
 # blocks the guest fills, /mnt2 (tag "inodes") one on an ext4 with 64 inodes that the guest
 # runs out of. Writes, creates, mkdir and xattrs must fail with ENOSPC, files written before

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Test helpers for the guest suites (busybox sh).
 #
 #   t NAME FUNC      runs FUNC in a subshell with `set -e`, its output captured; prints
