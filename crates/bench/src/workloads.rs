@@ -462,26 +462,11 @@ pub fn run(
             check_entries(w.name(), entries, settings)?;
             m.stop(ops, 0)
         }
-        Workload::OpenReadClose => {
-            let mut m = Meter::new(daemon);
-            let mut ops = 0;
-            walk(&mut s.c, &mut s.hp, true, max_held, &mut |c, group| {
-                m.resume()?;
-                for f in group.iter().filter(|f| {
-                    f.attr.mode & libc::S_IFMT == libc::S_IFREG
-                        && f.attr.size <= u64::from(SMALL_READ)
-                }) {
-                    open_read_close(c, f)?;
-                    ops += 1;
-                }
-                m.pause()
-            })?;
-            m.stop(ops, 0)
-        }
-        Workload::ReadTwice => {
-            // Every file read twice while its node is held: with --cache=always (no OPEN), the
-            // second pass shows what the daemon's kept descriptors save, or what reopening
-            // costs once there are more files than --max-data-fds.
+        // ReadTwice: every file read twice while its node is held. With --cache=always (no
+        // OPEN), the second pass shows what the daemon's kept descriptors save, or what
+        // reopening costs once there are more files than --max-data-fds.
+        Workload::OpenReadClose | Workload::ReadTwice => {
+            let passes = if w == Workload::ReadTwice { 2 } else { 1 };
             let mut m = Meter::new(daemon);
             let mut ops = 0;
             walk(&mut s.c, &mut s.hp, true, max_held, &mut |c, group| {
@@ -490,7 +475,7 @@ pub fn run(
                     f.attr.mode & libc::S_IFMT == libc::S_IFREG
                         && f.attr.size <= u64::from(SMALL_READ)
                 };
-                for _ in 0..2 {
+                for _ in 0..passes {
                     for f in group.iter().filter(small) {
                         open_read_close(c, f)?;
                         ops += 1;
