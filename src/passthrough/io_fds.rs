@@ -137,16 +137,8 @@ impl IoFds {
     /// The capacity the open-files limit allows: half of the soft `RLIMIT_NOFILE` minus a
     /// reserve, at least [`MIN_CAPACITY`].
     pub fn capacity_from_rlimit() -> usize {
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit writes the local `lim` only.
-        let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
-            lim.rlim_cur
-        } else {
-            1024
-        };
+        let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map_or(1024, |(soft, _)| soft);
         let cap = (soft / 2).saturating_sub(RESERVE);
         usize::try_from(cap).unwrap_or(usize::MAX).max(MIN_CAPACITY)
     }
@@ -353,12 +345,8 @@ mod tests {
     fn capacity_follows_the_open_files_limit() {
         let cap = IoFds::capacity_from_rlimit();
         assert!(cap >= MIN_CAPACITY);
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit writes the local `lim` only.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
-        assert!((cap as u64) < lim.rlim_cur.max(2 * (MIN_CAPACITY as u64 + RESERVE)));
+        let (soft, _) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+        assert!((cap as u64) < soft.max(2 * (MIN_CAPACITY as u64 + RESERVE)));
     }
 }
