@@ -380,22 +380,29 @@ struct Maps {
     by_key: HashTable<Arc<InodeData>>,
     /// Keyed hashing of keys: the host's inode numbers are not chosen by the daemon.
     keys: RandomState,
+    /// The secret of the id hash (see [`id_hash`]).
+    seed: u64,
 }
 
 impl Default for Maps {
     fn default() -> Self {
+        let keys = RandomState::new();
         Maps {
             by_id: HashTable::new(),
             by_key: HashTable::new(),
-            keys: RandomState::new(),
+            seed: keys.hash_one(0u64),
+            keys,
         }
     }
 }
 
-/// Hash of a node id. Ids are the daemon's own, given in order: an odd multiplier spreads them
-/// over every slot (the low bits choose the slot) and mixes the high bits (the table's tags).
-fn id_hash(id: u64) -> u64 {
-    id.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+/// Hash of a node id with the table's secret `seed`: a 128-bit product folded onto itself, so
+/// that every bit of the id reaches the low bits that choose the slot. Ids are the daemon's
+/// own, but a migration state names ids of its own choosing: ids sharing their low bits
+/// (`k << 40`) must not share a slot, or a forged state would make each lookup O(n).
+fn id_hash(seed: u64, id: u64) -> u64 {
+    let p = u128::from(id ^ seed) * 0x9e37_79b9_7f4a_7c15_u128;
+    (p as u64) ^ ((p >> 64) as u64)
 }
 
 impl Maps {
@@ -403,8 +410,13 @@ impl Maps {
         self.keys.hash_one(key)
     }
 
+    /// The secret of the id hash (random per table).
+    fn id_seed(&self) -> u64 {
+        self.seed
+    }
+
     fn get_id(&self, id: u64) -> Option<&Arc<InodeData>> {
-        self.by_id.find(id_hash(id), |d| d.id == id)
+        self.by_id.find(id_hash(self.id_seed(), id), |d| d.id == id)
     }
 
     fn get_key(&self, key: &InodeKey) -> Option<&Arc<InodeData>> {
@@ -417,6 +429,7 @@ impl Maps {
 
     /// Adds `data` under its id, and under its key unless `by_id_only`.
     fn add(&mut self, data: Arc<InodeData>, by_id_only: bool) {
+        let seed = self.id_seed();
         if !by_id_only {
             let keys = &self.keys;
             let h = keys.hash_one(data.key);
@@ -424,13 +437,14 @@ impl Maps {
                 .insert_unique(h, data.clone(), |d| keys.hash_one(d.key));
         }
         self.by_id
-            .insert_unique(id_hash(data.id), data, |d| id_hash(d.id));
+            .insert_unique(id_hash(seed, data.id), data, |d| id_hash(seed, d.id));
     }
 
     /// Removes the inode `id` from both indexes (from the key index only if its key still
     /// leads to it).
     fn remove(&mut self, id: u64) -> Option<Arc<InodeData>> {
-        let data = match self.by_id.find_entry(id_hash(id), |d| d.id == id) {
+        let seed = self.id_seed();
+        let data = match self.by_id.find_entry(id_hash(seed, id), |d| d.id == id) {
             Ok(e) => e.remove().0,
             Err(_) => return None,
         };
@@ -472,8 +486,10 @@ pub fn freed(bytes: usize) {
 /// blocks), up to 32 MiB for what it maps on its own and 64 MiB for the free room it keeps at
 /// the top of each thread's heap, which `malloc_trim` does not reach for heaps other than the
 /// main one. Fixed thresholds end that: blocks of 256 KiB and more are mappings of their own,
-/// and more than 128 KiB free at the top of a heap is returned at once. After a walk of a
-/// million files was forgotten, 11 MiB stayed in the top of one thread's heap; 1.4 MiB do now.
+/// and more than 1 MiB free at the top of a heap is returned at once (not less: requests'
+/// buffers of 64 KiB, freed in turn, must not make each request give pages back and fault
+/// them in again). After a walk of a
+/// million files was forgotten, 11 MiB stayed in the top of one thread's heap; about 3 MiB do now.
 /// Called once at start, by the daemon.
 pub fn allocator_gives_memory_back() {
     #[cfg(target_env = "gnu")]
@@ -481,7 +497,7 @@ pub fn allocator_gives_memory_back() {
     // values are within the documented ranges.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 10);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 20);
     }
 }
 
@@ -505,10 +521,11 @@ impl Maps {
     /// of a walk the guest has forgotten goes back to the system (a big table is a mapping of
     /// its own, unmapped when it is reallocated smaller).
     fn shrink_when_sparse(&mut self) {
+        let seed = self.id_seed();
         let sparse = |cap: usize, len: usize| cap > SHRINK_FLOOR && len.saturating_mul(4) < cap;
         if sparse(self.by_id.capacity(), self.by_id.len()) {
             self.by_id
-                .shrink_to(self.by_id.len() * 2, |d| id_hash(d.id));
+                .shrink_to(self.by_id.len() * 2, |d| id_hash(seed, d.id));
         }
         if sparse(self.by_key.capacity(), self.by_key.len()) {
             let keys = &self.keys;
@@ -542,7 +559,16 @@ pub struct InodeStore {
     /// them are forgotten it gives them back again, so that a walk the guest forgets leaves
     /// nothing behind (the last give-back comes with the last forget) for O(log n) give-backs.
     high_water: AtomicUsize,
+    /// Nodes removed since the allocator last gave its free pages back: a give-back needs
+    /// [`TRIM_AFTER_NODES`] of them, so that a guest that looks up and forgets one file in turn
+    /// cannot make every FORGET cost one.
+    removed_since_trim: AtomicUsize,
+    /// Give-backs made (for the tests).
+    give_backs: AtomicUsize,
 }
+
+/// Nodes removed between two give-backs at least (about 50 KiB of nodes).
+const TRIM_AFTER_NODES: usize = 256;
 
 impl InodeStore {
     /// A store holding only the root directory, as [`ROOT_ID`].
@@ -557,6 +583,8 @@ impl InodeStore {
             next_id: AtomicU64::new(ROOT_ID + 1),
             dead: Mutex::new(BTreeMap::new()),
             high_water: AtomicUsize::new(1),
+            removed_since_trim: AtomicUsize::new(0),
+            give_backs: AtomicUsize::new(0),
         };
         store.insert_root(root_fd, root_st, x, identity);
         store
@@ -756,7 +784,12 @@ impl InodeStore {
         }
         let removed = {
             let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
-            let data = maps.get_id(id)?;
+            let Some(data) = maps.get_id(id) else {
+                // Buried between the read lock and this one: forget the dead id instead.
+                drop(maps);
+                self.forget_dead(id);
+                return None;
+            };
             // Under the write lock nobody else changes counts.
             let left = data.refcount.load(Ordering::Relaxed).saturating_sub(count);
             data.refcount.store(left, Ordering::Relaxed);
@@ -766,19 +799,28 @@ impl InodeStore {
             let removed = maps.remove(id);
             maps.shrink_when_sparse();
             let len = maps.len();
-            let halved = len.saturating_mul(2) <= self.high_water.load(Ordering::Relaxed);
+            let since = self.removed_since_trim.fetch_add(1, Ordering::Relaxed) + 1;
+            // Half the nodes held at the peak are gone, or (the guest forgot everything) all.
+            let halved = since >= TRIM_AFTER_NODES
+                && (len.saturating_mul(2) <= self.high_water.load(Ordering::Relaxed) || len <= 1);
             if halved {
                 self.high_water.store(len.max(1), Ordering::Relaxed);
+                self.removed_since_trim.store(0, Ordering::Relaxed);
             }
             (removed, halved)
         };
         // The descriptor closes outside the lock (when the last `Arc` goes).
         let (removed, halved) = removed;
-        let dir = removed.as_ref().filter(|d| d.is_dir()).map(|d| d.key);
+        // A retired directory shares its key with the one that has it now: its listing stays.
+        let dir = removed
+            .as_ref()
+            .filter(|d| d.is_dir() && !d.is_stale())
+            .map(|d| d.key);
         drop(removed);
         if halved {
             // Half the nodes are gone since the last give-back, free in the allocator's
             // arenas, in pages it keeps (the tables' room too, after a shrink): give those back.
+            self.give_backs.fetch_add(1, Ordering::Relaxed);
             give_back_free_memory();
         }
         dir
@@ -1130,5 +1172,65 @@ mod tests {
         assert_eq!(long.as_c_str(), c"a-name-of-22-bytes.rsx");
         let empty = StoredName::new(c"");
         assert_eq!(empty.as_c_str(), c"");
+    }
+
+    /// Ids a migration state chooses (`k << 40`: the same low bits) still spread over the
+    /// table's slots, which the low bits of the hash choose.
+    #[test]
+    fn ids_sharing_their_low_bits_do_not_share_a_slot() {
+        let maps = Maps::default();
+        let slots: std::collections::HashSet<u64> = (0..1024u64)
+            .map(|k| id_hash(maps.id_seed(), k << 40) & 1023)
+            .collect();
+        // 1,024 random picks of 1,024 slots fill about 647.
+        assert!(slots.len() > 500, "{} slots of 1024", slots.len());
+    }
+
+    /// A guest that looks up and forgets one file in turn makes a give-back of free memory
+    /// once per many forgets, not at each; a walk it forgets whole gets a few, the last near
+    /// its end.
+    #[test]
+    fn free_memory_is_given_back_after_many_forgets_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        let (store, root) = store_on(tmp.path());
+        let (fd, base) = open_path(root.as_fd(), c"f");
+        drop(fd);
+        let node = |i: u64| {
+            let mut key = base;
+            key.ino = base.ino + 1_000_000 + i;
+            NewInode {
+                key,
+                identity: Identity::Birth,
+                source: Source::Found(Origin::new(store.get(ROOT_ID).unwrap(), c"f")),
+                handle: None,
+                settled: true,
+            }
+        };
+        for i in 0..1000 {
+            let id = store.insert(node(i)).ok().unwrap().id;
+            store.forget(id, 1);
+        }
+        let gave = store.give_backs.load(Ordering::Relaxed);
+        assert!(
+            gave <= 1000 / TRIM_AFTER_NODES,
+            "{gave} give-backs for 1,000 forgets"
+        );
+        let ids: Vec<u64> = (1000..11_000)
+            .map(|i| store.insert(node(i)).ok().unwrap().id)
+            .collect();
+        let before = store.give_backs.load(Ordering::Relaxed);
+        for id in ids {
+            store.forget(id, 1);
+        }
+        let walk = store.give_backs.load(Ordering::Relaxed) - before;
+        assert!(
+            (1..=10).contains(&walk),
+            "{walk} give-backs for a walk of 10,000"
+        );
+        assert_eq!(store.len(), 1);
+        // The last one came near the end: fewer nodes than one give-back needs are left in
+        // the allocator's pages (at most that many pages stay).
+        assert!(store.removed_since_trim.load(Ordering::Relaxed) < TRIM_AFTER_NODES);
     }
 }

@@ -125,12 +125,14 @@ impl FileSystem for PassthroughFs {
     }
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
-        if let Some(dir) = self.inodes.forget(inode, count) {
-            self.dircache.forget(&dir);
-        }
-        // Node ids are never reused: once gone, the inode's descriptors can go too.
+        let dir = self.inodes.forget(inode, count);
+        // Node ids are never reused: once gone, the inode's descriptors can go too (first, so
+        // that the cached listing below is the last holder of a no-opendir listing).
         if (self.no_open() || self.no_opendir()) && self.inodes.get(inode).is_none() {
             self.io_fds.remove(inode);
+        }
+        if let Some(dir) = dir {
+            self.dircache.forget(&dir);
         }
     }
 
