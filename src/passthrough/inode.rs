@@ -207,17 +207,7 @@ impl InodeData {
 
     /// Records the stamp of what the guest was given now (`None`: nothing it may keep).
     pub fn set_served(&self, stamp: Option<Stamp>) {
-        let mut o = self.opened();
-        match (o.as_mut(), stamp) {
-            (Some(o), _) => o.served = stamp,
-            (None, None) => {}
-            (None, Some(_)) => {
-                *o = Some(Box::new(Opened {
-                    served: stamp,
-                    ..Default::default()
-                }))
-            }
-        }
+        self.update_served(|s| *s = stamp);
     }
 
     /// Sets the served stamp to `f(current)` under one lock; returns what `f` returned.
@@ -427,15 +417,13 @@ impl Maps {
         self.get_id(id).is_some()
     }
 
-    /// Adds `data` under its id, and under its key unless `by_id_only`.
-    fn add(&mut self, data: Arc<InodeData>, by_id_only: bool) {
+    /// Adds `data` under its id and its key (the callers checked that neither is taken).
+    fn add(&mut self, data: Arc<InodeData>) {
         let seed = self.id_seed();
-        if !by_id_only {
-            let keys = &self.keys;
-            let h = keys.hash_one(data.key);
-            self.by_key
-                .insert_unique(h, data.clone(), |d| keys.hash_one(d.key));
-        }
+        let keys = &self.keys;
+        let h = keys.hash_one(data.key);
+        self.by_key
+            .insert_unique(h, data.clone(), |d| keys.hash_one(d.key));
         self.by_id
             .insert_unique(id_hash(seed, data.id), data, |d| id_hash(seed, d.id));
     }
@@ -603,7 +591,7 @@ impl InodeStore {
             },
         ));
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
-        maps.add(data, false);
+        maps.add(data);
     }
 
     /// The inode with node id `id`.
@@ -637,7 +625,7 @@ impl InodeStore {
             id = self.next_id.fetch_add(1, Ordering::Relaxed);
         }
         let data = Arc::new(InodeData::new(id, n));
-        maps.add(data.clone(), false);
+        maps.add(data.clone());
         self.high_water.fetch_max(maps.len(), Ordering::Relaxed);
         Ok(data)
     }
@@ -854,7 +842,7 @@ impl InodeStore {
         }
         let data = Arc::new(InodeData::new(id, n));
         data.refcount.store(refcount.max(1), Ordering::Relaxed);
-        maps.add(data.clone(), false);
+        maps.add(data.clone());
         self.high_water.fetch_max(maps.len(), Ordering::Relaxed);
         drop(maps);
         self.reserve_ids(id.saturating_add(1));
@@ -913,7 +901,7 @@ impl InodeStore {
             let old = std::mem::take(&mut *maps);
             if let Some(root) = root {
                 root.refcount.store(1, Ordering::Relaxed);
-                maps.add(root, false);
+                maps.add(root);
             }
             old
         };
