@@ -11,10 +11,10 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, PoisonError};
+use std::sync::PoisonError;
 
 use super::file_handle::FileHandle;
-use super::inode::{InodeData, InodeStore, NewInode, Source};
+use super::inode::{InodeData, InodeStore, NewInode, Node, Source};
 use super::key::{self, SETTLE};
 use super::key::{Identity, InodeKey};
 use super::sys::{self, error, StatExtra};
@@ -211,7 +211,7 @@ impl Nodes<'_> {
         x: &StatExtra,
         at: At<'_>,
         source: impl FnOnce() -> io::Result<Source>,
-    ) -> io::Result<(Arc<InodeData>, bool)> {
+    ) -> io::Result<(Node, bool)> {
         let identity = self.identity_of(near, st, x, at)?;
         let key = InodeKey::new(st, x, identity);
         let mut source = Some(source);

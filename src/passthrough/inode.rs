@@ -24,9 +24,11 @@ use std::ffi::{CStr, CString};
 use std::hash::{BuildHasher, RandomState};
 
 use hashbrown::HashTable;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, Weak};
 
 use super::file_handle::FileHandle;
 use super::handle::HandleData;
@@ -35,56 +37,61 @@ use super::sys::StatExtra;
 
 use crate::fuse::abi::ROOT_ID;
 
+use super::slab::{self, Counted};
+
+/// A counted reference to a node (in its slot: see [`slab`]).
+pub type Node = slab::Ref<InodeData>;
+
 /// Where an inode was found by name: its parent directory and its name there. An inode found
 /// this way gets no descriptor until an operation needs one (see [`InodeData`]).
 #[derive(Debug)]
 pub struct Origin {
-    pub parent: Arc<InodeData>,
+    pub parent: Node,
     name: StoredName,
 }
 
 impl Origin {
-    pub fn new(parent: Arc<InodeData>, name: &CStr) -> Self {
+    pub fn new(parent: Node, name: &CStr) -> Self {
         Origin {
             parent,
             name: StoredName::new(name),
         }
     }
 
-    pub fn name(&self) -> &CStr {
-        self.name.as_c_str()
+    /// The name, without its NUL.
+    pub fn name(&self) -> &[u8] {
+        self.name.bytes()
     }
 }
 
-/// Bytes of a name (its NUL included) kept inside the node: most names in a tree are shorter.
-const INLINE_NAME: usize = 22;
+/// Bytes of a name kept inside the node (without a NUL): most names in a tree are shorter.
+const INLINE_NAME: usize = 14;
 
 /// A name kept by a node: inside it when short (no allocation of its own), on the heap else.
+/// 16 bytes either way.
 #[derive(Debug)]
 enum StoredName {
     Inline { len: u8, bytes: [u8; INLINE_NAME] },
-    Heap(Box<CStr>),
+    Heap(Box<CString>),
 }
 
 impl StoredName {
     fn new(name: &CStr) -> Self {
-        let b = name.to_bytes_with_nul();
+        let b = name.to_bytes();
         match u8::try_from(b.len()) {
             Ok(len) if b.len() <= INLINE_NAME => {
                 let mut bytes = [0u8; INLINE_NAME];
                 bytes[..b.len()].copy_from_slice(b);
                 StoredName::Inline { len, bytes }
             }
-            _ => StoredName::Heap(name.into()),
+            _ => StoredName::Heap(Box::new(name.to_owned())),
         }
     }
 
-    fn as_c_str(&self) -> &CStr {
+    fn bytes(&self) -> &[u8] {
         match self {
-            StoredName::Inline { len, bytes } => {
-                CStr::from_bytes_with_nul(&bytes[..usize::from(*len)]).unwrap_or_default()
-            }
-            StoredName::Heap(c) => c,
+            StoredName::Inline { len, bytes } => &bytes[..usize::from(*len).min(INLINE_NAME)],
+            StoredName::Heap(c) => c.to_bytes(),
         }
     }
 }
@@ -126,13 +133,18 @@ impl AsFd for PathFd<'_> {
 /// With file handles (`--inode-file-handles=prefer|mandatory`) an inode other than a directory
 /// keeps a file handle instead of that descriptor, taken the first time a descriptor is needed
 /// (at lookup with `mandatory`), and each operation opens a descriptor for its own use.
+///
+/// It lives in a slot of [`slab`], reached through [`Node`]s; every node of a walk costs its
+/// size (a unit test keeps it there) and nothing else but its two table entries.
 #[derive(Debug)]
 pub struct InodeData {
     pub id: u64,
     pub key: InodeKey,
     refcount: AtomicU64,
-    /// `O_PATH | O_NOFOLLOW` descriptor of the file, once opened and kept.
-    fd: OnceLock<OwnedFd>,
+    /// References to this node's slot: the id table's, requests', children's (see [`slab`]).
+    pins: AtomicU32,
+    /// `O_PATH | O_NOFOLLOW` descriptor of the file once opened and kept (set once), else -1.
+    fd: AtomicI32,
     /// Open handles of this inode (OPEN, OPENDIR, CREATE not yet released).
     pub handles: AtomicU32,
     /// How this inode's mount tells files apart.
@@ -141,16 +153,30 @@ pub struct InodeData {
     settled: AtomicBool,
     /// Another file has this inode's key now (see [`InodeStore::retire`]).
     stale: AtomicBool,
+    /// The file handles of the file, once one is known (set once; most nodes have none).
+    file_handles: AtomicPtr<FileHandles>,
+    /// Where it was found, and what only opened inodes need.
+    state: Mutex<State>,
+}
+
+/// The file handles of a node.
+#[derive(Debug, Default)]
+struct FileHandles {
     /// The file handle taken when the inode was added, for an inode whose key alone does not
     /// prove it is the same file (see [`InodeData::proven_by_key`]).
-    ident_handle: Option<Box<FileHandle>>,
+    ident: Option<FileHandle>,
     /// File handle of the file, once taken (file handle modes only).
-    handle: OnceLock<Box<FileHandle>>,
+    kept: OnceLock<FileHandle>,
+}
+
+/// The parts of a node that change under its lock.
+#[derive(Debug, Default)]
+struct State {
     /// Parent and name, for inodes found by name (updated when found again by another name).
-    origin: Mutex<Option<Origin>>,
+    origin: Option<Origin>,
     /// What only opened inodes need, made at the first open (most nodes of a walk are never
     /// opened: they do not pay for it).
-    opened: Mutex<Option<Box<Opened>>>,
+    opened: Option<Box<Opened>>,
 }
 
 /// The part of a node that only opens use.
@@ -164,45 +190,89 @@ struct Opened {
     served: Option<Stamp>,
 }
 
+impl Drop for InodeData {
+    fn drop(&mut self) {
+        let fd = *self.fd.get_mut();
+        if fd >= 0 {
+            // SAFETY: the descriptor was set once by `keep_fd`, which gave its ownership to
+            // this node; nothing else closes it, and nothing borrows it past the node.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        let fh = *self.file_handles.get_mut();
+        if !fh.is_null() {
+            // SAFETY: set once from `Box::into_raw`, owned by this node alone.
+            drop(unsafe { Box::from_raw(fh) });
+        }
+    }
+}
+
+// SAFETY: `pins` is one field of the node, changed by nothing but `slab::Ref`.
+unsafe impl Counted for InodeData {
+    fn pins(&self) -> &AtomicU32 {
+        &self.pins
+    }
+}
+
 impl InodeData {
     fn new(id: u64, n: NewInode) -> Self {
-        let (fd, origin) = match n.source {
-            Source::Fd(fd) => (OnceLock::from(fd), None),
-            Source::Found(origin) => (OnceLock::new(), Some(origin)),
+        let (fd, origin): (RawFd, _) = match n.source {
+            Source::Fd(fd) => (fd.into_raw_fd(), None),
+            Source::Found(origin) => (-1, Some(origin)),
+        };
+        let file_handles = match n.handle {
+            Some(h) => Box::into_raw(Box::new(FileHandles {
+                ident: Some(h),
+                kept: OnceLock::new(),
+            })),
+            None => std::ptr::null_mut(),
         };
         InodeData {
             id,
             key: n.key,
             refcount: AtomicU64::new(1),
-            fd,
+            pins: AtomicU32::new(1),
+            fd: AtomicI32::new(fd),
             handles: AtomicU32::new(0),
             identity: n.identity,
             settled: AtomicBool::new(n.settled),
             stale: AtomicBool::new(false),
-            ident_handle: n.handle.map(Box::new),
-            handle: OnceLock::new(),
-            origin: Mutex::new(origin),
-            opened: Mutex::new(None),
+            file_handles: AtomicPtr::new(file_handles),
+            state: Mutex::new(State {
+                origin,
+                opened: None,
+            }),
         }
     }
 
-    fn opened(&self) -> std::sync::MutexGuard<'_, Option<Box<Opened>>> {
-        self.opened.lock().unwrap_or_else(PoisonError::into_inner)
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn file_handles(&self) -> Option<&FileHandles> {
+        let p = self.file_handles.load(Ordering::Acquire);
+        // SAFETY: set once (never changed, freed only with the node) from a `Box`.
+        unsafe { p.as_ref() }
     }
 
     /// The handle this inode was last opened with, if it is still open.
     pub fn last_open(&self) -> Option<Arc<HandleData>> {
-        self.opened().as_ref().and_then(|o| o.last_open.upgrade())
+        self.state()
+            .opened
+            .as_ref()
+            .and_then(|o| o.last_open.upgrade())
     }
 
     /// Records `h` as the handle this inode was last opened with.
     pub fn set_last_open(&self, h: &Arc<HandleData>) {
-        self.opened().get_or_insert_with(Default::default).last_open = Arc::downgrade(h);
+        self.state()
+            .opened
+            .get_or_insert_with(Default::default)
+            .last_open = Arc::downgrade(h);
     }
 
     /// The settled stamp of what the guest was last given (see [`Opened::served`]).
     pub fn served(&self) -> Option<Stamp> {
-        self.opened().as_ref().and_then(|o| o.served)
+        self.state().opened.as_ref().and_then(|o| o.served)
     }
 
     /// Records the stamp of what the guest was given now (`None`: nothing it may keep).
@@ -212,7 +282,8 @@ impl InodeData {
 
     /// Sets the served stamp to `f(current)` under one lock; returns what `f` returned.
     pub fn update_served<R>(&self, f: impl FnOnce(&mut Option<Stamp>) -> R) -> R {
-        let mut o = self.opened();
+        let mut st = self.state();
+        let o = &mut st.opened;
         let mut cur = o.as_ref().and_then(|o| o.served);
         let r = f(&mut cur);
         match (o.as_mut(), cur) {
@@ -234,13 +305,13 @@ impl InodeData {
     /// a number away while a client holds the file open).
     pub fn proven_by_key(&self) -> bool {
         self.settled.load(Ordering::Relaxed)
-            || (self.fd.get().is_some()
-                && (self.identity != Identity::Handle || self.ident_handle.is_none()))
+            || (self.opened_fd().is_some()
+                && (self.identity != Identity::Handle || self.ident_handle().is_none()))
     }
 
     /// The file handle that proves identity, for an inode whose key does not.
     pub fn ident_handle(&self) -> Option<&FileHandle> {
-        self.ident_handle.as_deref()
+        self.file_handles().and_then(|h| h.ident.as_ref())
     }
 
     /// Records that the key alone proves identity from now on.
@@ -255,55 +326,95 @@ impl InodeData {
 
     /// Where the inode was last found by name (the name copied, on the stack when it fits: a
     /// request that reaches a file through its name allocates nothing for it).
-    pub fn origin(&self) -> Option<(Arc<InodeData>, OriginName)> {
-        let o = self.origin.lock().unwrap_or_else(PoisonError::into_inner);
-        o.as_ref()
+    pub fn origin(&self) -> Option<(Node, OriginName)> {
+        let st = self.state();
+        st.origin
+            .as_ref()
             .map(|o| (o.parent.clone(), OriginName::new(o.name())))
     }
 
     /// Records that the inode was found as `name` in `parent` (an inode without a descriptor
     /// then reopens through that name).
-    pub fn found_at(&self, parent: &Arc<InodeData>, name: &CStr) {
-        if self.fd.get().is_some() {
+    pub fn found_at(&self, parent: &Node, name: &CStr) {
+        if self.opened_fd().is_some() {
             return;
         }
-        let mut o = self.origin.lock().unwrap_or_else(PoisonError::into_inner);
-        let same = o
-            .as_ref()
-            .is_some_and(|o| Arc::ptr_eq(&o.parent, parent) && o.name() == name);
-        if !same {
-            *o = Some(Origin::new(parent.clone(), name));
-        }
+        let old = {
+            let mut st = self.state();
+            let same = st
+                .origin
+                .as_ref()
+                .is_some_and(|o| Node::ptr_eq(&o.parent, parent) && o.name() == name.to_bytes());
+            if same {
+                return;
+            }
+            st.origin.replace(Origin::new(parent.clone(), name))
+        };
+        // The old parent's reference goes outside the lock.
+        drop(old);
     }
 
     /// The `O_PATH` descriptor, if it was opened.
     pub fn opened_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.fd.get().map(|fd| fd.as_fd())
+        let fd = self.fd.load(Ordering::Acquire);
+        // SAFETY: a descriptor set by `keep_fd` stays open until the node is dropped, which the
+        // borrow of `self` outlives.
+        (fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(fd) })
     }
 
     /// Keeps `fd` as this inode's descriptor (unless another thread set one first) and returns
     /// the descriptor kept.
     pub fn keep_fd(&self, fd: OwnedFd) -> BorrowedFd<'_> {
-        let _ = self.fd.set(fd);
+        let raw = fd.as_raw_fd();
+        if self
+            .fd
+            .compare_exchange(-1, raw, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            // The node owns it now (closed when the node is dropped).
+            let _ = fd.into_raw_fd();
+        } else {
+            drop(fd);
+        }
         // The parent is no longer needed to reach this inode.
-        self.origin
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        match self.fd.get() {
-            Some(fd) => fd.as_fd(),
-            None => unreachable!("OnceLock::set above leaves a value"),
+        let origin = self.state().origin.take();
+        drop(origin);
+        match self.opened_fd() {
+            Some(fd) => fd,
+            None => unreachable!("the descriptor was set above or before"),
         }
     }
 
     /// The file handle, if one was taken.
     pub fn file_handle(&self) -> Option<&FileHandle> {
-        self.handle.get().map(|h| &**h)
+        self.file_handles().and_then(|h| h.kept.get())
     }
 
     /// Keeps `h` as this inode's file handle (unless one is kept already).
     pub fn keep_file_handle(&self, h: FileHandle) {
-        let _ = self.handle.set(Box::new(h));
+        let fhs = match self.file_handles() {
+            Some(f) => f,
+            None => {
+                let new = Box::into_raw(Box::<FileHandles>::default());
+                match self.file_handles.compare_exchange(
+                    std::ptr::null_mut(),
+                    new,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    // SAFETY: just set from a `Box`; freed only with the node.
+                    Ok(_) => unsafe { &*new },
+                    Err(cur) => {
+                        // SAFETY: `new` was not published: it is ours to free.
+                        drop(unsafe { Box::from_raw(new) });
+                        // SAFETY: set once by another thread from a `Box`, freed only with
+                        // the node.
+                        unsafe { &*cur }
+                    }
+                }
+            }
+        };
+        let _ = fhs.kept.set(h);
     }
 
     pub fn is_dir(&self) -> bool {
@@ -329,19 +440,19 @@ pub struct OriginName {
 }
 
 impl OriginName {
-    fn new(name: &CStr) -> Self {
-        let bytes = name.to_bytes_with_nul();
+    /// `name` (without a NUL, and none inside: it came from a C string).
+    fn new(name: &[u8]) -> Self {
         let mut n = OriginName {
             buf: [0u8; 256],
             len: 0,
             heap: None,
         };
-        match u16::try_from(bytes.len()).ok().filter(|&l| l <= 256) {
+        match u16::try_from(name.len() + 1).ok().filter(|&l| l <= 256) {
             Some(len) => {
-                n.buf[..bytes.len()].copy_from_slice(bytes);
+                n.buf[..name.len()].copy_from_slice(name);
                 n.len = len;
             }
-            None => n.heap = Some(name.to_owned()),
+            None => n.heap = CString::new(name).ok(),
         }
         n
     }
@@ -360,14 +471,17 @@ impl std::ops::Deref for OriginName {
     }
 }
 
-/// The two indexes of the inodes: by node id and by key. Each slot is one pointer to the
-/// inode, which holds its id and key: a node costs the tables 2 × 9 bytes a slot, not a copy of
-/// its key.
+/// The two indexes of the inodes: by node id and by key. Each entry is the number of the
+/// node's slot (see [`slab`]), whose node holds its id and key: a node costs the tables
+/// 2 × 5 bytes a slot (with hashbrown's control byte), not a copy of its key.
+///
+/// Every slot in `by_id` holds one reference on its node (given back when the entry goes, or
+/// when the tables are dropped); `by_key` holds a subset of the same slots and no reference.
 struct Maps {
     /// Node id → inode.
-    by_id: HashTable<Arc<InodeData>>,
+    by_id: HashTable<u32>,
     /// Key → the inode that key leads to now (a retired inode is in `by_id` only).
-    by_key: HashTable<Arc<InodeData>>,
+    by_key: HashTable<u32>,
     /// Keyed hashing of keys: the host's inode numbers are not chosen by the daemon.
     keys: RandomState,
     /// The secret of the id hash (see [`id_hash`]).
@@ -386,6 +500,15 @@ impl Default for Maps {
     }
 }
 
+impl Drop for Maps {
+    fn drop(&mut self) {
+        for s in self.by_id.drain() {
+            // SAFETY: each slot of `by_id` holds the reference `Maps::add` was given.
+            drop(unsafe { Node::from_slot(s) });
+        }
+    }
+}
+
 /// Hash of a node id with the table's secret `seed`: a 128-bit product folded onto itself, so
 /// that every bit of the id reaches the low bits that choose the slot. Ids are the daemon's
 /// own, but a migration state names ids of its own choosing: ids sharing their low bits
@@ -393,6 +516,15 @@ impl Default for Maps {
 fn id_hash(seed: u64, id: u64) -> u64 {
     let p = u128::from(id ^ seed) * 0x9e37_79b9_7f4a_7c15_u128;
     (p as u64) ^ ((p >> 64) as u64)
+}
+
+/// The node in slot `s` of a table.
+///
+/// # Safety
+/// `s` is in `by_id` of the tables borrowed for `'a` (whose reference keeps it live).
+unsafe fn node<'a>(s: u32) -> &'a InodeData {
+    // SAFETY: as the caller promises.
+    unsafe { slab::borrow_slot::<InodeData>(s) }
 }
 
 impl Maps {
@@ -405,37 +537,82 @@ impl Maps {
         self.seed
     }
 
-    fn get_id(&self, id: u64) -> Option<&Arc<InodeData>> {
-        self.by_id.find(id_hash(self.id_seed(), id), |d| d.id == id)
+    fn find_id(&self, id: u64) -> Option<u32> {
+        // SAFETY (all closures below): every slot in the tables is live while they are
+        // borrowed.
+        self.by_id
+            .find(
+                id_hash(self.id_seed(), id),
+                // SAFETY: a slot of the tables, live while they are borrowed.
+                |&s| unsafe { node(s) }.id == id,
+            )
+            .copied()
     }
 
-    fn get_key(&self, key: &InodeKey) -> Option<&Arc<InodeData>> {
-        self.by_key.find(self.key_hash(key), |d| d.key == *key)
+    fn get_id(&self, id: u64) -> Option<&InodeData> {
+        // SAFETY: a slot of `by_id`, live while `self` is borrowed.
+        self.find_id(id).map(|s| unsafe { node(s) })
+    }
+
+    /// The node `id`, with one more reference.
+    fn clone_id(&self, id: u64) -> Option<Node> {
+        // SAFETY: a slot of `by_id`, live while `self` is borrowed.
+        self.find_id(id).map(|s| unsafe { slab::clone_slot(s) })
+    }
+
+    fn find_key(&self, key: &InodeKey) -> Option<u32> {
+        self.by_key
+            // SAFETY: a slot of the tables, live while they are borrowed.
+            .find(self.key_hash(key), |&s| unsafe { node(s) }.key == *key)
+            .copied()
+    }
+
+    fn get_key(&self, key: &InodeKey) -> Option<&InodeData> {
+        // SAFETY: a slot of `by_key`, which are slots of `by_id`.
+        self.find_key(key).map(|s| unsafe { node(s) })
+    }
+
+    /// The node of `key`, with one more reference.
+    fn clone_key(&self, key: &InodeKey) -> Option<Node> {
+        // SAFETY: a slot of `by_key`, which are slots of `by_id`.
+        self.find_key(key).map(|s| unsafe { slab::clone_slot(s) })
     }
 
     fn has_id(&self, id: u64) -> bool {
-        self.get_id(id).is_some()
+        self.find_id(id).is_some()
     }
 
-    /// Adds `data` under its id and its key (the callers checked that neither is taken).
-    fn add(&mut self, data: Arc<InodeData>) {
+    /// Adds `data` under its id and its key (the callers checked that neither is taken); the
+    /// tables keep its reference.
+    fn add(&mut self, data: Node) {
         let seed = self.id_seed();
         let keys = &self.keys;
-        let h = keys.hash_one(data.key);
-        self.by_key
-            .insert_unique(h, data.clone(), |d| keys.hash_one(d.key));
-        self.by_id
-            .insert_unique(id_hash(seed, data.id), data, |d| id_hash(seed, d.id));
+        let (id, key) = (data.id, data.key);
+        let s = data.into_slot();
+        self.by_key.insert_unique(keys.hash_one(key), s, |&s| {
+            // SAFETY: a slot of the tables, live while they are borrowed.
+            keys.hash_one(unsafe { node(s) }.key)
+        });
+        self.by_id.insert_unique(id_hash(seed, id), s, |&s| {
+            // SAFETY: a slot of the tables, live while they are borrowed.
+            id_hash(seed, unsafe { node(s) }.id)
+        });
     }
 
     /// Removes the inode `id` from both indexes (from the key index only if its key still
-    /// leads to it).
-    fn remove(&mut self, id: u64) -> Option<Arc<InodeData>> {
+    /// leads to it), and gives back the reference the tables held.
+    fn remove(&mut self, id: u64) -> Option<Node> {
         let seed = self.id_seed();
-        let data = match self.by_id.find_entry(id_hash(seed, id), |d| d.id == id) {
+        let s = match self
+            .by_id
+            // SAFETY: a slot of the tables, live while they are borrowed.
+            .find_entry(id_hash(seed, id), |&s| unsafe { node(s) }.id == id)
+        {
             Ok(e) => e.remove().0,
             Err(_) => return None,
         };
+        // SAFETY: the slot was in `by_id`, whose reference this takes over.
+        let data = unsafe { Node::from_slot(s) };
         self.unkey(&data);
         Some(data)
     }
@@ -443,13 +620,26 @@ impl Maps {
     /// Removes `data` from the key index, if its key leads to it.
     fn unkey(&mut self, data: &InodeData) {
         let h = self.key_hash(&data.key);
-        if let Ok(e) = self.by_key.find_entry(h, |d| d.id == data.id) {
+        if let Ok(e) = self
+            .by_key
+            // SAFETY: a slot of the tables, live while they are borrowed.
+            .find_entry(h, |&s| unsafe { node(s) }.id == data.id)
+        {
             e.remove();
         }
     }
 
     fn len(&self) -> usize {
         self.by_id.len()
+    }
+
+    /// Every node, with one more reference each.
+    fn nodes(&self) -> Vec<Node> {
+        // SAFETY: slots of `by_id`, live while `self` is borrowed.
+        self.by_id
+            .iter()
+            .map(|&s| unsafe { slab::clone_slot(s) })
+            .collect()
     }
 }
 
@@ -469,15 +659,19 @@ pub fn freed(bytes: usize) {
     }
 }
 
-/// Makes the allocator give memory back as the guest forgets: glibc raises its thresholds
-/// each time a large block is freed (the node tables, reallocated as they grow, are such
-/// blocks), up to 32 MiB for what it maps on its own and 64 MiB for the free room it keeps at
-/// the top of each thread's heap, which `malloc_trim` does not reach for heaps other than the
-/// main one. Fixed thresholds end that: blocks of 256 KiB and more are mappings of their own,
-/// and more than 1 MiB free at the top of a heap is returned at once (not less: requests'
-/// buffers of 64 KiB, freed in turn, must not make each request give pages back and fault
-/// them in again). After a walk of a
-/// million files was forgotten, 11 MiB stayed in the top of one thread's heap; about 3 MiB do now.
+/// Makes the allocator give memory back as the guest forgets (the nodes are not the
+/// allocator's: see [`slab`]; the tables, listings and names are):
+/// - glibc raises its thresholds each time a large block is freed (the node tables,
+///   reallocated as they grow, are such blocks), up to 32 MiB for what it maps on its own and
+///   64 MiB for the free room it keeps at the top of a heap. Fixed thresholds end that: blocks
+///   of 256 KiB and more are mappings of their own, and more than 1 MiB free at the top of a
+///   heap is returned at once (not less: a request's large buffers, freed in turn, must not
+///   make each request give pages back and fault them in again).
+/// - One arena: `malloc_trim` does not reach the top of the heaps glibc makes for other
+///   threads, where up to that 1 MiB each stayed after the guest forgot a walk. The daemon's
+///   requests allocate next to nothing (`tests/allocations.rs`), so they do not wait on one
+///   another for it.
+///
 /// Called once at start, by the daemon.
 pub fn allocator_gives_memory_back() {
     #[cfg(target_env = "gnu")]
@@ -486,12 +680,14 @@ pub fn allocator_gives_memory_back() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 20);
+        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
 
 /// Returns the allocator's free pages to the system (glibc keeps freed small blocks in its
 /// arenas otherwise).
 fn give_back_free_memory() {
+    slab::give_back_free_pages();
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases memory the allocator holds free; it has no
     // precondition.
@@ -501,7 +697,7 @@ fn give_back_free_memory() {
 }
 
 /// Tables smaller than this many slots are left as they are.
-const SHRINK_FLOOR: usize = 4096;
+const SHRINK_FLOOR: usize = 256;
 
 impl Maps {
     /// Gives the tables' room back once a quarter of it is used (the guest forgot most of what
@@ -512,13 +708,17 @@ impl Maps {
         let seed = self.id_seed();
         let sparse = |cap: usize, len: usize| cap > SHRINK_FLOOR && len.saturating_mul(4) < cap;
         if sparse(self.by_id.capacity(), self.by_id.len()) {
-            self.by_id
-                .shrink_to(self.by_id.len() * 2, |d| id_hash(seed, d.id));
+            self.by_id.shrink_to(self.by_id.len() * 2, |&s| {
+                // SAFETY: a slot of the tables, live while they are borrowed.
+                id_hash(seed, unsafe { node(s) }.id)
+            });
         }
         if sparse(self.by_key.capacity(), self.by_key.len()) {
             let keys = &self.keys;
-            self.by_key
-                .shrink_to(self.by_key.len() * 2, |d| keys.hash_one(d.key));
+            self.by_key.shrink_to(self.by_key.len() * 2, |&s| {
+                // SAFETY: a slot of the tables, live while they are borrowed.
+                keys.hash_one(unsafe { node(s) }.key)
+            });
         }
     }
 }
@@ -580,7 +780,7 @@ impl InodeStore {
 
     fn insert_root(&self, fd: OwnedFd, st: &libc::stat64, x: &StatExtra, identity: Identity) {
         let key = InodeKey::new(st, x, identity);
-        let data = Arc::new(InodeData::new(
+        let data = Node::new(InodeData::new(
             ROOT_ID,
             NewInode {
                 key,
@@ -595,9 +795,9 @@ impl InodeStore {
     }
 
     /// The inode with node id `id`.
-    pub fn get(&self, id: u64) -> Option<Arc<InodeData>> {
+    pub fn get(&self, id: u64) -> Option<Node> {
         let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
-        maps.get_id(id).cloned()
+        maps.clone_id(id)
     }
 
     /// Adds one reference on `id`, if it is known.
@@ -614,7 +814,7 @@ impl InodeStore {
 
     /// Adds `n` as a new inode with a count of 1 and returns it; gives `n` back when
     /// its key is known already (the caller then checks that inode: see `InodeData`).
-    pub fn insert(&self, n: NewInode) -> Result<Arc<InodeData>, NewInode> {
+    pub fn insert(&self, n: NewInode) -> Result<Node, NewInode> {
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
         if maps.get_key(&n.key).is_some() {
             return Err(n);
@@ -624,7 +824,7 @@ impl InodeStore {
         while maps.has_id(id) || id == 0 {
             id = self.next_id.fetch_add(1, Ordering::Relaxed);
         }
-        let data = Arc::new(InodeData::new(id, n));
+        let data = Node::new(InodeData::new(id, n));
         maps.add(data.clone());
         self.high_water.fetch_max(maps.len(), Ordering::Relaxed);
         Ok(data)
@@ -727,19 +927,19 @@ impl InodeStore {
     }
 
     /// The inode identified by `key`, if known (no reference is taken).
-    pub fn find(&self, key: &InodeKey) -> Option<Arc<InodeData>> {
+    pub fn find(&self, key: &InodeKey) -> Option<Node> {
         let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
-        maps.get_key(key).cloned()
+        maps.clone_key(key)
     }
 
     /// Adds one reference on the inode identified by `key`, if it is known, and returns it.
-    pub fn ref_known(&self, key: &InodeKey) -> Option<Arc<InodeData>> {
+    pub fn ref_known(&self, key: &InodeKey) -> Option<Node> {
         let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
-        let data = maps.get_key(key)?;
+        let data = maps.clone_key(key)?;
         // Counts only drop to zero (and entries go away) under the write lock, so an entry seen
         // under any lock is live and taking a reference on it is enough.
         data.refcount.fetch_add(1, Ordering::Relaxed);
-        Some(data.clone())
+        Some(data)
     }
 
     /// Drops `count` references on `id`; at zero the inode is removed and its descriptor closed
@@ -815,9 +1015,9 @@ impl InodeStore {
     }
 
     /// Every inode, by node id (for a migration's save).
-    pub fn all(&self) -> Vec<Arc<InodeData>> {
+    pub fn all(&self) -> Vec<Node> {
         let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
-        let mut v: Vec<_> = maps.by_id.iter().cloned().collect();
+        let mut v = maps.nodes();
         v.sort_by_key(|d| d.id);
         v
     }
@@ -835,12 +1035,12 @@ impl InodeStore {
 
     /// Adds `n` as node `id` with `refcount` references (a migration destination taking over
     /// the source's nodes); gives `n` back when `id` or its key is taken already.
-    pub fn restore(&self, id: u64, n: NewInode, refcount: u64) -> Result<Arc<InodeData>, NewInode> {
+    pub fn restore(&self, id: u64, n: NewInode, refcount: u64) -> Result<Node, NewInode> {
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
         if id == ROOT_ID || maps.has_id(id) || maps.get_key(&n.key).is_some() || self.is_dead(id) {
             return Err(n);
         }
-        let data = Arc::new(InodeData::new(id, n));
+        let data = Node::new(InodeData::new(id, n));
         data.refcount.store(refcount.max(1), Ordering::Relaxed);
         maps.add(data.clone());
         self.high_water.fetch_max(maps.len(), Ordering::Relaxed);
@@ -1141,25 +1341,144 @@ mod tests {
         assert_eq!(store.len(), 1);
     }
 
-    /// What a node held by a walk costs: the node (152 bytes and the `Arc`'s counts: a
-    /// 176-byte block), its name inside it, and a pointer in each index. A field added to every
-    /// node shows here first; what only opened nodes need goes in `Opened`.
+    /// What a node held by a walk costs: its slot (the node itself, with its name inside) and a
+    /// slot number in each index. A field added to every node shows here first; what only
+    /// opened nodes need goes in `Opened`.
     #[test]
-    fn a_node_of_a_walk_is_one_block_with_its_name_inside() {
+    fn a_node_of_a_walk_is_its_slot_with_its_name_inside() {
         assert!(
-            std::mem::size_of::<InodeData>() <= 152,
+            std::mem::size_of::<InodeData>() <= 120,
             "{} bytes",
             std::mem::size_of::<InodeData>()
         );
-        assert_eq!(std::mem::size_of::<InodeKey>(), 40);
-        let short = StoredName::new(c"a-name-of-21-bytes.rs");
+        assert_eq!(std::mem::size_of::<StoredName>(), 16);
+        assert_eq!(std::mem::size_of::<Option<Origin>>(), 24);
+        let short = StoredName::new(c"name-14-bytes.");
         assert!(matches!(short, StoredName::Inline { .. }));
-        assert_eq!(short.as_c_str(), c"a-name-of-21-bytes.rs");
-        let long = StoredName::new(c"a-name-of-22-bytes.rsx");
+        assert_eq!(short.bytes(), b"name-14-bytes.");
+        let long = StoredName::new(c"name-of-15-bytes");
         assert!(matches!(long, StoredName::Heap(_)));
-        assert_eq!(long.as_c_str(), c"a-name-of-22-bytes.rsx");
+        assert_eq!(long.bytes(), b"name-of-15-bytes");
         let empty = StoredName::new(c"");
-        assert_eq!(empty.as_c_str(), c"");
+        assert_eq!(empty.bytes(), b"");
+        let max = std::ffi::CString::new(vec![b'x'; 255]).unwrap();
+        assert_eq!(StoredName::new(&max).bytes(), max.as_bytes());
+        assert_eq!(&*OriginName::new(max.as_bytes()), max.as_c_str());
+        let longer = std::ffi::CString::new(vec![b'y'; 300]).unwrap();
+        assert_eq!(&*OriginName::new(longer.as_bytes()), longer.as_c_str());
+    }
+
+    fn loose_node(id: u64, key: InodeKey, source: Source) -> Node {
+        Node::new(InodeData::new(
+            id,
+            NewInode {
+                key,
+                identity: Identity::Birth,
+                source,
+                handle: None,
+                settled: true,
+            },
+        ))
+    }
+
+    /// A guest can make a chain of nodes each held only by its child (it forgets the parents
+    /// first) as long as it likes: dropping the last child drops them all one after the other,
+    /// on a stack far too small for one nested drop per node.
+    #[test]
+    fn a_chain_of_parents_as_long_as_a_guest_likes_is_dropped_without_recursion() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        let (_store, root) = store_on(tmp.path());
+        let (fd, key) = open_path(root.as_fd(), c"f");
+        std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                let mut last = loose_node(2, key, Source::Fd(fd));
+                for i in 0..200_000 {
+                    last = loose_node(3 + i, key, Source::Found(Origin::new(last, c"n")));
+                }
+                let (parent, name) = last.origin().unwrap();
+                assert_eq!(parent.id, 200_001);
+                assert_eq!(&*name, c"n");
+                drop(parent);
+                drop(last);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    /// Nodes made, shared and dropped on many threads at once: no two live nodes share a slot,
+    /// and a node's references all come back.
+    #[test]
+    fn nodes_made_and_dropped_on_many_threads_never_share_a_slot() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        let (_store, root) = store_on(tmp.path());
+        let (fd, key) = open_path(root.as_fd(), c"f");
+        let shared = loose_node(2, key, Source::Fd(fd));
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let shared = shared.clone();
+                std::thread::spawn(move || {
+                    let mut mine = Vec::new();
+                    for i in 0..5_000u64 {
+                        let n = loose_node(
+                            10 + t * 10_000 + i,
+                            key,
+                            Source::Found(Origin::new(shared.clone(), c"n")),
+                        );
+                        if i % 3 == 0 {
+                            drop(n);
+                        } else {
+                            mine.push(n);
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let all: Vec<Node> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        let mut addrs: Vec<usize> = all
+            .iter()
+            .map(|n| &**n as *const InodeData as usize)
+            .collect();
+        addrs.sort_unstable();
+        addrs.dedup();
+        assert_eq!(addrs.len(), all.len(), "two live nodes in one slot");
+        for n in &all {
+            assert_eq!(n.origin().unwrap().0.id, 2);
+        }
+        assert_eq!(
+            shared.pins().load(Ordering::Relaxed) as usize,
+            1 + all.len()
+        );
+        drop(all);
+        assert_eq!(shared.pins().load(Ordering::Relaxed), 1);
+    }
+
+    /// A slot number handed to the tables gives back the same node, and its reference.
+    #[test]
+    fn slot_numbers_lead_back_to_their_node() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        let (_store, root) = store_on(tmp.path());
+        let (fd, key) = open_path(root.as_fd(), c"f");
+        let n = loose_node(7, key, Source::Fd(fd));
+        let kept = n.clone();
+        let s = n.into_slot();
+        // SAFETY: `s` came from `into_slot` and was not taken back.
+        let back = unsafe { slab::clone_slot(s) };
+        assert!(Node::ptr_eq(&back, &kept));
+        assert_eq!(kept.pins().load(Ordering::Relaxed), 3);
+        drop(back);
+        // SAFETY: as above; this takes the reference back.
+        drop(unsafe { Node::from_slot(s) });
+        assert_eq!(kept.pins().load(Ordering::Relaxed), 1);
+        assert!(kept.opened_fd().is_some());
     }
 
     /// Ids a migration state chooses (`k << 40`: the same low bits) still spread over the

@@ -43,7 +43,7 @@ use super::dir::{DirSnapshot, Listing};
 use super::file_handle::{self, FileHandle};
 use super::handle::HandleData;
 use super::identity::At;
-use super::inode::{InodeData, Origin, Source};
+use super::inode::{InodeData, Node, Origin, Source};
 use super::key::InodeKey;
 use super::sys::{self, error, ProcName};
 use super::{open_path_flags, PassthroughFs};
@@ -179,7 +179,7 @@ impl PassthroughFs {
         out.u64(self.inodes.next_id());
         out.u64(self.handles.next_id());
         out.u32(nodes.len() as u32);
-        let mut located: Vec<(&Arc<InodeData>, Location)> = nodes
+        let mut located: Vec<(&Node, Location)> = nodes
             .iter()
             .map(|node| (node, self.locate(node, &root)))
             .collect();
@@ -305,7 +305,7 @@ impl PassthroughFs {
     }
 
     /// Where the destination will find `node`.
-    fn locate(&self, node: &Arc<InodeData>, root: &[u8]) -> Location {
+    fn locate(&self, node: &Node, root: &[u8]) -> Location {
         let opts = self.cfg.migration;
         if node.id == ROOT_ID {
             return Location::Path(Vec::new());
@@ -364,7 +364,7 @@ impl PassthroughFs {
 
     /// The path of `node` from the root: the names it was found by, up its parents; from the
     /// first one that keeps a descriptor instead, where that descriptor is.
-    fn path_of(&self, node: &Arc<InodeData>, root: &[u8]) -> io::Result<Vec<CString>> {
+    fn path_of(&self, node: &Node, root: &[u8]) -> io::Result<Vec<CString>> {
         let mut names = Vec::new();
         let mut cur = node.clone();
         for _ in 0..MAX_DEPTH {
@@ -492,7 +492,7 @@ impl PassthroughFs {
         // Each node is restored as it is read (the source sends parents first), so what the
         // state costs beyond its own bytes is the nodes themselves: no node, path or name is
         // copied out of it first. The directories restored, by path, to find a child's parent.
-        let mut dirs: HashMap<SavedPath<'a>, Arc<InodeData>> = HashMap::new();
+        let mut dirs: HashMap<SavedPath<'a>, Node> = HashMap::new();
         let root_path = self
             .root_path()
             .map_err(|e| io_error("the shared directory's path", e))?;
@@ -652,10 +652,10 @@ impl PassthroughFs {
     fn restore_node(
         &self,
         node: &SavedNode<'_>,
-        dirs: &HashMap<SavedPath<'_>, Arc<InodeData>>,
+        dirs: &HashMap<SavedPath<'_>, Node>,
         mount_fd: Option<&OwnedFd>,
         root_path: &[u8],
-    ) -> io::Result<Arc<InodeData>> {
+    ) -> io::Result<Node> {
         let root = self.inode(ROOT_ID)?;
         let (fd, parent) = match &node.location {
             SavedLocation::Lost(e) => return Err(io::Error::from_raw_os_error(*e)),

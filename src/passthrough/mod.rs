@@ -28,7 +28,8 @@
 //! - `dir`: directory snapshots and streamed listings served by READDIR / READDIRPLUS; `key`:
 //!   what identifies a host file or a directory's state; `config`: the settings; `xattr`:
 //!   extended attributes, ACL gating, security labels, set-id clearing;
-//! - `budget`: the listings' memory budget; `sys`: thin wrappers over the syscalls; `xattrmap`:
+//! - `budget`: the listings' memory budget; `slab`: the memory of the nodes; `sys`: thin
+//!   wrappers over the syscalls; `xattrmap`:
 //!   the `--xattrmap` language; `threadfs`: per-thread working directory and umask;
 //!   `credentials`: creating files as the guest caller when running as root.
 
@@ -45,6 +46,7 @@ mod io_fds;
 mod key;
 mod migration;
 mod ops;
+mod slab;
 mod sys;
 #[cfg(test)]
 mod tests;
@@ -74,7 +76,7 @@ use dircache::DirCache;
 use file_handle::{FileHandle, MountFds};
 use handle::{HandleData, HandleStore};
 use identity::{At, MountIdentities, Nodes};
-use inode::{InodeData, InodeStore, Origin, PathFd, Source};
+use inode::{InodeData, InodeStore, Node, Origin, PathFd, Source};
 use io_fds::{Access, IoFd, IoFds};
 use key::{InodeKey, Stamp};
 use sys::{error, ProcName};
@@ -207,7 +209,9 @@ impl PassthroughFs {
 
     /// Opens the shared directory `cfg.root_dir`, with `proc_self_fd` (a descriptor of
     /// `/proc/self/fd`, opened before a sandbox hid `/proc`) to reopen inodes through.
-    pub fn with_proc_self_fd(cfg: Config, proc_self_fd: OwnedFd) -> io::Result<PassthroughFs> {
+    pub fn with_proc_self_fd(mut cfg: Config, proc_self_fd: OwnedFd) -> io::Result<PassthroughFs> {
+        // The node memory has room for this many (over a hundred million).
+        cfg.max_nodes = cfg.max_nodes.min(slab::CAPACITY);
         let root = open_path_dir(&cfg.root_dir)?;
         let (st, x) = sys::stat_fd_mnt(root.as_fd())?;
         let mounts = MountFds::default();
@@ -236,7 +240,7 @@ impl PassthroughFs {
 
     /// The inode `id`; `ESTALE` for one whose file is gone (see [`InodeStore::bury`]), `EBADF`
     /// for an id the guest does not hold.
-    fn inode(&self, id: u64) -> io::Result<Arc<InodeData>> {
+    fn inode(&self, id: u64) -> io::Result<Node> {
         self.inodes
             .get(id)
             .ok_or_else(|| match self.inodes.is_dead(id) {
@@ -277,7 +281,7 @@ impl PassthroughFs {
     /// a new inode gets no descriptor until an operation needs one. With
     /// `--inode-file-handles=mandatory` a new inode gets its file handle here, and the lookup
     /// fails when the host file system cannot give one.
-    fn do_lookup(&self, parent: &Arc<InodeData>, name: &CStr) -> io::Result<Entry> {
+    fn do_lookup(&self, parent: &Node, name: &CStr) -> io::Result<Entry> {
         let pfd = self.path_fd(parent)?;
         let (st, x) = sys::stat_at_mnt(pfd.as_fd(), name)?;
         let at = At::Name(pfd.as_fd(), name);
@@ -845,7 +849,7 @@ impl PassthroughFs {
     /// `name` is the file's name in `parent`, `None` for an unnamed file (`O_TMPFILE`).
     fn register_open(
         &self,
-        parent: &Arc<InodeData>,
+        parent: &Node,
         file: OwnedFd,
         name: Option<&CStr>,
         direct: bool,
@@ -1078,12 +1082,7 @@ impl PassthroughFs {
     /// a file with other links (a node remembers one name, and this one is going). Returns the
     /// known inode when `name` is its last name (a directory, or a file with one link), for
     /// [`Self::bury_if_unreachable`] once the name is gone.
-    fn keep_reachable(
-        &self,
-        parent: &InodeData,
-        dir: BorrowedFd<'_>,
-        name: &CStr,
-    ) -> Option<Arc<InodeData>> {
+    fn keep_reachable(&self, parent: &InodeData, dir: BorrowedFd<'_>, name: &CStr) -> Option<Node> {
         let (st, x) = sys::stat_at_mnt(dir, name).ok()?;
         let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
         let last_name = is_dir || st.st_nlink < 2;

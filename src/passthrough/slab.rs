@@ -1,0 +1,467 @@
+//! The memory of the nodes: every node lives in a slot of a chunk the daemon maps for nodes
+//! alone, and a [`Ref`] is a counted reference to one slot (what an `Arc` is, without its two
+//! counts and the allocator's header: a node costs its own size and no more). The count is in
+//! the node ([`Counted`]); the slots are [`SLOT`] bytes, which the node fits in (checked when
+//! the code is built).
+//!
+//! # Slots and chunks
+//! A chunk is [`CHUNK_BYTES`] of anonymous memory, aligned to its size, so that the chunk of a
+//! slot is its address rounded down: its first slot-sized room holds the chunk's number, the
+//! others are slots. A slot has a number (`chunk × SLOTS + index`) that the node tables store
+//! instead of a pointer (4 bytes a table entry, not 8). A map with a bit a slot tells the
+//! free ones; a free slot holds nothing.
+//!
+//! New nodes go to the lowest free slot of the lowest-numbered chunk with room, so that the
+//! nodes the guest keeps gather in the first chunks and at their starts; when the guest has
+//! forgotten many, the pages of the chunks kept that hold only free slots go back to the system
+//! too ([`give_back_free_pages`]). A chunk whose last node goes is unmapped, unless it is the
+//! only chunk with room (so that a guest that looks up and forgets one file in turn cannot make
+//! each FORGET cost an unmap and the next LOOKUP a map): when the guest forgets a walk, the
+//! memory of its nodes goes back to the system at once, without the allocator's help.
+//!
+//! # References
+//! The count of references (`pins`) is in the node itself. The node tables hold one; each
+//! request using a node holds one while it runs; a node found by name holds one on its parent.
+//! The last reference dropped drops the node in its slot and frees the slot. Dropping a node can
+//! drop its parent's last reference, and so on up a chain a guest may have made as long as it
+//! likes: those drops are made one after the other, never nested (the stack stays flat).
+
+use std::cell::{Cell, RefCell};
+use std::num::NonZeroUsize;
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicPtr, AtomicU32, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use nix::sys::mman::{madvise, mmap_anonymous, munmap, MapFlags, MmapAdvise, ProtFlags};
+
+/// Bytes of a chunk (a power of two: a chunk is aligned to it).
+const CHUNK_BYTES: usize = 128 << 10;
+
+/// Bytes of a slot: what a node may take at most.
+pub const SLOT: usize = 120;
+
+/// Slots of a chunk (the first slot-sized room holds the chunk's number).
+const SLOTS: usize = CHUNK_BYTES / SLOT - 1;
+
+/// Chunks there can be: slot numbers stay below `u32::MAX`, and the directory of chunks is a
+/// static array of this many pointers (1 MiB of address space, touched only as it is used).
+const MAX_CHUNKS: usize = 1 << 17;
+
+/// Nodes there can be at most.
+pub const CAPACITY: usize = MAX_CHUNKS * SLOTS;
+
+const _: () = assert!(SLOT % 8 == 0 && SLOT >= 8);
+const _: () = assert!(CHUNK_BYTES.is_power_of_two() && SLOTS >= 64);
+const _: () = assert!((MAX_CHUNKS * SLOTS) < u32::MAX as usize);
+
+/// Chunk number → its memory (null when it has none): read without a lock to turn a slot
+/// number the node tables hold into the node (a slot in a table is live, so its chunk is
+/// mapped and stays so).
+static DIRECTORY: [AtomicPtr<u8>; MAX_CHUNKS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_CHUNKS];
+
+/// Words of a chunk's map of free slots.
+const WORDS: usize = SLOTS.div_ceil(64);
+
+struct Chunk {
+    /// The mapping (null when the chunk was given back).
+    base: *mut u8,
+    /// One bit a slot, set when it is free. Slots are taken lowest first, so that the nodes
+    /// kept gather at the start of the chunk and the pages of its free slots can go back.
+    free: [u64; WORDS],
+    /// Slots in use.
+    live: u32,
+}
+
+// SAFETY: `base` is the address of a mapping only the allocator below hands out slots of; the
+// chunk records are only used under the allocator's mutex.
+unsafe impl Send for Chunk {}
+
+impl Chunk {
+    fn new(base: *mut u8) -> Chunk {
+        let mut free = [u64::MAX; WORDS];
+        if SLOTS % 64 != 0 {
+            free[WORDS - 1] = (1u64 << (SLOTS % 64)) - 1;
+        }
+        Chunk {
+            base,
+            free,
+            live: 0,
+        }
+    }
+
+    fn is_free(&self, i: usize) -> bool {
+        self.free[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    /// Takes the lowest free slot, if any.
+    fn take(&mut self) -> Option<u32> {
+        let w = self.free.iter().position(|w| *w != 0)?;
+        let bit = self.free[w].trailing_zeros() as usize;
+        self.free[w] &= !(1 << bit);
+        self.live += 1;
+        Some((w * 64 + bit) as u32)
+    }
+
+    fn put(&mut self, i: u32) {
+        let i = i as usize;
+        self.free[i / 64] |= 1 << (i % 64);
+        self.live -= 1;
+    }
+
+    fn full(&self) -> bool {
+        self.live as usize == SLOTS
+    }
+
+    /// Gives the pages that hold only free slots back to the system (they read as zeros when
+    /// touched again; a free slot holds nothing).
+    fn give_back_free_pages(&self) {
+        const PAGE: usize = 4096;
+        let pages = ((SLOTS + 1) * SLOT).div_ceil(PAGE);
+        let free_page = |p: usize| {
+            // The slots overlapping page `p` (the first page holds the chunk's header).
+            let (start, end) = (p * PAGE, (p + 1) * PAGE);
+            if start < SLOT {
+                return false;
+            }
+            let first = start / SLOT - 1;
+            let last = ((end - 1) / SLOT - 1).min(SLOTS - 1);
+            (first..=last).all(|i| self.is_free(i))
+        };
+        let mut p = 1;
+        while p < pages {
+            if !free_page(p) {
+                p += 1;
+                continue;
+            }
+            let run = p;
+            while p < pages && free_page(p) {
+                p += 1;
+            }
+            if let Some(at) = NonNull::new(self.base.wrapping_add(run * PAGE).cast()) {
+                // SAFETY: whole pages inside this chunk's mapping that hold no live slot: no
+                // node is there, and the allocator's lock keeps any from being put there now.
+                let _ = unsafe { madvise(at, (p - run) * PAGE, MmapAdvise::MADV_DONTNEED) };
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Alloc {
+    chunks: Vec<Chunk>,
+    /// Numbers of mapped chunks with a free slot.
+    with_room: std::collections::BTreeSet<u32>,
+    /// Numbers of chunks given back (reused lowest first).
+    released: std::collections::BTreeSet<u32>,
+}
+
+static ALLOC: Mutex<Alloc> = Mutex::new(Alloc {
+    chunks: Vec::new(),
+    with_room: std::collections::BTreeSet::new(),
+    released: std::collections::BTreeSet::new(),
+});
+
+fn alloc() -> std::sync::MutexGuard<'static, Alloc> {
+    ALLOC.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Maps a chunk aligned to [`CHUNK_BYTES`]: twice the size, then the parts before and after
+/// the aligned chunk are unmapped.
+fn map_chunk() -> Option<*mut u8> {
+    let len = NonZeroUsize::new(2 * CHUNK_BYTES)?;
+    // SAFETY: a new private anonymous mapping at an address the kernel chooses; it aliases
+    // nothing.
+    let p = unsafe {
+        mmap_anonymous(
+            None,
+            len,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_PRIVATE,
+        )
+    }
+    .ok()?;
+    let start = p.as_ptr() as usize;
+    let aligned = (start + CHUNK_BYTES - 1) & !(CHUNK_BYTES - 1);
+    let head = aligned - start;
+    let tail = CHUNK_BYTES - head;
+    // SAFETY: both ranges are within the mapping just made and outside the chunk kept; nothing
+    // refers to them.
+    unsafe {
+        if let Some(h) = NonNull::new(start as *mut libc::c_void).filter(|_| head > 0) {
+            let _ = munmap(h, head);
+        }
+        if let Some(t) = NonNull::new((aligned + CHUNK_BYTES) as *mut libc::c_void) {
+            if tail > 0 {
+                let _ = munmap(t, tail);
+            }
+        }
+    }
+    Some(aligned as *mut u8)
+}
+
+/// The address of slot `index` of the chunk at `base`.
+fn slot_at(base: *mut u8, index: u32) -> *mut u8 {
+    base.wrapping_add((index as usize + 1) * SLOT)
+}
+
+/// Takes a free slot: the lowest free slot of the lowest-numbered chunk with room, a new chunk
+/// when none has. `None` when no chunk can be added (the slab is full, or the system has no
+/// memory).
+fn take_slot() -> Option<NonNull<u8>> {
+    let mut a = alloc();
+    let number = match a.with_room.first() {
+        Some(n) => *n,
+        None => {
+            let number = match a.released.first() {
+                Some(n) => *n,
+                None if a.chunks.len() < MAX_CHUNKS => a.chunks.len() as u32,
+                None => return None,
+            };
+            let base = map_chunk()?;
+            // SAFETY: the chunk is fresh, aligned and CHUNK_BYTES long: its first bytes are its
+            // own header.
+            unsafe { base.cast::<u32>().write(number) };
+            if (number as usize) == a.chunks.len() {
+                a.chunks.push(Chunk::new(base));
+            } else {
+                a.released.remove(&number);
+                a.chunks[number as usize] = Chunk::new(base);
+            }
+            DIRECTORY[number as usize].store(base, Ordering::Release);
+            a.with_room.insert(number);
+            number
+        }
+    };
+    let c = &mut a.chunks[number as usize];
+    let index = c.take()?;
+    let (p, full) = (slot_at(c.base, index), c.full());
+    if full {
+        a.with_room.remove(&number);
+    }
+    NonNull::new(p)
+}
+
+/// Frees the slot at `p` (whose node was dropped already), and gives its chunk back to the
+/// system when that was its last node and another chunk has room.
+fn free_slot(p: NonNull<u8>) {
+    let addr = p.as_ptr() as usize;
+    let base = (addr & !(CHUNK_BYTES - 1)) as *mut u8;
+    let index = ((addr - base as usize) / SLOT - 1) as u32;
+    let mut a = alloc();
+    // SAFETY: `p` is a slot of a mapped chunk (it held a node until now), whose header holds
+    // its number.
+    let number = unsafe { base.cast::<u32>().read() };
+    let others_have_room = a.with_room.iter().any(|n| *n != number);
+    let c = &mut a.chunks[number as usize];
+    c.put(index);
+    let release = c.live == 0 && others_have_room;
+    if release {
+        c.base = std::ptr::null_mut();
+        DIRECTORY[number as usize].store(std::ptr::null_mut(), Ordering::Release);
+        a.with_room.remove(&number);
+        a.released.insert(number);
+    } else {
+        a.with_room.insert(number);
+    }
+    drop(a);
+    if release {
+        if let Some(b) = NonNull::new(base.cast::<libc::c_void>()) {
+            // SAFETY: the chunk has no node left and is in no list: nothing refers to it.
+            let _ = unsafe { munmap(b, CHUNK_BYTES) };
+        }
+    }
+}
+
+/// Gives back to the system the pages of the chunks kept that hold only free slots (after the
+/// guest forgot many nodes: see `inode`).
+pub fn give_back_free_pages() {
+    let a = alloc();
+    for number in &a.with_room {
+        let c = &a.chunks[*number as usize];
+        if !c.base.is_null() {
+            c.give_back_free_pages();
+        }
+    }
+}
+
+/// What lives in a slot: a value with its own count of references.
+///
+/// # Safety
+/// `pins` returns the same counter for the whole life of the value, which nothing but [`Ref`]
+/// changes.
+pub unsafe trait Counted: Sync + Send + Sized {
+    fn pins(&self) -> &AtomicU32;
+}
+
+/// A counted reference to a node in its slot (see the module's doc).
+pub struct Ref<T: Counted>(NonNull<T>);
+
+impl<T: Counted + std::fmt::Debug> std::fmt::Debug for Ref<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+// SAFETY: a `Ref` is a shared reference to a `T`, which is `Sync` and `Send`; the count is
+// atomic, and the slot is freed by the last reference only, on whatever thread drops it.
+unsafe impl<T: Counted> Send for Ref<T> {}
+// SAFETY: as above.
+unsafe impl<T: Counted> Sync for Ref<T> {}
+
+impl<T: Counted> Ref<T> {
+    /// Puts `value` in a free slot, with one reference: the one returned. Like `Box::new`, it
+    /// stops the process when no memory can be had (the node limit, `--max-nodes`, is at
+    /// most [`CAPACITY`], so that the slots cannot run out before it).
+    pub fn new(value: T) -> Ref<T> {
+        const {
+            assert!(std::mem::size_of::<T>() <= SLOT && std::mem::align_of::<T>() <= 8);
+        }
+        let Some(p) = take_slot() else {
+            std::alloc::handle_alloc_error(std::alloc::Layout::new::<T>());
+        };
+        value.pins().store(1, Ordering::Relaxed);
+        let p = p.cast::<T>();
+        // SAFETY: the slot is free, 8-aligned and SLOT bytes long (enough for a `T`, checked
+        // above), and ours alone.
+        unsafe { p.as_ptr().write(value) };
+        Ref(p)
+    }
+
+    /// Whether `a` and `b` are the same node.
+    pub fn ptr_eq(a: &Ref<T>, b: &Ref<T>) -> bool {
+        a.0 == b.0
+    }
+
+    /// The slot number of this node, its reference handed to the caller (a node table), which
+    /// gives it back with [`Ref::from_slot`].
+    pub fn into_slot(self) -> u32 {
+        let n = slot_number(self.0.cast());
+        std::mem::forget(self);
+        n
+    }
+
+    /// The node in slot `n` and the reference [`Ref::into_slot`] handed out for it.
+    ///
+    /// # Safety
+    /// `n` came from `into_slot` of a `Ref<T>`, and that reference was not taken back yet.
+    pub unsafe fn from_slot(n: u32) -> Ref<T> {
+        // SAFETY: the caller's reference keeps the slot live, and it holds a `T`.
+        Ref(unsafe { slot_ptr(n) }.cast())
+    }
+}
+
+/// The node in slot `n`, borrowed.
+///
+/// # Safety
+/// Slot `n` holds a `T` that a reference keeps live for as long as the borrow is used.
+pub unsafe fn borrow_slot<'a, T: Counted>(n: u32) -> &'a T {
+    // SAFETY: the caller keeps the slot live, holding a `T`.
+    unsafe { slot_ptr(n).cast::<T>().as_ref() }
+}
+
+/// The node in slot `n`, with one more reference.
+///
+/// # Safety
+/// As [`borrow_slot`].
+pub unsafe fn clone_slot<T: Counted>(n: u32) -> Ref<T> {
+    // SAFETY: the caller keeps the slot live.
+    let d = unsafe { borrow_slot::<T>(n) };
+    pin(d);
+    // SAFETY: as above.
+    Ref(unsafe { slot_ptr(n) }.cast())
+}
+
+/// The address of slot `n`.
+///
+/// # Safety
+/// Slot `n` is live (its chunk is mapped).
+unsafe fn slot_ptr(n: u32) -> NonNull<u8> {
+    let (chunk, index) = (n as usize / SLOTS, n % SLOTS as u32);
+    let base = DIRECTORY[chunk].load(Ordering::Acquire);
+    // SAFETY: a live slot's chunk is mapped: its base is not null, nor any slot in it.
+    unsafe { NonNull::new_unchecked(slot_at(base, index)) }
+}
+
+fn slot_number(p: NonNull<u8>) -> u32 {
+    let addr = p.as_ptr() as usize;
+    let base = addr & !(CHUNK_BYTES - 1);
+    // SAFETY: `p` is a live slot: its chunk's header holds the chunk's number.
+    let number = unsafe { (base as *const u32).read() };
+    number * SLOTS as u32 + ((addr - base) / SLOT - 1) as u32
+}
+
+fn pin<T: Counted>(d: &T) {
+    // As `Arc`: a new reference is made from one held, so no ordering is needed; a count that
+    // could wrap means references are leaked without end, and the process stops.
+    if d.pins().fetch_add(1, Ordering::Relaxed) > i32::MAX as u32 {
+        std::process::abort();
+    }
+}
+
+impl<T: Counted> Clone for Ref<T> {
+    fn clone(&self) -> Ref<T> {
+        pin(&**self);
+        Ref(self.0)
+    }
+}
+
+impl<T: Counted> std::ops::Deref for Ref<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        // SAFETY: this reference keeps the slot live.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+impl<T: Counted> AsRef<T> for Ref<T> {
+    fn as_ref(&self) -> &T {
+        self
+    }
+}
+
+/// A node whose last reference went: its slot, and how to drop what is in it.
+type Dying = (NonNull<u8>, unsafe fn(NonNull<u8>));
+
+/// Drops the `T` at `p`.
+///
+/// # Safety
+/// `p` holds a `T` that nothing uses any more.
+unsafe fn drop_as<T>(p: NonNull<u8>) {
+    // SAFETY: as the caller promises.
+    unsafe { std::ptr::drop_in_place(p.cast::<T>().as_ptr()) }
+}
+
+thread_local! {
+    /// Whether this thread is dropping nodes now.
+    static DROPPING: Cell<bool> = const { Cell::new(false) };
+    /// Nodes whose last reference went while this thread was dropping another.
+    static PENDING: RefCell<Vec<Dying>> = const { RefCell::new(Vec::new()) };
+}
+
+impl<T: Counted> Drop for Ref<T> {
+    fn drop(&mut self) {
+        if self.pins().fetch_sub(1, Ordering::Release) != 1 {
+            return;
+        }
+        // As `Arc`: every use of the node by other references happened before this.
+        fence(Ordering::Acquire);
+        let dying: Dying = (self.0.cast(), drop_as::<T>);
+        let nested = DROPPING.try_with(|d| d.replace(true)).unwrap_or(false);
+        if nested && PENDING.try_with(|q| q.borrow_mut().push(dying)).is_ok() {
+            return;
+        }
+        let mut next = Some(dying);
+        while let Some((p, drop_fn)) = next {
+            // SAFETY: that was the last reference: nothing else uses the node; dropping it may
+            // drop other nodes' last references, which are queued above, not nested.
+            unsafe { drop_fn(p) };
+            free_slot(p);
+            next = PENDING.try_with(|q| q.borrow_mut().pop()).ok().flatten();
+        }
+        if !nested {
+            let _ = DROPPING.try_with(|d| d.set(false));
+        }
+    }
+}
