@@ -100,11 +100,13 @@ impl Drop for Charge {
     }
 }
 
-/// Why a snapshot could not grow.
+/// Why a snapshot could not grow (or be taken at all).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Overflow {
     /// It would take more than a quarter of the budget.
     TooBig,
     /// The budget is held by listings in use.
     Full,
+    /// A name is longer than a record holds (`dir::NAME_MAX`): not one Linux gives.
+    LongName,
 }

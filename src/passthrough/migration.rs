@@ -267,12 +267,10 @@ impl PassthroughFs {
                 Some(Some(Listing::Snapshot(snap))) => {
                     out.u8(LISTING_SNAPSHOT);
                     out.u32(snap.len() as u32);
-                    for i in 0..snap.len() {
-                        if let Some(e) = snap.get(i) {
-                            out.u64(e.ino);
-                            out.u8(e.dtype);
-                            out.bytes(e.name);
-                        }
+                    for e in snap.records() {
+                        out.u64(e.ino);
+                        out.u8(e.dtype);
+                        out.bytes(e.name);
                     }
                 }
             }

@@ -696,7 +696,7 @@ impl PassthroughFs {
                 Ok((dir::Listing::Snapshot(snap), settled))
             }
             Err(why) => {
-                if why == budget::Overflow::TooBig {
+                if matches!(why, budget::Overflow::TooBig | budget::Overflow::LongName) {
                     self.dircache.too_big(data.key, stamp);
                 }
                 log::debug!(
