@@ -143,7 +143,7 @@ impl Nodes<'_> {
         x: &StatExtra,
         at: At<'_>,
     ) -> io::Result<Identity> {
-        if st.st_dev == near.key.dev && x.mnt_id == near.key.mnt_id {
+        if near.key.on_mount_of(st, x) {
             return Ok(near.identity);
         }
         if let Some(i) = self.mounts.get(st.st_dev, x.mnt_id) {
@@ -164,7 +164,7 @@ impl Nodes<'_> {
         x: &StatExtra,
         at: At<'_>,
     ) -> io::Result<InodeKey> {
-        Ok(InodeKey::new(st, x, self.identity_of(near, st, x, at)?))
+        InodeKey::new(st, x, self.identity_of(near, st, x, at)?)
     }
 
     /// Whether the file with key `key`, seen at `at`, is the inode `data`: same key, and the
@@ -198,7 +198,7 @@ impl Nodes<'_> {
     /// Whether `fd` refers to the inode `data`.
     pub(super) fn is_inode(&self, fd: BorrowedFd<'_>, data: &InodeData) -> io::Result<bool> {
         let (st, x) = sys::stat_fd_mnt(fd)?;
-        self.same_file(data, &InodeKey::new(&st, &x, data.identity), At::Fd(fd))
+        self.same_file(data, &InodeKey::new(&st, &x, data.identity)?, At::Fd(fd))
     }
 
     /// The inode of the file seen as `st`, `x` at `at` (next to the known inode `near`), with
@@ -213,7 +213,7 @@ impl Nodes<'_> {
         source: impl FnOnce() -> io::Result<Source>,
     ) -> io::Result<(Node, bool)> {
         let identity = self.identity_of(near, st, x, at)?;
-        let key = InodeKey::new(st, x, identity);
+        let key = InodeKey::new(st, x, identity)?;
         let mut source = Some(source);
         let mut pending: Option<NewInode> = None;
         for _ in 0..4 {
@@ -226,7 +226,7 @@ impl Nodes<'_> {
                         (false, At::Name(..)) if !known.is_stale() => {
                             let fd = at.open_path(self.proc_self_fd)?;
                             let (st, x) = sys::stat_fd_mnt(fd.as_fd())?;
-                            if InodeKey::new(&st, &x, identity) != key {
+                            if InodeKey::new(&st, &x, identity)? != key {
                                 return Err(error(libc::ESTALE));
                             }
                             self.is_inode(fd.as_fd(), &known)
@@ -320,7 +320,7 @@ impl Nodes<'_> {
         // Hold the file open: its number cannot go to another file while the guest holds it.
         let fd = at.open_path(self.proc_self_fd)?;
         let (st, x) = sys::stat_fd_mnt(fd.as_fd())?;
-        if InodeKey::new(&st, &x, identity) != key {
+        if InodeKey::new(&st, &x, identity)? != key {
             return Err(error(libc::ESTALE));
         }
         Ok(new(Source::Fd(fd), None, true))

@@ -214,7 +214,7 @@ impl PassthroughFs {
             }
             out.u64(node.id);
             out.u64(node.refcount());
-            out.u32(node.key.kind);
+            out.u32(node.key.kind());
             match &location {
                 Location::Lost(e) => {
                     out.u8(LOC_LOST);
@@ -728,7 +728,7 @@ impl PassthroughFs {
         let identity = self
             .nodes()
             .identity_of(&root, &st, &x, At::Fd(fd.as_fd()))?;
-        let key = InodeKey::new(&st, &x, identity);
+        let key = InodeKey::new(&st, &x, identity)?;
         let source = match parent {
             Some((parent, name)) => Source::Found(Origin::new(parent, &name)),
             None => Source::Fd(sys::dup(fd.as_fd())?),
@@ -753,7 +753,7 @@ impl PassthroughFs {
         let info = sys::read_all(self.proc_self_fd.as_fd(), c"../mountinfo")?;
         for line in info.split(|b| *b == b'\n') {
             let f: Vec<&[u8]> = line.split(|b| *b == b' ').collect();
-            if f.len() < 5 || f[0] != root.key.mnt_id.to_string().as_bytes() {
+            if f.len() < 5 || f[0] != root.key.mnt_id().to_string().as_bytes() {
                 continue;
             }
             return Ok(f[3] == b"/" && crate::mountinfo::unescape(f[4]) == here);
@@ -786,7 +786,7 @@ impl PassthroughFs {
             }
             data
         } else {
-            if node.key.kind != libc::S_IFREG {
+            if node.key.kind() != libc::S_IFREG {
                 return Err(error(libc::EBADF));
             }
             match flags & libc::O_ACCMODE {

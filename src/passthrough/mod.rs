@@ -220,7 +220,7 @@ impl PassthroughFs {
         let root_identity = identity::probe(root.as_fd(), &x);
         mount_identities.insert(st.st_dev, x.mnt_id, root_identity);
         Ok(PassthroughFs {
-            inodes: InodeStore::new(root, &st, &x, root_identity),
+            inodes: InodeStore::new(root, &st, &x, root_identity)?,
             mount_identities,
             fh_mode,
             mounts,
@@ -309,7 +309,7 @@ impl PassthroughFs {
     /// Whether a directory identified by `key` under `parent` is the root of another host
     /// mount, to be announced to the guest (`--announce-submounts`).
     fn is_submount(&self, parent: &InodeData, key: &InodeKey) -> bool {
-        self.cfg.announce_submounts && key.kind == libc::S_IFDIR && !key.same_mount(&parent.key)
+        self.cfg.announce_submounts && key.kind() == libc::S_IFDIR && !key.same_mount(&parent.key)
     }
 
     /// Whether `data` keeps a file handle rather than an `O_PATH` descriptor: in the file
@@ -367,7 +367,7 @@ impl PassthroughFs {
                 }
                 Err(e) if self.fh_mode == InodeFileHandles::Mandatory => Err(e),
                 Err(e) => {
-                    file_handle::note_fallback(data.key.mnt_id, &e);
+                    file_handle::note_fallback(data.key.mnt_id(), &e);
                     Ok(PathFd::Kept(data.keep_fd(fd)))
                 }
             };
@@ -431,7 +431,7 @@ impl PassthroughFs {
         let h = FileHandle::of_fd(fd)?;
         self.mounts.ensure(h.mnt_id, || {
             let dir = parent
-                .filter(|p| p.key.mnt_id == h.mnt_id)
+                .filter(|p| p.key.mnt_id() == h.mnt_id)
                 .and_then(|p| p.opened_fd());
             match dir {
                 Some(dir) => file_handle::open_dir(dir),
@@ -469,12 +469,13 @@ impl PassthroughFs {
         if let Some((parent, name)) = data.origin().filter(|_| !data.is_stale()) {
             let pfd = self.path_fd(&parent)?;
             if let Ok((st, x)) = sys::stat_at_mnt(pfd.as_fd(), &name) {
-                let key = InodeKey::new(&st, &x, data.identity);
                 // Not proven through the name (it may have changed meanwhile): through a
                 // descriptor below.
-                if self
-                    .nodes()
-                    .same_file(data, &key, At::Name(pfd.as_fd(), &name))
+                if InodeKey::new(&st, &x, data.identity)
+                    .and_then(|key| {
+                        self.nodes()
+                            .same_file(data, &key, At::Name(pfd.as_fd(), &name))
+                    })
                     .unwrap_or(false)
                 {
                     return Ok(st);
@@ -491,8 +492,8 @@ impl PassthroughFs {
     /// comes here, so this holds for mounts the host adds under the share after the sandbox was
     /// made `nodev` too (doc/security.md).
     fn open_node(&self, data: &InodeData, flags: i32) -> io::Result<OwnedFd> {
-        if !matches!(data.key.kind, libc::S_IFREG | libc::S_IFDIR) {
-            return Err(error(match data.key.kind {
+        if !matches!(data.key.kind(), libc::S_IFREG | libc::S_IFDIR) {
+            return Err(error(match data.key.kind() {
                 libc::S_IFLNK => libc::ELOOP,
                 _ => libc::ENXIO,
             }));
@@ -515,7 +516,7 @@ impl PassthroughFs {
         let file = self.reopen_fd(self.path_fd(data)?.as_fd(), flags)?;
         // The path descriptor was checked (or is held); the reopened one must be that file.
         let (st, x) = sys::stat_fd_mnt(file.as_fd())?;
-        if InodeKey::new(&st, &x, data.identity) != data.key {
+        if InodeKey::new(&st, &x, data.identity)? != data.key {
             log::warn!(
                 "node {}: a reopened descriptor is another file; refused",
                 data.id
@@ -1043,7 +1044,7 @@ impl PassthroughFs {
             self.check_writable()?;
         }
         let data = self.inode(inode)?;
-        match data.key.kind {
+        match data.key.kind() {
             libc::S_IFDIR => return Err(error(libc::EISDIR)),
             kind => check_openable(kind)?,
         }

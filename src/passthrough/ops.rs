@@ -180,7 +180,7 @@ impl FileSystem for PassthroughFs {
             match &h {
                 Some(h) => sys::ftruncate(h.fd(), size)?,
                 None => {
-                    match data.key.kind {
+                    match data.key.kind() {
                         libc::S_IFREG => {}
                         libc::S_IFDIR => return Err(error(libc::EISDIR)),
                         _ => return Err(error(libc::EINVAL)),
@@ -383,7 +383,7 @@ impl FileSystem for PassthroughFs {
             return Err(error(libc::EROFS));
         }
         let data = self.inode(inode)?;
-        check_openable(data.key.kind)?;
+        check_openable(data.key.kind())?;
         let truncating = flags & libc::O_TRUNC != 0;
         let (file, st) = self.opening(&data, || {
             let file = self.open_node(&data, self.host_open_flags(flags))?;
@@ -879,7 +879,7 @@ impl FileSystem for PassthroughFs {
             r => Some(r?),
         };
         // syncfs(2) needs a real descriptor; regular files and directories are safe to open.
-        let opened = match data.as_ref().map(|d| d.key.kind) {
+        let opened = match data.as_ref().map(|d| d.key.kind()) {
             Some(libc::S_IFDIR) => data
                 .as_ref()
                 .and_then(|d| self.open_node(d, libc::O_RDONLY | libc::O_DIRECTORY).ok()),

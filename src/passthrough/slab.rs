@@ -38,7 +38,7 @@ use nix::sys::mman::{madvise, mmap_anonymous, munmap, MapFlags, MmapAdvise, Prot
 const CHUNK_BYTES: usize = 128 << 10;
 
 /// Bytes of a slot: what a node may take at most.
-pub const SLOT: usize = 120;
+pub const SLOT: usize = 104;
 
 /// Slots of a chunk (the first slot-sized room holds the chunk's number).
 const SLOTS: usize = CHUNK_BYTES / SLOT - 1;
