@@ -187,7 +187,17 @@ impl<K: Hash + Eq + Copy> DirCache<K> {
     /// Drops the snapshot of `key`, if one is cached (the guest forgot the directory: it drops
     /// what it cached of it too, and a walk it forgot keeps no memory here).
     pub fn forget(&self, key: &K) {
-        let old = self.lock().remove(key);
+        let old = {
+            let mut inner = self.lock();
+            let old = inner.remove(key);
+            // The map gives its room back once a quarter full (a walk the guest forgot leaves
+            // no table of a thousand directories behind).
+            let (cap, len) = (inner.map.capacity(), inner.map.len());
+            if cap > 64 && len.saturating_mul(4) < cap {
+                inner.map.shrink_to(len * 2);
+            }
+            old
+        };
         if let Some(c) = old {
             let size = c.snap.memory_size();
             let last = Arc::strong_count(&c.snap) == 1;

@@ -261,6 +261,16 @@ fn free_slot(p: NonNull<u8>) {
         DIRECTORY[number as usize].store(std::ptr::null_mut(), Ordering::Release);
         a.with_room.remove(&number);
         a.released.insert(number);
+        // The records of chunks given back at the end go too, and their room once sparse.
+        while a.chunks.last().is_some_and(|c| c.base.is_null()) {
+            let last = a.chunks.len() as u32 - 1;
+            a.chunks.pop();
+            a.released.remove(&last);
+        }
+        let (len, cap) = (a.chunks.len(), a.chunks.capacity());
+        if cap > 16 && len * 4 < cap {
+            a.chunks.shrink_to(len * 2);
+        }
     } else {
         a.with_room.insert(number);
     }

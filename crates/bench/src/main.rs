@@ -539,19 +539,20 @@ fn run_hold(args: &Args, specs: &[DaemonSpec], n: usize) -> Result<(), String> {
     }
     println!();
     println!(
-        "| daemon | nodes | RssAnon idle MiB | holding MiB | B/node | after FORGET MiB | \
-         fds idle | fds holding | slab growth MiB | walk s |"
+        "| daemon | nodes | RssAnon idle KiB | holding MiB | B/node | after FORGET KiB | \
+         above idle | fds idle | fds holding | slab growth MiB | walk s |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mib = |k: u64| k as f64 / 1024.0;
     for (label, h) in &rows {
         println!(
-            "| {label} | {} | {:.1} | {:.1} | {:.0} | {:.1} | {} | {} | {:.1} | {:.2} |",
+            "| {label} | {} | {} | {:.1} | {:.0} | {} | {:+.0}% | {} | {} | {:.1} | {:.2} |",
             h.nodes,
-            mib(h.idle_kib),
+            h.idle_kib,
             mib(h.holding_kib),
             h.bytes_per_node(),
-            mib(h.after_forget_kib),
+            h.after_forget_kib,
+            (h.after_forget_kib as f64 - h.idle_kib as f64) * 100.0 / h.idle_kib.max(1) as f64,
             h.fds_idle,
             h.fds_holding,
             h.slab_kib as f64 / 1024.0,
