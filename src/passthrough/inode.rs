@@ -1383,9 +1383,9 @@ mod tests {
         ))
     }
 
-    /// A guest can make a chain of nodes each held only by its child (it forgets the parents
-    /// first) as long as it likes: dropping the last child drops them all one after the other,
-    /// on a stack far too small for one nested drop per node.
+    /// A chain of nodes each held only by its child (its parent forgotten first): dropping the
+    /// last child drops them all one after the other, on a stack far too small for one nested
+    /// drop per node.
     #[test]
     fn a_chain_of_parents_as_long_as_a_guest_likes_is_dropped_without_recursion() {
         let tmp = tempfile::tempdir().unwrap();

@@ -23,8 +23,8 @@
 //! The count of references (`pins`) is in the node itself. The node tables hold one; each
 //! request using a node holds one while it runs; a node found by name holds one on its parent.
 //! The last reference dropped drops the node in its slot and frees the slot. Dropping a node can
-//! drop its parent's last reference, and so on up a chain a guest may have made as long as it
-//! likes: those drops are made one after the other, never nested (the stack stays flat).
+//! drop its parent's last reference, and so on up a chain: those drops are made one after the
+//! other, never nested, so the stack stays flat however long the chain.
 
 use std::cell::{Cell, RefCell};
 use std::num::NonZeroUsize;
