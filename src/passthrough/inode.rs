@@ -685,8 +685,8 @@ pub fn allocator_gives_memory_back() {
 }
 
 /// Returns the allocator's free pages to the system (glibc keeps freed small blocks in its
-/// arenas otherwise).
-fn give_back_free_memory() {
+/// arenas otherwise), and the pages of free node slots.
+pub fn give_back_free_memory() {
     slab::give_back_free_pages();
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases memory the allocator holds free; it has no
@@ -721,6 +721,15 @@ impl Maps {
             });
         }
     }
+}
+
+/// What a FORGET did (see [`InodeStore::forget_deferred`]).
+#[derive(Debug)]
+pub struct Forgotten {
+    /// The key of a directory that went (what was cached of its listings may go too).
+    pub dir: Option<InodeKey>,
+    /// Whether to give the free memory back now ([`give_back_free_memory`]).
+    pub give_back: bool,
 }
 
 /// A new inode for [`InodeStore::insert`].
@@ -953,19 +962,35 @@ impl InodeStore {
         Some(data)
     }
 
-    /// Drops `count` references on `id`; at zero the inode is removed and its descriptor closed
-    /// (once no request still uses it). Unknown ids and the root are ignored. Returns the key of
-    /// a directory that went (what was cached of its listings may go too).
+    /// Drops `count` references on `id` (see [`InodeStore::forget_deferred`]), and gives the
+    /// free memory back to the system when it is time to. Returns the key of a directory that
+    /// went (what was cached of its listings may go too).
     pub fn forget(&self, id: u64, count: u64) -> Option<InodeKey> {
+        let f = self.forget_deferred(id, count);
+        if f.give_back {
+            give_back_free_memory();
+        }
+        f.dir
+    }
+
+    /// Drops `count` references on `id`; at zero the inode is removed and its descriptor closed
+    /// (once no request still uses it). Unknown ids and the root are ignored. Says whether the
+    /// caller is to give the free memory back, once it dropped what goes with the node (its
+    /// listing): see [`give_back_free_memory`].
+    pub fn forget_deferred(&self, id: u64, count: u64) -> Forgotten {
+        let none = Forgotten {
+            dir: None,
+            give_back: false,
+        };
         if id == ROOT_ID || count == 0 {
-            return None;
+            return none;
         }
         {
             let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
             let Some(data) = maps.get_id(id) else {
                 drop(maps);
                 self.forget_dead(id);
-                return None;
+                return none;
             };
             // Fast path: the count stays above zero.
             let mut cur = data.refcount.load(Ordering::Relaxed);
@@ -976,7 +1001,7 @@ impl InodeStore {
                     Ordering::Relaxed,
                     Ordering::Relaxed,
                 ) {
-                    Ok(_) => return None,
+                    Ok(_) => return none,
                     Err(now) => cur = now,
                 }
             }
@@ -987,13 +1012,13 @@ impl InodeStore {
                 // Buried between the read lock and this one: forget the dead id instead.
                 drop(maps);
                 self.forget_dead(id);
-                return None;
+                return none;
             };
             // Under the write lock nobody else changes counts.
             let left = data.refcount.load(Ordering::Relaxed).saturating_sub(count);
             data.refcount.store(left, Ordering::Relaxed);
             if left > 0 {
-                return None;
+                return none;
             }
             let removed = maps.remove(id);
             maps.shrink_when_sparse();
@@ -1025,9 +1050,11 @@ impl InodeStore {
             // Half the nodes are gone since the last give-back, free in the allocator's
             // arenas, in pages it keeps (the tables' room too, after a shrink): give those back.
             self.give_backs.fetch_add(1, Ordering::Relaxed);
-            give_back_free_memory();
         }
-        dir
+        Forgotten {
+            dir,
+            give_back: halved,
+        }
     }
 
     /// Every inode, by node id (for a migration's save).

@@ -125,14 +125,18 @@ impl FileSystem for PassthroughFs {
     }
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
-        let dir = self.inodes.forget(inode, count);
+        let f = self.inodes.forget_deferred(inode, count);
         // Node ids are never reused: once gone, the inode's descriptors can go too (first, so
         // that the cached listing below is the last holder of a no-opendir listing).
         if (self.no_open() || self.no_opendir()) && self.inodes.get(inode).is_none() {
             self.io_fds.remove(inode);
         }
-        if let Some(dir) = dir {
+        if let Some(dir) = f.dir {
             self.dircache.forget(&dir);
+        }
+        // After the listing went, so that its pages go back too.
+        if f.give_back {
+            inode::give_back_free_memory();
         }
     }
 
