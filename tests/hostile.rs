@@ -1176,7 +1176,13 @@ fn memory_held_for_forgotten_nodes_goes_back_to_the_system() {
     let pid = child.id();
     let idle = rss_anon_of(pid);
     let mut held = Vec::with_capacity(files + 60);
+    // What the first half costs, with the daemon's fixed costs of serving (its threads' stacks,
+    // the tables' first steps), and what the second half adds: nodes alone.
+    let mut half = (0, 0);
     for d in 0..60 {
+        if d == 30 {
+            half = (held.len(), rss_anon_of(pid));
+        }
         let sub = c.lookup(ROOT_ID, format!("d{d:02}")).unwrap().nodeid;
         held.push(sub);
         for f in 0..files / 60 {
@@ -1198,12 +1204,18 @@ fn memory_held_for_forgotten_nodes_goes_back_to_the_system() {
         "the walk held little: {idle} -> {peak} KiB"
     );
     // Bytes per node held: the node's slot and its two index entries (4 bytes each and a
-    // control byte, at hashbrown's load): about 134. 467 before the node was packed; 230 while
-    // it was a block of the allocator's; the issue's target is 150.
+    // control byte, at hashbrown's load): about 126 for the second half, 135 in all when the
+    // daemon runs alone; the threads' stacks add some when other tests keep the machine busy.
+    // 467 before the node was packed; 230 while it was a block of the allocator's; the
+    // issue's target is 150.
+    let added = (peak - half.1) * 1024 / (held.len() - half.0) as u64;
     let per_node = (peak - idle) * 1024 / held.len() as u64;
+    eprintln!("bytes per node: {per_node} in all, {added} for the second half");
     assert!(
-        per_node <= 150,
-        "{per_node} bytes per node held ({idle} -> {peak} KiB for {} nodes)",
+        added <= 150 && per_node <= 180,
+        "{added} bytes per node added by the second half, {per_node} in all ({idle} -> {} -> \
+         {peak} KiB for {} nodes)",
+        half.1,
         held.len()
     );
     // After FORGET the daemon is back within a tenth of what it held idle: the chunks of the
