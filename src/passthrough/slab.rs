@@ -31,7 +31,7 @@
 use std::cell::{Cell, RefCell};
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use nix::sys::mman::{madvise, mmap_anonymous, munmap, MapFlags, MmapAdvise, ProtFlags};
@@ -115,14 +115,18 @@ impl Chunk {
         self.live as usize == SLOTS
     }
 
-    /// Gives the pages that hold only free slots back to the system (they read as zeros when
-    /// touched again; a free slot holds nothing).
-    fn give_back_free_pages(&self) {
-        const PAGE: usize = 4096;
-        let pages = ((SLOTS + 1) * SLOT).div_ceil(PAGE);
+    /// The runs of whole pages (`page` bytes, a power of two) that hold only free slots, as
+    /// (offset in the chunk, length): what [`Chunk::give_back_free_pages`] gives back. The
+    /// first page holds the chunk's header and is never one of them; a page size past the
+    /// chunk's half gives none.
+    fn free_page_runs(&self, page: usize, mut run: impl FnMut(usize, usize)) {
+        if !page.is_power_of_two() || page > CHUNK_BYTES / 2 {
+            return;
+        }
+        let pages = ((SLOTS + 1) * SLOT).div_ceil(page);
         let free_page = |p: usize| {
             // The slots overlapping page `p` (the first page holds the chunk's header).
-            let (start, end) = (p * PAGE, (p + 1) * PAGE);
+            let (start, end) = (p * page, (p + 1) * page);
             if start < SLOT {
                 return false;
             }
@@ -136,17 +140,45 @@ impl Chunk {
                 p += 1;
                 continue;
             }
-            let run = p;
+            let from = p;
             while p < pages && free_page(p) {
                 p += 1;
             }
-            if let Some(at) = NonNull::new(self.base.wrapping_add(run * PAGE).cast()) {
-                // SAFETY: whole pages inside this chunk's mapping that hold no live slot: no
-                // node is there, and the allocator's lock keeps any from being put there now.
-                let _ = unsafe { madvise(at, (p - run) * PAGE, MmapAdvise::MADV_DONTNEED) };
-            }
+            run(from * page, (p - from) * page);
         }
     }
+
+    /// Gives the pages that hold only free slots back to the system (they read as zeros when
+    /// touched again; a free slot holds nothing).
+    fn give_back_free_pages(&self) {
+        self.free_page_runs(page_size(), |offset, len| {
+            if let Some(at) = NonNull::new(self.base.wrapping_add(offset).cast()) {
+                // SAFETY: whole pages of the system's size inside this chunk's mapping that
+                // hold no live slot (the kernel rounds the length up to a page, and the runs
+                // are of whole pages already): no node is there, and the allocator's lock
+                // keeps any from being put there now.
+                let _ = unsafe { madvise(at, len, MmapAdvise::MADV_DONTNEED) };
+            }
+        });
+    }
+}
+
+/// The system's page size: what `madvise` rounds to (4 KiB on x86-64; 16 or 64 KiB on some
+/// aarch64 and ppc64 kernels). 0 when it cannot be told (no page is given back then).
+fn page_size() -> usize {
+    static PAGE: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let p = PAGE.load(Ordering::Relaxed);
+    if p != usize::MAX {
+        return p;
+    }
+    let p = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| n.is_power_of_two())
+        .unwrap_or(0);
+    PAGE.store(p, Ordering::Relaxed);
+    p
 }
 
 #[derive(Default)]
@@ -475,6 +507,73 @@ impl<T: Counted> Drop for Ref<T> {
         }
         if !nested {
             let _ = DROPPING.try_with(|d| d.set(false));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slots of a chunk that overlap bytes `from..to` of it.
+    fn slots_in(from: usize, to: usize) -> impl Iterator<Item = usize> {
+        (0..SLOTS).filter(move |i| (i + 1) * SLOT < to && (i + 2) * SLOT > from)
+    }
+
+    /// Whatever the system's page size, the runs given back are whole pages of it (`madvise`
+    /// refuses a start that is not page-aligned and rounds the length up to a page: a run of
+    /// 4 KiB on a 64 KiB-page kernel would zero the 60 KiB of live nodes after it), never the
+    /// header's page, and every page holding only free slots is in one.
+    #[test]
+    fn free_page_runs_are_whole_pages_of_the_system_size_without_a_live_slot() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut random = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut layouts: Vec<Vec<usize>> = vec![vec![], vec![0], vec![SLOTS - 1]];
+        // One live slot at each place, a few at random, a run at the start.
+        layouts.extend((0..SLOTS).step_by(37).map(|i| vec![i]));
+        layouts.extend((0..50).map(|_| {
+            (0..1 + random() % 6)
+                .map(|_| (random() % SLOTS as u64) as usize)
+                .collect()
+        }));
+        layouts.push((0..200).collect());
+        for page in [4096, 16384, 65536] {
+            for live in &layouts {
+                let mut c = Chunk::new(std::ptr::null_mut());
+                let mut taken = vec![false; SLOTS];
+                for &i in live {
+                    taken[i] = true;
+                }
+                // Take the lowest free slots, then give back those not meant to be live.
+                let top = live.iter().max().map_or(0, |m| m + 1);
+                for _ in 0..top {
+                    c.take();
+                }
+                for i in (0..top).filter(|i| !taken[*i]) {
+                    c.put(i as u32);
+                }
+                let mut covered = vec![false; CHUNK_BYTES / page];
+                c.free_page_runs(page, |offset, len| {
+                    assert!(offset % page == 0 && len % page == 0 && len > 0);
+                    assert!(offset >= page, "the header's page");
+                    assert!(offset + len <= CHUNK_BYTES);
+                    for i in slots_in(offset, offset + len) {
+                        assert!(!taken[i], "live slot {i} in {offset}+{len} (page {page})");
+                    }
+                    for p in offset / page..(offset + len) / page {
+                        covered[p] = true;
+                    }
+                });
+                for (p, covered) in covered.iter().enumerate().skip(1) {
+                    let free = slots_in(p * page, (p + 1) * page).all(|i| !taken[i]);
+                    assert_eq!(*covered, free, "page {p} of {page} bytes, live {live:?}");
+                }
+            }
         }
     }
 }
