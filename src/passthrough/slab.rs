@@ -565,9 +565,7 @@ mod tests {
                     for i in slots_in(offset, offset + len) {
                         assert!(!taken[i], "live slot {i} in {offset}+{len} (page {page})");
                     }
-                    for p in offset / page..(offset + len) / page {
-                        covered[p] = true;
-                    }
+                    covered[offset / page..(offset + len) / page].fill(true);
                 });
                 for (p, covered) in covered.iter().enumerate().skip(1) {
                     let free = slots_in(p * page, (p + 1) * page).all(|i| !taken[i]);
