@@ -14,12 +14,12 @@
 //! New nodes go to the lowest free slot of the lowest-numbered chunk with room, so that the
 //! nodes the guest keeps gather in the first chunks and at their starts; when the guest has
 //! forgotten many, the pages of the chunks kept that hold only free slots go back to the system
-//! too ([`give_back_free_pages`]). A chunk whose last node goes is unmapped, unless no other
-//! chunk is empty: one empty chunk is kept as a spare, so that a guest that looks up and
-//! forgets nodes at the edge of a chunk cannot make each FORGET cost an unmap and the next
-//! LOOKUP a map (between two unmaps it must fill a whole chunk). When the guest forgets a walk,
-//! the memory of its nodes goes back to the system at once, without the allocator's help (the
-//! spare's pages go back with the free pages of the chunks kept).
+//! too ([`give_back_free_pages`]). A chunk whose last node goes is unmapped when the other
+//! chunks have room for half a chunk of nodes or more, else kept: so that a guest that looks up
+//! and forgets nodes at the edge of a chunk cannot make each FORGET cost an unmap and the next
+//! LOOKUP a map (between an unmap and the next map it must fill half a chunk), and at most one
+//! empty chunk is kept. When the guest forgets a walk, the memory of its nodes goes back to the
+//! system at once, without the allocator's help.
 //!
 //! # References
 //! The count of references (`pins`) is in the node itself. The node tables hold one; each
@@ -188,15 +188,15 @@ struct Alloc {
     with_room: std::collections::BTreeSet<u32>,
     /// Numbers of chunks given back (reused lowest first).
     released: std::collections::BTreeSet<u32>,
-    /// The mapped chunk kept with no node in it, if any (see the module's doc).
-    spare: Option<u32>,
+    /// Free slots of the mapped chunks.
+    free: usize,
 }
 
 static ALLOC: Mutex<Alloc> = Mutex::new(Alloc {
     chunks: Vec::new(),
     with_room: std::collections::BTreeSet::new(),
     released: std::collections::BTreeSet::new(),
-    spare: None,
+    free: 0,
 });
 
 fn alloc() -> std::sync::MutexGuard<'static, Alloc> {
@@ -267,15 +267,14 @@ fn take_slot() -> Option<NonNull<u8>> {
             }
             DIRECTORY[number as usize].store(base, Ordering::Release);
             a.with_room.insert(number);
+            a.free += SLOTS;
             number
         }
     };
-    if a.spare == Some(number) {
-        a.spare = None;
-    }
     let c = &mut a.chunks[number as usize];
     let index = c.take()?;
     let (p, full) = (slot_at(c.base, index), c.full());
+    a.free -= 1;
     if full {
         a.with_room.remove(&number);
     }
@@ -283,8 +282,8 @@ fn take_slot() -> Option<NonNull<u8>> {
 }
 
 /// Frees the slot at `p` (whose node was dropped already), and gives its chunk back to the
-/// system when that was its last node and another chunk is kept empty already (else this one
-/// becomes the spare).
+/// system when that was its last node and the other chunks have room for half a chunk (see
+/// the module's doc).
 fn free_slot(p: NonNull<u8>) {
     let addr = p.as_ptr() as usize;
     let base = (addr & !(CHUNK_BYTES - 1)) as *mut u8;
@@ -293,21 +292,20 @@ fn free_slot(p: NonNull<u8>) {
     // SAFETY: `p` is a slot of a mapped chunk (it held a node until now), whose header holds
     // its number.
     let number = unsafe { base.cast::<u32>().read() };
-    let has_spare = a.spare.is_some();
+    a.free += 1;
+    // The other chunks' free slots, once this one is empty (all its slots are free then).
+    let room_elsewhere = a.free.saturating_sub(SLOTS) >= SLOTS / 2;
     let c = &mut a.chunks[number as usize];
     c.put(index);
-    let empty = c.live == 0;
-    let release = empty && has_spare;
+    let release = c.live == 0 && room_elsewhere;
     if release {
         c.base = std::ptr::null_mut();
         DIRECTORY[number as usize].store(std::ptr::null_mut(), Ordering::Release);
         a.with_room.remove(&number);
         a.released.insert(number);
+        a.free -= SLOTS;
     } else {
         a.with_room.insert(number);
-        if empty {
-            a.spare = Some(number);
-        }
     }
     drop(a);
     if release {
