@@ -1228,3 +1228,80 @@ fn memory_held_for_forgotten_nodes_goes_back_to_the_system() {
     fe.disconnect();
     assert!(child.wait().unwrap().success());
 }
+
+/// Minor page faults of process `pid` so far (`/proc/PID/stat`, field 10).
+fn minor_faults_of(pid: u32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name (which may hold spaces) start with the state (field 3).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    rest.split(' ').nth(7).unwrap().parse().unwrap()
+}
+
+/// A guest that holds exactly enough nodes to fill the daemon's first chunk of node memory and
+/// then, in turn, looks up a file (the first node of a new chunk), forgets a node of the first
+/// chunk, forgets the new one (the second chunk is empty, the first has room) and looks the
+/// first one up again, must not make each turn map a chunk and unmap it. A chunk mapped anew
+/// shows as a page fault on its first page; one kept shows none. The holding count that hits
+/// the boundary is found by trying a few around it (the daemon's first chunk holds some 1,259
+/// nodes with the root).
+#[test]
+fn lookups_and_forgets_at_a_chunk_boundary_do_not_map_and_unmap_node_memory() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("share");
+    fs::create_dir(&share).unwrap();
+    const FILES: usize = 1275;
+    for f in 0..FILES {
+        fs::File::create(share.join(format!("f{f:04}"))).unwrap();
+    }
+    fs::File::create(share.join("b")).unwrap();
+    let socket = dir.path().join("vfs.sock");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_virtiofsd"))
+        .arg(format!("--shared-dir={}", share.display()))
+        .arg(format!("--socket-path={}", socket.display()))
+        .args(["--sandbox=none", "--log-level=error"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut fe = virtiofsd_frontend::FsFrontend::connect(&socket, 1).unwrap();
+    let mut c = fe.client(0).unwrap();
+    c.init().unwrap();
+    let pid = child.id();
+    const START: usize = 1250;
+    const TURNS: u64 = 400;
+    let mut held: Vec<u64> = (0..START)
+        .map(|f| c.lookup(ROOT_ID, format!("f{f:04}")).unwrap().nodeid)
+        .collect();
+    let mut worst = (0, 0);
+    for f in START..FILES {
+        let name = format!("f{f:04}");
+        held.push(c.lookup(ROOT_ID, &name).unwrap().nodeid);
+        let before = minor_faults_of(pid);
+        for _ in 0..TURNS {
+            let b = c.lookup(ROOT_ID, "b").unwrap().nodeid;
+            c.forget(held[f], 1);
+            c.forget(b, 1);
+            held[f] = c.lookup(ROOT_ID, &name).unwrap().nodeid;
+        }
+        c.getattr(ROOT_ID, None).unwrap();
+        let faults = minor_faults_of(pid) - before;
+        if faults > worst.0 {
+            worst = (faults, f + 1);
+        }
+    }
+    eprintln!(
+        "most minor faults in {TURNS} turns: {} (holding {} nodes)",
+        worst.0, worst.1
+    );
+    assert!(
+        worst.0 < TURNS / 4,
+        "{} page faults in {TURNS} turns holding {} nodes: a chunk is mapped and unmapped \
+         at each turn",
+        worst.0,
+        worst.1
+    );
+    fe.disconnect();
+    assert!(child.wait().unwrap().success());
+}

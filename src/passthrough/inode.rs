@@ -341,6 +341,12 @@ impl InodeData {
         }
         let old = {
             let mut st = self.state();
+            // Once more under the lock: `keep_fd` sets the descriptor before it takes the
+            // origin under this lock, so a descriptor set since the check above shows here,
+            // and an origin set here is taken by it.
+            if self.opened_fd().is_some() {
+                return;
+            }
             let same = st
                 .origin
                 .as_ref()
@@ -1508,6 +1514,51 @@ mod tests {
         drop(unsafe { Node::from_slot(s) });
         assert_eq!(kept.pins().load(Ordering::Relaxed), 1);
         assert!(kept.opened_fd().is_some());
+    }
+
+    /// A node found again by name while another thread gives it its descriptor ends with the
+    /// descriptor and no parent: a parent kept beside the descriptor would hold the parent's
+    /// node (and the parents above it) for as long as the guest holds this one.
+    #[test]
+    fn a_node_given_its_descriptor_while_found_again_keeps_no_parent() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        let (_store, root) = store_on(tmp.path());
+        let (fd, key) = open_path(root.as_fd(), c"f");
+        let parent = loose_node(2, key, Source::Fd(fd));
+        let other = loose_node(3, key, Source::Fd(open_path(root.as_fd(), c"f").0));
+        let (batches, turns) = (50, 2_000);
+        let mut kept = 0;
+        for b in 0..batches {
+            let nodes: Vec<Node> = (0..turns)
+                .map(|i| {
+                    let origin = Origin::new(parent.clone(), c"f");
+                    loose_node(10 + b * turns + i, key, Source::Found(origin))
+                })
+                .collect();
+            let fds: Vec<OwnedFd> = (0..turns)
+                .map(|_| open_path(root.as_fd(), c"f").0)
+                .collect();
+            let barrier = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    for n in &nodes {
+                        barrier.wait();
+                        n.found_at(&other, c"g");
+                    }
+                });
+                for (n, fd) in nodes.iter().zip(fds) {
+                    barrier.wait();
+                    n.keep_fd(fd);
+                }
+            });
+            kept += nodes.iter().filter(|n| n.origin().is_some()).count();
+        }
+        let turns = batches * turns;
+        assert_eq!(
+            kept, 0,
+            "{kept} of {turns} nodes keep a parent beside their descriptor"
+        );
     }
 
     /// Ids a migration state chooses (`k << 40`: the same low bits) still spread over the

@@ -183,7 +183,8 @@ impl Mounts {
             None if table.pairs.len() >= self.limit => {
                 if !self.warned.swap(true, Ordering::Relaxed) {
                     log::warn!(
-                        "{} host mounts met: files on one more (device {dev}, mount                          {mnt_id}) get ENFILE",
+                        "{} host mounts met: files on one more (device {dev}, mount {mnt_id}) get \
+                         ENFILE",
                         self.limit
                     );
                 }

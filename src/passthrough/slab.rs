@@ -14,10 +14,12 @@
 //! New nodes go to the lowest free slot of the lowest-numbered chunk with room, so that the
 //! nodes the guest keeps gather in the first chunks and at their starts; when the guest has
 //! forgotten many, the pages of the chunks kept that hold only free slots go back to the system
-//! too ([`give_back_free_pages`]). A chunk whose last node goes is unmapped, unless it is the
-//! only chunk with room (so that a guest that looks up and forgets one file in turn cannot make
-//! each FORGET cost an unmap and the next LOOKUP a map): when the guest forgets a walk, the
-//! memory of its nodes goes back to the system at once, without the allocator's help.
+//! too ([`give_back_free_pages`]). A chunk whose last node goes is unmapped when the other
+//! chunks have room for half a chunk of nodes or more, else kept: so that a guest that looks up
+//! and forgets nodes at the edge of a chunk cannot make each FORGET cost an unmap and the next
+//! LOOKUP a map (between an unmap and the next map it must fill half a chunk), and at most one
+//! empty chunk is kept. When the guest forgets a walk, the memory of its nodes goes back to the
+//! system at once, without the allocator's help.
 //!
 //! # References
 //! The count of references (`pins`) is in the node itself. The node tables hold one; each
@@ -29,7 +31,7 @@
 use std::cell::{Cell, RefCell};
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use nix::sys::mman::{madvise, mmap_anonymous, munmap, MapFlags, MmapAdvise, ProtFlags};
@@ -113,14 +115,18 @@ impl Chunk {
         self.live as usize == SLOTS
     }
 
-    /// Gives the pages that hold only free slots back to the system (they read as zeros when
-    /// touched again; a free slot holds nothing).
-    fn give_back_free_pages(&self) {
-        const PAGE: usize = 4096;
-        let pages = ((SLOTS + 1) * SLOT).div_ceil(PAGE);
+    /// The runs of whole pages (`page` bytes, a power of two) that hold only free slots, as
+    /// (offset in the chunk, length): what [`Chunk::give_back_free_pages`] gives back. The
+    /// first page holds the chunk's header and is never one of them; a page size past the
+    /// chunk's half gives none.
+    fn free_page_runs(&self, page: usize, mut run: impl FnMut(usize, usize)) {
+        if !page.is_power_of_two() || page > CHUNK_BYTES / 2 {
+            return;
+        }
+        let pages = ((SLOTS + 1) * SLOT).div_ceil(page);
         let free_page = |p: usize| {
             // The slots overlapping page `p` (the first page holds the chunk's header).
-            let (start, end) = (p * PAGE, (p + 1) * PAGE);
+            let (start, end) = (p * page, (p + 1) * page);
             if start < SLOT {
                 return false;
             }
@@ -134,17 +140,45 @@ impl Chunk {
                 p += 1;
                 continue;
             }
-            let run = p;
+            let from = p;
             while p < pages && free_page(p) {
                 p += 1;
             }
-            if let Some(at) = NonNull::new(self.base.wrapping_add(run * PAGE).cast()) {
-                // SAFETY: whole pages inside this chunk's mapping that hold no live slot: no
-                // node is there, and the allocator's lock keeps any from being put there now.
-                let _ = unsafe { madvise(at, (p - run) * PAGE, MmapAdvise::MADV_DONTNEED) };
-            }
+            run(from * page, (p - from) * page);
         }
     }
+
+    /// Gives the pages that hold only free slots back to the system (they read as zeros when
+    /// touched again; a free slot holds nothing).
+    fn give_back_free_pages(&self) {
+        self.free_page_runs(page_size(), |offset, len| {
+            if let Some(at) = NonNull::new(self.base.wrapping_add(offset).cast()) {
+                // SAFETY: whole pages of the system's size inside this chunk's mapping that
+                // hold no live slot (the kernel rounds the length up to a page, and the runs
+                // are of whole pages already): no node is there, and the allocator's lock
+                // keeps any from being put there now.
+                let _ = unsafe { madvise(at, len, MmapAdvise::MADV_DONTNEED) };
+            }
+        });
+    }
+}
+
+/// The system's page size: what `madvise` rounds to (4 KiB on x86-64; 16 or 64 KiB on some
+/// aarch64 and ppc64 kernels). 0 when it cannot be told (no page is given back then).
+fn page_size() -> usize {
+    static PAGE: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let p = PAGE.load(Ordering::Relaxed);
+    if p != usize::MAX {
+        return p;
+    }
+    let p = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| n.is_power_of_two())
+        .unwrap_or(0);
+    PAGE.store(p, Ordering::Relaxed);
+    p
 }
 
 #[derive(Default)]
@@ -154,12 +188,15 @@ struct Alloc {
     with_room: std::collections::BTreeSet<u32>,
     /// Numbers of chunks given back (reused lowest first).
     released: std::collections::BTreeSet<u32>,
+    /// Free slots of the mapped chunks.
+    free: usize,
 }
 
 static ALLOC: Mutex<Alloc> = Mutex::new(Alloc {
     chunks: Vec::new(),
     with_room: std::collections::BTreeSet::new(),
     released: std::collections::BTreeSet::new(),
+    free: 0,
 });
 
 fn alloc() -> std::sync::MutexGuard<'static, Alloc> {
@@ -230,12 +267,14 @@ fn take_slot() -> Option<NonNull<u8>> {
             }
             DIRECTORY[number as usize].store(base, Ordering::Release);
             a.with_room.insert(number);
+            a.free += SLOTS;
             number
         }
     };
     let c = &mut a.chunks[number as usize];
     let index = c.take()?;
     let (p, full) = (slot_at(c.base, index), c.full());
+    a.free -= 1;
     if full {
         a.with_room.remove(&number);
     }
@@ -243,7 +282,8 @@ fn take_slot() -> Option<NonNull<u8>> {
 }
 
 /// Frees the slot at `p` (whose node was dropped already), and gives its chunk back to the
-/// system when that was its last node and another chunk has room.
+/// system when that was its last node and the other chunks have room for half a chunk (see
+/// the module's doc).
 fn free_slot(p: NonNull<u8>) {
     let addr = p.as_ptr() as usize;
     let base = (addr & !(CHUNK_BYTES - 1)) as *mut u8;
@@ -252,15 +292,18 @@ fn free_slot(p: NonNull<u8>) {
     // SAFETY: `p` is a slot of a mapped chunk (it held a node until now), whose header holds
     // its number.
     let number = unsafe { base.cast::<u32>().read() };
-    let others_have_room = a.with_room.iter().any(|n| *n != number);
+    a.free += 1;
+    // The other chunks' free slots, once this one is empty (all its slots are free then).
+    let room_elsewhere = a.free.saturating_sub(SLOTS) >= SLOTS / 2;
     let c = &mut a.chunks[number as usize];
     c.put(index);
-    let release = c.live == 0 && others_have_room;
+    let release = c.live == 0 && room_elsewhere;
     if release {
         c.base = std::ptr::null_mut();
         DIRECTORY[number as usize].store(std::ptr::null_mut(), Ordering::Release);
         a.with_room.remove(&number);
         a.released.insert(number);
+        a.free -= SLOTS;
         // The records of chunks given back at the end go too, and their room once sparse.
         while a.chunks.last().is_some_and(|c| c.base.is_null()) {
             let last = a.chunks.len() as u32 - 1;
@@ -472,6 +515,71 @@ impl<T: Counted> Drop for Ref<T> {
         }
         if !nested {
             let _ = DROPPING.try_with(|d| d.set(false));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slots of a chunk that overlap bytes `from..to` of it.
+    fn slots_in(from: usize, to: usize) -> impl Iterator<Item = usize> {
+        (0..SLOTS).filter(move |i| (i + 1) * SLOT < to && (i + 2) * SLOT > from)
+    }
+
+    /// Whatever the system's page size, the runs given back are whole pages of it (`madvise`
+    /// refuses a start that is not page-aligned and rounds the length up to a page: a run of
+    /// 4 KiB on a 64 KiB-page kernel would zero the 60 KiB of live nodes after it), never the
+    /// header's page, and every page holding only free slots is in one.
+    #[test]
+    fn free_page_runs_are_whole_pages_of_the_system_size_without_a_live_slot() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut random = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut layouts: Vec<Vec<usize>> = vec![vec![], vec![0], vec![SLOTS - 1]];
+        // One live slot at each place, a few at random, a run at the start.
+        layouts.extend((0..SLOTS).step_by(37).map(|i| vec![i]));
+        layouts.extend((0..50).map(|_| {
+            (0..1 + random() % 6)
+                .map(|_| (random() % SLOTS as u64) as usize)
+                .collect()
+        }));
+        layouts.push((0..200).collect());
+        for page in [4096, 16384, 65536] {
+            for live in &layouts {
+                let mut c = Chunk::new(std::ptr::null_mut());
+                let mut taken = vec![false; SLOTS];
+                for &i in live {
+                    taken[i] = true;
+                }
+                // Take the lowest free slots, then give back those not meant to be live.
+                let top = live.iter().max().map_or(0, |m| m + 1);
+                for _ in 0..top {
+                    c.take();
+                }
+                for i in (0..top).filter(|i| !taken[*i]) {
+                    c.put(i as u32);
+                }
+                let mut covered = vec![false; CHUNK_BYTES / page];
+                c.free_page_runs(page, |offset, len| {
+                    assert!(offset % page == 0 && len % page == 0 && len > 0);
+                    assert!(offset >= page, "the header's page");
+                    assert!(offset + len <= CHUNK_BYTES);
+                    for i in slots_in(offset, offset + len) {
+                        assert!(!taken[i], "live slot {i} in {offset}+{len} (page {page})");
+                    }
+                    covered[offset / page..(offset + len) / page].fill(true);
+                });
+                for (p, covered) in covered.iter().enumerate().skip(1) {
+                    let free = slots_in(p * page, (p + 1) * page).all(|i| !taken[i]);
+                    assert_eq!(*covered, free, "page {p} of {page} bytes, live {live:?}");
+                }
+            }
         }
     }
 }
