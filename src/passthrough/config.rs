@@ -73,7 +73,7 @@ pub const DEFAULT_LISTING_MEMORY: usize = 64 << 20;
 pub const DEFAULT_MAX_DATA_FDS: usize = 1024;
 
 /// Bytes of the host's memory per node [`default_max_nodes`] allows: a node held by a walk
-/// costs some 500 bytes, so the nodes together take at most a quarter of the memory.
+/// costs some 150 bytes, so the nodes together take less than a tenth of the memory.
 pub const MEMORY_PER_NODE: u64 = 2048;
 
 /// The default of `--max-nodes`: one node per [`MEMORY_PER_NODE`] bytes of the host's memory,

@@ -210,8 +210,16 @@ impl PassthroughFs {
     /// Opens the shared directory `cfg.root_dir`, with `proc_self_fd` (a descriptor of
     /// `/proc/self/fd`, opened before a sandbox hid `/proc`) to reopen inodes through.
     pub fn with_proc_self_fd(mut cfg: Config, proc_self_fd: OwnedFd) -> io::Result<PassthroughFs> {
-        // The node memory has room for this many (over a hundred million).
-        cfg.max_nodes = cfg.max_nodes.min(slab::CAPACITY);
+        // The node memory has room for this many (41 million): half of it, since a node the
+        // guest forgot stays while a node it holds was found in it.
+        if cfg.max_nodes > slab::CAPACITY / 2 {
+            log::warn!(
+                "--max-nodes={}: at most {} nodes are served",
+                cfg.max_nodes,
+                slab::CAPACITY / 2
+            );
+            cfg.max_nodes = slab::CAPACITY / 2;
+        }
         let root = open_path_dir(&cfg.root_dir)?;
         let (st, x) = sys::stat_fd_mnt(root.as_fd())?;
         let mounts = MountFds::default();

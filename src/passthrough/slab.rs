@@ -45,11 +45,13 @@ pub const SLOT: usize = 104;
 /// Slots of a chunk (the first slot-sized room holds the chunk's number).
 const SLOTS: usize = CHUNK_BYTES / SLOT - 1;
 
-/// Chunks there can be: slot numbers stay below `u32::MAX`, and the directory of chunks is a
-/// static array of this many pointers (1 MiB of address space, touched only as it is used).
-const MAX_CHUNKS: usize = 1 << 17;
+/// Chunks there can be: each is a mapping of its own, and the system allows a process some
+/// 65,000 (`vm.max_map_count`), which the allocator, the threads' stacks and the libraries
+/// share; the directory of chunks is a static array of this many pointers (256 KiB of address
+/// space, touched only as it is used).
+const MAX_CHUNKS: usize = 1 << 15;
 
-/// Nodes there can be at most.
+/// Nodes there can be at most (41 million).
 pub const CAPACITY: usize = MAX_CHUNKS * SLOTS;
 
 const _: () = assert!(SLOT % 8 == 0 && SLOT >= 8);
@@ -505,6 +507,17 @@ impl<T: Counted> Drop for Ref<T> {
         if nested && PENDING.try_with(|q| q.borrow_mut().push(dying)).is_ok() {
             return;
         }
+        /// Clears the flag when the outermost drop ends, even by a panic (else every last
+        /// reference dropped on this thread afterwards would wait in the queue for good).
+        struct Outermost(bool);
+        impl Drop for Outermost {
+            fn drop(&mut self) {
+                if self.0 {
+                    let _ = DROPPING.try_with(|d| d.set(false));
+                }
+            }
+        }
+        let _outermost = Outermost(!nested);
         let mut next = Some(dying);
         while let Some((p, drop_fn)) = next {
             // SAFETY: that was the last reference: nothing else uses the node; dropping it may
@@ -512,9 +525,6 @@ impl<T: Counted> Drop for Ref<T> {
             unsafe { drop_fn(p) };
             free_slot(p);
             next = PENDING.try_with(|q| q.borrow_mut().pop()).ok().flatten();
-        }
-        if !nested {
-            let _ = DROPPING.try_with(|d| d.set(false));
         }
     }
 }
