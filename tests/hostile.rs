@@ -1137,6 +1137,20 @@ fn rss_anon_of(pid: u32) -> u64 {
         .unwrap()
 }
 
+/// The daemon as a process of its own (its memory measured alone) serving `share` on `socket`,
+/// without a sandbox and quiet.
+fn quiet_daemon(share: &std::path::Path, socket: &std::path::Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_virtiofsd"))
+        .arg(format!("--shared-dir={}", share.display()))
+        .arg(format!("--socket-path={}", socket.display()))
+        .args(["--sandbox=none", "--log-level=error"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// A guest that walks 60,000 files and then forgets them all gets the daemon's memory for them
 /// back: the node tables give their room back and the allocator's free pages go back to the
 /// system. 120,000 nodes: 61 MiB held and 61 MiB kept at first; 61 and 7.8 once the tables
@@ -1161,15 +1175,7 @@ fn memory_held_for_forgotten_nodes_goes_back_to_the_system() {
         }
     }
     let socket = dir.path().join("vfs.sock");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_virtiofsd"))
-        .arg(format!("--shared-dir={}", share.display()))
-        .arg(format!("--socket-path={}", socket.display()))
-        .args(["--sandbox=none", "--log-level=error"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = quiet_daemon(&share, &socket);
     let mut fe = virtiofsd_frontend::FsFrontend::connect(&socket, 1).unwrap();
     let mut c = fe.client(0).unwrap();
     c.init().unwrap();
@@ -1256,15 +1262,7 @@ fn lookups_and_forgets_at_a_chunk_boundary_do_not_map_and_unmap_node_memory() {
     }
     fs::File::create(share.join("b")).unwrap();
     let socket = dir.path().join("vfs.sock");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_virtiofsd"))
-        .arg(format!("--shared-dir={}", share.display()))
-        .arg(format!("--socket-path={}", socket.display()))
-        .args(["--sandbox=none", "--log-level=error"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = quiet_daemon(&share, &socket);
     let mut fe = virtiofsd_frontend::FsFrontend::connect(&socket, 1).unwrap();
     let mut c = fe.client(0).unwrap();
     c.init().unwrap();
