@@ -75,6 +75,10 @@ struct Chunk {
     free: [u64; WORDS],
     /// Slots in use.
     live: u32,
+    /// A slot was freed since the chunk's free pages were last given back (a chunk without
+    /// one has nothing more to give: a page taken again since was taken by a node still there
+    /// or freed again).
+    freed: bool,
 }
 
 // SAFETY: `base` is the address of a mapping only the allocator below hands out slots of; the
@@ -91,6 +95,7 @@ impl Chunk {
             base,
             free,
             live: 0,
+            freed: false,
         }
     }
 
@@ -111,6 +116,7 @@ impl Chunk {
         let i = i as usize;
         self.free[i / 64] |= 1 << (i % 64);
         self.live -= 1;
+        self.freed = true;
     }
 
     fn full(&self) -> bool {
@@ -331,10 +337,15 @@ fn free_slot(p: NonNull<u8>) {
 /// Gives back to the system the pages of the chunks kept that hold only free slots (after the
 /// guest forgot many nodes: see `inode`).
 pub fn give_back_free_pages() {
-    let a = alloc();
-    for number in &a.with_room {
-        let c = &a.chunks[*number as usize];
-        if !c.base.is_null() {
+    let mut a = alloc();
+    let Alloc {
+        chunks, with_room, ..
+    } = &mut *a;
+    // Only the chunks a node left since the last time: the lock is held meanwhile, and there
+    // may be thousands.
+    for number in with_room.iter() {
+        let c = &mut chunks[*number as usize];
+        if !c.base.is_null() && std::mem::take(&mut c.freed) {
             c.give_back_free_pages();
         }
     }
