@@ -1495,6 +1495,52 @@ mod tests {
         assert_eq!(shared.pins().load(Ordering::Relaxed), 1);
     }
 
+    /// Slots are reused as soon as a node goes, but node ids are not: an id the guest forgot
+    /// names nothing afterwards (not the node that took its slot), and every new node gets an
+    /// id never given before, whose key is its own file's.
+    #[test]
+    fn a_forgotten_id_never_names_the_node_that_took_its_slot() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        std::fs::write(tmp.path().join("g"), b"y").unwrap();
+        let (store, root) = store_on(tmp.path());
+        let (_fd, kf) = open_path(root.as_fd(), c"f");
+        let (_fd, kg) = open_path(root.as_fd(), c"g");
+        let found = |key| NewInode {
+            key,
+            identity: Identity::Birth,
+            source: Source::Found(Origin::new(store.get(ROOT_ID).unwrap(), c"n")),
+            handle: None,
+            settled: true,
+        };
+        let mut seen = std::collections::HashSet::new();
+        let mut last: Option<(u64, *const InodeData)> = None;
+        let mut slot_reused = 0;
+        for i in 0..2_000 {
+            let key = if i % 2 == 0 { kf } else { kg };
+            let n = store.insert(found(key)).ok().unwrap();
+            let (id, addr) = (n.id, &*n as *const InodeData);
+            assert!(seen.insert(id), "id {id} given twice");
+            assert_eq!(n.key, key);
+            drop(n);
+            if let Some((old, old_addr)) = last {
+                assert!(
+                    store.get(old).is_none(),
+                    "forgotten id {old} still names a node"
+                );
+                slot_reused += usize::from(old_addr == addr);
+            }
+            store.forget(id, 1);
+            assert!(store.get(id).is_none());
+            assert!(store.find(&key).is_none());
+            last = Some((id, addr));
+        }
+        // The lowest free slot is taken: most turns reuse the slot just freed (other tests'
+        // nodes may take it in between).
+        assert!(slot_reused > 0);
+        assert_eq!(store.len(), 1);
+    }
+
     /// A slot number handed to the tables gives back the same node, and its reference.
     #[test]
     fn slot_numbers_lead_back_to_their_node() {
