@@ -18,13 +18,14 @@ use std::mem::size_of;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use log::{debug, warn};
+use log::debug;
 
 use super::abi::{self, Opcode, OpcodeName, Pod, UnknownOpcode};
 use super::io::{Reader, Writer};
 use crate::filesystem::{
     errno, Context, DirEntry, Entry, FileSystem, SecCtx, SetAttr, SetTime, XattrReply,
 };
+use crate::logging::warn_throttled;
 use crate::migration::{self, Decoder, Encoder, StateError};
 
 /// Largest WRITE (and READ) payload offered to the client.
@@ -200,7 +201,7 @@ const OPEN_REPLY_SIZE: usize = OUT_HEADER_SIZE + size_of::<abi::OpenOut>();
 /// is created and no reference is taken for a reply the client never receives.
 fn need_room<W: Writer>(w: &W, size: usize) -> io::Result<()> {
     if w.remaining() < size {
-        warn!(
+        warn_throttled!(
             "reply buffer of {} bytes is too small for a {size} byte reply",
             w.remaining()
         );
@@ -434,7 +435,7 @@ impl<F: FileSystem> Server<F> {
         {
             Some(n) => n,
             None => {
-                warn!(
+                warn_throttled!(
                     "request unique={} opcode={}: header length {} does not match the {} bytes \
                      supplied",
                     h.unique,
@@ -447,7 +448,7 @@ impl<F: FileSystem> Server<F> {
         };
 
         if op != Ok(Opcode::Init) && !self.initialized.load(Ordering::Acquire) {
-            warn!(
+            warn_throttled!(
                 "request opcode {} before FUSE_INIT refused",
                 OpcodeName(h.opcode)
             );
@@ -459,7 +460,7 @@ impl<F: FileSystem> Server<F> {
             // buffer: the one request served before its body is read.
             Ok(Opcode::Write) => self.write(&ctx, &h, body_len, &mut r, &mut w),
             _ if body_len > MAX_BODY_SIZE => {
-                warn!(
+                warn_throttled!(
                     "request unique={} opcode={}: body of {} bytes exceeds the {} byte limit",
                     h.unique,
                     OpcodeName(h.opcode),
@@ -736,9 +737,10 @@ impl<F: FileSystem> Server<F> {
         );
         let data_len = body_len - wb.len();
         if wi.size as usize > data_len {
-            warn!(
+            warn_throttled!(
                 "WRITE of {} bytes carries only {} bytes of data; refused",
-                wi.size, data_len
+                wi.size,
+                data_len
             );
             return Err(einval());
         }
@@ -834,7 +836,7 @@ impl<F: FileSystem> Server<F> {
         if i.major < abi::KERNEL_VERSION
             || (i.major == abi::KERNEL_VERSION && i.minor < abi::MIN_KERNEL_MINOR_VERSION)
         {
-            warn!(
+            warn_throttled!(
                 "FUSE protocol {}.{} is too old (need {}.{}+)",
                 i.major,
                 i.minor,
@@ -966,7 +968,7 @@ impl<F: FileSystem> Server<F> {
             .checked_mul(size_of::<abi::ForgetOne>())
             .is_none_or(|n| n > rq.body.rest.len())
         {
-            warn!("BATCH_FORGET count {count} exceeds the request; refused");
+            warn_throttled!("BATCH_FORGET count {count} exceeds the request; refused");
             return Ok(Outcome::NoReply);
         }
         let mut items = Vec::with_capacity(count);
@@ -1169,7 +1171,7 @@ impl<F: FileSystem> Server<F> {
     fn ok<W: Writer>(&self, w: &mut W, h: &abi::InHeader, parts: &[&[u8]]) -> io::Result<Outcome> {
         let total = OUT_HEADER_SIZE + parts.iter().map(|p| p.len()).sum::<usize>();
         if total > w.remaining() {
-            warn!(
+            warn_throttled!(
                 "reply of {} bytes to opcode {} does not fit the {} byte reply buffer",
                 total,
                 OpcodeName(h.opcode),

@@ -39,6 +39,7 @@ pub use super::vring::Vring;
 use crate::error::Chain;
 use crate::filesystem::FileSystem;
 use crate::fuse::server::Server;
+use crate::logging::warn_throttled;
 use crate::migration;
 use crate::sandbox::caps::Keeper;
 
@@ -582,7 +583,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 Ok(()) => unsignalled += 1,
                 // A head the guest made up (outside the table) cannot be returned; the chain
                 // is dropped and the queue goes on.
-                Err(e) => warn!("chain {head} could not be returned to the guest: {e}"),
+                Err(e) => warn_throttled!("chain {head} could not be returned to the guest: {e}"),
             }
             if unsignalled == SIGNAL_BATCH {
                 notify(vring, event_idx)?;
@@ -607,12 +608,12 @@ fn serve_chain<F: FileSystem>(
         Ok((r, w)) => match server.handle_message(r, w) {
             Ok(n) => n as u32,
             Err(e) => {
-                warn!("request in chain {head} refused: {e}");
+                warn_throttled!("request in chain {head} refused: {e}");
                 0
             }
         },
         Err(e) => {
-            warn!("descriptor chain {head} refused: {e}");
+            warn_throttled!("descriptor chain {head} refused: {e}");
             0
         }
     }
