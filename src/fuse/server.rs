@@ -278,7 +278,12 @@ pub struct Server<F: FileSystem> {
     /// A migration state is being taken over or was (see [`Server::load_state`]): a second one
     /// is refused, so two loads never mix their nodes or undo each other's.
     state_taken: AtomicBool,
+    /// Called once the reply to the guest's INIT is made (see [`Server::on_session_start`]).
+    on_session_start: std::sync::OnceLock<SessionHook>,
 }
+
+/// What [`Server::on_session_start`] runs.
+pub type SessionHook = Box<dyn Fn() + Send + Sync>;
 
 impl<F: FileSystem> Server<F> {
     pub fn new(fs: F) -> Self {
@@ -288,7 +293,17 @@ impl<F: FileSystem> Server<F> {
             capable: AtomicU64::new(0),
             initialized: AtomicBool::new(false),
             state_taken: AtomicBool::new(false),
+            on_session_start: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Has `hook` run on the thread that serves the guest's INIT, each time one starts a
+    /// session, right after its reply is made and before it is returned to the guest: what
+    /// only a daemon that serves no session may hold (a migration destination's capability)
+    /// is given up before the guest hears that its session started, whatever thread, pass
+    /// or poll serves it. One hook per server; a second is refused (`false`).
+    pub fn on_session_start(&self, hook: SessionHook) -> bool {
+        self.on_session_start.set(hook).is_ok()
     }
 
     /// The flags agreed with a client that offered `capable`; the file system sets itself up
@@ -891,7 +906,11 @@ impl<F: FileSystem> Server<F> {
             out.minor,
             enabled
         );
-        self.ok(w, rq.h, &[out.as_bytes()])
+        let reply = self.ok(w, rq.h, &[out.as_bytes()]);
+        if let Some(hook) = self.on_session_start.get() {
+            hook();
+        }
+        reply
     }
 
     fn opendir<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {

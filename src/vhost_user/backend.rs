@@ -370,6 +370,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 
     /// The same device, whose state loads run on `keeper`'s thread with its capabilities.
     pub fn with_keeper(mut self, keeper: Arc<Keeper>) -> Self {
+        // The guest's session started: no state is loaded from now on, and the keeper's
+        // capability is gone before the guest has the reply to its INIT.
+        let k = keeper.clone();
+        if !self.server.on_session_start(Box::new(move || k.close())) {
+            warn!("the capability keeper was given twice: the first one is kept");
+            return self;
+        }
         self.keeper = Some(keeper);
         self
     }
@@ -881,7 +888,9 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         // avail_event field too, which a stop must not see written after it returned.
         let _pass = Counted::enter(&self.in_flight, thread_id);
         if self.keeper.as_ref().is_some_and(|k| k.is_open()) && self.server.is_initialized() {
-            // The guest's session started: a state is refused from now on.
+            // A session taken over by a state the frontend never checked (CHECK_DEVICE_STATE
+            // closes it): no second state is loaded. (One started by INIT closed it as the
+            // INIT was served.)
             self.close_keeper();
         }
         if !vring.get_ref().get_queue().ready() {
