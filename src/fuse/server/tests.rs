@@ -258,8 +258,10 @@ fn the_session_hook_runs_as_init_is_served_and_only_then() {
         "one hook per server"
     );
     // Neither a request before INIT nor a refused INIT starts a session.
-    send(&srv, &request(opcode::LOOKUP, 1, 5, &[b"a\0"]), 4096);
-    send(&srv, &init_request(12, 0), 4096);
+    let (_, reply) = send(&srv, &request(opcode::LOOKUP, 1, 5, &[b"a\0"]), 4096);
+    assert_eq!(out_header(&reply).error, -libc::EIO);
+    let (_, reply) = send(&srv, &init_request(12, 0), 4096);
+    assert_eq!(out_header(&reply).error, -libc::EPROTO);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     // Run by the call that serves the INIT, before its reply leaves.
     let (r, reply) = send(&srv, &init_request(38, 0), 4096);
