@@ -214,7 +214,7 @@ pub const THROTTLE_INTERVAL: std::time::Duration = std::time::Duration::from_sec
 /// counted, and the first line let through in a later window is preceded by how many were
 /// suppressed. A guest sending a hundred thousand bad chains gets a few lines, not a hundred
 /// thousand, and the count still tells how many there were. Used through
-/// [`warn_throttled!`](crate::logging::warn_throttled), one throttle per call site.
+/// `warn_throttled!` (this module), one throttle per call site.
 #[derive(Debug)]
 pub struct Throttle {
     state: Mutex<ThrottleState>,
