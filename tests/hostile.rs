@@ -1146,16 +1146,36 @@ fn directories_held_in_no_opendir_mode_past_the_descriptor_limit_are_still_serve
     }
     fs::write(share.join("f"), b"file").unwrap();
     let socket = tmp.path().join("vfs.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_virtiofsd"))
-        .arg(format!("--socket-path={}", socket.display()))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_virtiofsd"));
+    cmd.arg(format!("--socket-path={}", socket.display()))
         .arg(format!("--shared-dir={}", share.display()))
         .args(["--cache=always", "--rlimit-nofile=128", "--log-level=error"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start virtiofsd");
-    let mut fe = FsFrontend::connect(&socket, 1).expect("connect");
+        .stderr(fs::File::create(tmp.path().join("stderr")).unwrap());
+    // The daemons other tests run in this process meanwhile have descriptors without
+    // close-on-exec (the frontend's eventfds): the child must not inherit them, or they take
+    // its 128 before it starts.
+    // SAFETY: runs in the child between fork and exec; close_range is one async-signal-safe
+    // system call, marking every descriptor from 3 on close-on-exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            if libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("start virtiofsd");
+    let stderr = || fs::read_to_string(tmp.path().join("stderr")).unwrap_or_default();
+    let mut fe = FsFrontend::connect(&socket, 1)
+        .unwrap_or_else(|e| panic!("connect: {e}; daemon stderr: {}", stderr()));
     let mut c = fe.client(0).unwrap();
     c.init().unwrap();
     let pid = serving_child(&child);
@@ -1197,7 +1217,8 @@ fn directories_held_in_no_opendir_mode_past_the_descriptor_limit_are_still_serve
     assert_eq!(c.getattr(d0, None).unwrap().attr.nlink, 0);
 
     fe.disconnect();
-    let (status, err) = wait_exit(child);
+    let (status, _) = wait_exit(child);
+    let err = stderr();
     assert_eq!(status.code(), Some(0), "status {status:?}, stderr: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
