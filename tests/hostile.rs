@@ -1127,6 +1127,102 @@ fn descriptor_exhaustion_gets_emfile_and_the_daemon_recovers() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// `--cache=always`: every directory the guest looks up keeps a descriptor (the guest may hold
+/// it open without OPENDIR), until FORGET. A guest that looks up more directories than the
+/// open-files limit allows still gets them, without a descriptor past the limit, the daemon
+/// goes on serving, and forgetting them gives the descriptors back.
+#[test]
+fn directories_held_in_no_opendir_mode_past_the_descriptor_limit_are_still_served() {
+    let _serial = serial();
+    use std::process::{Command, Stdio};
+    use virtiofsd_frontend::FsFrontend;
+
+    clear_umask();
+    let tmp = tempfile::tempdir().unwrap();
+    let share = tmp.path().join("share");
+    fs::create_dir(&share).unwrap();
+    for i in 0..200 {
+        fs::create_dir(share.join(format!("d{i}"))).unwrap();
+    }
+    fs::write(share.join("f"), b"file").unwrap();
+    let socket = tmp.path().join("vfs.sock");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_virtiofsd"));
+    cmd.arg(format!("--socket-path={}", socket.display()))
+        .arg(format!("--shared-dir={}", share.display()))
+        .args(["--cache=always", "--rlimit-nofile=128", "--log-level=error"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(tmp.path().join("stderr")).unwrap());
+    // The daemons other tests run in this process meanwhile have descriptors without
+    // close-on-exec (the frontend's eventfds): the child must not inherit them, or they take
+    // its 128 before it starts.
+    // SAFETY: runs in the child between fork and exec; close_range is one async-signal-safe
+    // system call, marking every descriptor from 3 on close-on-exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            if libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("start virtiofsd");
+    let stderr = || fs::read_to_string(tmp.path().join("stderr")).unwrap_or_default();
+    let mut fe = FsFrontend::connect(&socket, 1)
+        .unwrap_or_else(|e| panic!("connect: {e}; daemon stderr: {}", stderr()));
+    let mut c = fe.client(0).unwrap();
+    c.init().unwrap();
+    let pid = serving_child(&child);
+    let fds = || fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    // Queues, their eventfds and threads take most of the 128 already.
+    let idle = fds();
+
+    let held: Vec<u64> = (0..200)
+        .map(|i| {
+            c.lookup(ROOT_ID, format!("d{i}"))
+                .unwrap_or_else(|e| panic!("lookup of d{i}: errno {e}"))
+                .nodeid
+        })
+        .collect();
+    for &n in &held {
+        assert_eq!(c.getattr(n, None).unwrap().attr.nlink, 2);
+    }
+    let at_limit = fds();
+    assert!(
+        at_limit >= 120 && at_limit > idle + 10,
+        "{at_limit} descriptors for 200 directories held, {idle} before"
+    );
+    let f = c.lookup(ROOT_ID, "f").unwrap().nodeid;
+    for n in held {
+        c.forget(n, 1);
+    }
+    // FORGET is answered by nothing: a request after it is served after it.
+    c.getattr(ROOT_ID, None).unwrap();
+    let after = fds();
+    assert!(
+        after <= idle + 1,
+        "{after} descriptors once forgotten, {idle} before"
+    );
+    // The descriptors are back: a file is read, and a directory looked up now keeps one
+    // (it is still served once the host renamed another over it).
+    assert_eq!(c.read(f, 0, 0, 64).unwrap(), b"file");
+    let d0 = c.lookup(ROOT_ID, "d0").unwrap().nodeid;
+    fs::rename(share.join("d1"), share.join("d0")).unwrap();
+    assert_eq!(c.getattr(d0, None).unwrap().attr.nlink, 0);
+
+    fe.disconnect();
+    let (status, _) = wait_exit(child);
+    let err = stderr();
+    assert_eq!(status.code(), Some(0), "status {status:?}, stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// `RssAnon` of process `pid`, in KiB.
 fn rss_anon_of(pid: u32) -> u64 {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -1101,3 +1101,56 @@ fn read_and_write_with_extreme_sizes_and_offsets_get_error_replies() {
     d.c.release(n, fh, 0).unwrap();
     assert_survived(&mut d, &before, "extreme sizes and offsets");
 }
+
+// ---- The log ----------------------------------------------------------------------------------
+
+#[test]
+fn a_flood_of_bad_chains_logs_a_few_lines_at_the_default_level() {
+    // Each refused chain used to log a warning: a guest could write tens of thousands of
+    // lines a second into the host's log. The daemon binary at its default level, its stderr
+    // read back.
+    const CHAINS: usize = 1000;
+    let dirs = run_dirs();
+    let tmp = tempfile::tempdir().unwrap();
+    let err_path = tmp.path().join("stderr");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_virtiofsd"))
+        .arg(format!("--shared-dir={}", dirs.share.display()))
+        .arg(format!("--socket-path={}", dirs.socket.display()))
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        // A file, not a pipe: the old daemon's flood never waits for the test to read it.
+        .stderr(fs::File::create(&err_path).unwrap())
+        .spawn()
+        .expect("start virtiofsd");
+    let mut fe = virtiofsd_frontend::FsFrontend::connect(&dirs.socket, 1).expect("connect");
+    let mut c = fe.client(0).unwrap();
+    c.init().unwrap();
+    let wa = c.alloc_buffer(256).unwrap();
+    let beyond = c.memory().gpa_end() + 0x1000;
+    let bad = RawDesc::chain(&[Buffer::readable(beyond, 64), Buffer::writable(wa, 256)]);
+    let start = std::time::Instant::now();
+    for _ in 0..CHAINS {
+        let t = c.submit_raw_chain(&bad).unwrap();
+        assert_eq!(c.wait_completion(t).unwrap().used_len, 0);
+    }
+    let elapsed = start.elapsed();
+    c.getattr(ROOT_ID, None).expect("still serving");
+    fe.disconnect();
+    let (status, _) = wait_exit(child);
+    assert!(status.success(), "{status:?}");
+
+    let log = fs::read_to_string(&err_path).unwrap();
+    let refused = log
+        .lines()
+        .filter(|l| l.contains("descriptor chain") && l.contains("refused"))
+        .count();
+    // Ten a window of five seconds, whatever this machine's speed; one window more for the
+    // one the flood began in.
+    let windows = elapsed.as_secs() / 5 + 2;
+    assert!(refused >= 1, "the refusals are not logged at all:\n{log}");
+    assert!(
+        refused as u64 <= 10 * windows,
+        "{refused} lines for {CHAINS} bad chains in {elapsed:?}"
+    );
+}

@@ -188,6 +188,87 @@ fn unlinked_and_replaced_files_stay_usable_and_host_deletion_is_an_error() {
     d.finish();
 }
 
+/// The names a listing of `dir` (handle 0) gives, `.` and `..` aside. A removed directory
+/// answers `ENOENT`, as `getdents` does on the host (glibc's `readdir` takes it for the end).
+fn listed(d: &mut Daemon, dir: u64) -> Vec<Vec<u8>> {
+    let entries = match d.c.readdir(dir, 0, 0, 4096) {
+        Err(libc::ENOENT) => Vec::new(),
+        r => r.unwrap_or_else(|e| panic!("READDIR: errno {e}")),
+    };
+    let mut names: Vec<Vec<u8>> = entries
+        .into_iter()
+        .map(|e| e.name)
+        .filter(|n| n != b"." && n != b"..")
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_directory_the_guest_renames_another_over_stays_usable_until_forget() {
+    // xfstests generic/035: MKDIR dir2, the guest holds it open (no OPENDIR in this mode),
+    // RENAME dir1 over dir2, fstat of the open dir2: GETATTR of its node. It answered ESTALE:
+    // the node kept no descriptor, and no name led to it any more.
+    let mut d = always();
+    let dir2 = d.c.mkdir(ROOT_ID, "dir2", 0o755, 0).unwrap().nodeid;
+    let dir1 = d.c.mkdir(ROOT_ID, "dir1", 0o755, 0).unwrap().nodeid;
+    fs::write(d.host("dir1/inside"), b"x").unwrap();
+    d.c.rename(ROOT_ID, "dir1", ROOT_ID, "dir2").unwrap();
+    let a =
+        d.c.getattr(dir2, None)
+            .expect("fstat of the replaced directory")
+            .attr;
+    assert_eq!(a.nlink, 0, "removed, as the host says");
+    assert_eq!(a.mode & libc::S_IFMT, libc::S_IFDIR);
+    assert!(
+        listed(&mut d, dir2).is_empty(),
+        "lists empty, as on the host"
+    );
+    assert_eq!(d.c.lookup(dir2, "inside").unwrap_err(), libc::ENOENT);
+    // The one renamed keeps its node under the new name.
+    assert_eq!(d.c.getattr(dir1, None).unwrap().attr.nlink, 2);
+    assert_eq!(listed(&mut d, dir1), [b"inside".to_vec()]);
+    // Removed by RMDIR while held: the same.
+    let gone = d.c.mkdir(ROOT_ID, "gone", 0o755, 0).unwrap().nodeid;
+    d.c.rmdir(ROOT_ID, "gone").unwrap();
+    assert_eq!(d.c.getattr(gone, None).unwrap().attr.nlink, 0);
+    // Until the guest forgets them.
+    d.c.forget(dir2, 1);
+    d.c.forget(gone, 1);
+    assert_eq!(d.c.getattr(dir2, None).unwrap_err(), libc::EBADF);
+    d.finish();
+}
+
+#[test]
+fn a_directory_the_host_renames_another_over_stays_usable_until_forget() {
+    // The same with the host doing the rename, which the daemon never hears of; a directory
+    // found by LOOKUP (and by READDIRPLUS) as well as one the guest made.
+    let mut d = always();
+    fs::create_dir(d.host("looked")).unwrap();
+    fs::create_dir(d.host("listed")).unwrap();
+    let looked = d.node("looked");
+    let plus = d.c.readdirplus(ROOT_ID, 0, 0, 1 << 16).unwrap();
+    let listed_node = plus
+        .iter()
+        .find(|p| p.dirent.name == b"listed")
+        .expect("listed by READDIRPLUS")
+        .entry
+        .nodeid;
+    for name in ["looked", "listed"] {
+        let other = format!("other-{name}");
+        fs::create_dir(d.host(&other)).unwrap();
+        fs::rename(d.host(&other), d.host(name)).unwrap();
+    }
+    for (name, node) in [("looked", looked), ("listed", listed_node)] {
+        let a =
+            d.c.getattr(node, None)
+                .unwrap_or_else(|e| panic!("{name}: errno {e}"));
+        assert_eq!(a.attr.nlink, 0, "{name}");
+        assert!(listed(&mut d, node).is_empty(), "{name}");
+    }
+    d.finish();
+}
+
 #[test]
 fn readonly_share_refuses_handle_less_writes() {
     let mut d = Daemon::with(Options::default().cache(CacheMode::Always).readonly());

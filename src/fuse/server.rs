@@ -18,13 +18,14 @@ use std::mem::size_of;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use log::{debug, warn};
+use log::debug;
 
 use super::abi::{self, Opcode, OpcodeName, Pod, UnknownOpcode};
 use super::io::{Reader, Writer};
 use crate::filesystem::{
     errno, Context, DirEntry, Entry, FileSystem, SecCtx, SetAttr, SetTime, XattrReply,
 };
+use crate::logging::warn_throttled;
 use crate::migration::{self, Decoder, Encoder, StateError};
 
 /// Largest WRITE (and READ) payload offered to the client.
@@ -200,7 +201,7 @@ const OPEN_REPLY_SIZE: usize = OUT_HEADER_SIZE + size_of::<abi::OpenOut>();
 /// is created and no reference is taken for a reply the client never receives.
 fn need_room<W: Writer>(w: &W, size: usize) -> io::Result<()> {
     if w.remaining() < size {
-        warn!(
+        warn_throttled!(
             "reply buffer of {} bytes is too small for a {size} byte reply",
             w.remaining()
         );
@@ -277,7 +278,12 @@ pub struct Server<F: FileSystem> {
     /// A migration state is being taken over or was (see [`Server::load_state`]): a second one
     /// is refused, so two loads never mix their nodes or undo each other's.
     state_taken: AtomicBool,
+    /// Called once the reply to the guest's INIT is made (see [`Server::on_session_start`]).
+    on_session_start: std::sync::OnceLock<SessionHook>,
 }
+
+/// What [`Server::on_session_start`] runs.
+pub type SessionHook = Box<dyn Fn() + Send + Sync>;
 
 impl<F: FileSystem> Server<F> {
     pub fn new(fs: F) -> Self {
@@ -287,7 +293,17 @@ impl<F: FileSystem> Server<F> {
             capable: AtomicU64::new(0),
             initialized: AtomicBool::new(false),
             state_taken: AtomicBool::new(false),
+            on_session_start: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Has `hook` run on the thread that serves the guest's INIT, each time one starts a
+    /// session, right after its reply is made and before it is returned to the guest: what
+    /// only a daemon that serves no session may hold (a migration destination's capability)
+    /// is given up before the guest hears that its session started, whatever thread, pass
+    /// or poll serves it. One hook per server; a second is refused (`false`).
+    pub fn on_session_start(&self, hook: SessionHook) -> bool {
+        self.on_session_start.set(hook).is_ok()
     }
 
     /// The flags agreed with a client that offered `capable`; the file system sets itself up
@@ -434,7 +450,7 @@ impl<F: FileSystem> Server<F> {
         {
             Some(n) => n,
             None => {
-                warn!(
+                warn_throttled!(
                     "request unique={} opcode={}: header length {} does not match the {} bytes \
                      supplied",
                     h.unique,
@@ -447,7 +463,7 @@ impl<F: FileSystem> Server<F> {
         };
 
         if op != Ok(Opcode::Init) && !self.initialized.load(Ordering::Acquire) {
-            warn!(
+            warn_throttled!(
                 "request opcode {} before FUSE_INIT refused",
                 OpcodeName(h.opcode)
             );
@@ -459,7 +475,7 @@ impl<F: FileSystem> Server<F> {
             // buffer: the one request served before its body is read.
             Ok(Opcode::Write) => self.write(&ctx, &h, body_len, &mut r, &mut w),
             _ if body_len > MAX_BODY_SIZE => {
-                warn!(
+                warn_throttled!(
                     "request unique={} opcode={}: body of {} bytes exceeds the {} byte limit",
                     h.unique,
                     OpcodeName(h.opcode),
@@ -736,9 +752,10 @@ impl<F: FileSystem> Server<F> {
         );
         let data_len = body_len - wb.len();
         if wi.size as usize > data_len {
-            warn!(
+            warn_throttled!(
                 "WRITE of {} bytes carries only {} bytes of data; refused",
-                wi.size, data_len
+                wi.size,
+                data_len
             );
             return Err(einval());
         }
@@ -834,7 +851,7 @@ impl<F: FileSystem> Server<F> {
         if i.major < abi::KERNEL_VERSION
             || (i.major == abi::KERNEL_VERSION && i.minor < abi::MIN_KERNEL_MINOR_VERSION)
         {
-            warn!(
+            warn_throttled!(
                 "FUSE protocol {}.{} is too old (need {}.{}+)",
                 i.major,
                 i.minor,
@@ -889,7 +906,11 @@ impl<F: FileSystem> Server<F> {
             out.minor,
             enabled
         );
-        self.ok(w, rq.h, &[out.as_bytes()])
+        let reply = self.ok(w, rq.h, &[out.as_bytes()]);
+        if let Some(hook) = self.on_session_start.get() {
+            hook();
+        }
+        reply
     }
 
     fn opendir<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
@@ -966,7 +987,7 @@ impl<F: FileSystem> Server<F> {
             .checked_mul(size_of::<abi::ForgetOne>())
             .is_none_or(|n| n > rq.body.rest.len())
         {
-            warn!("BATCH_FORGET count {count} exceeds the request; refused");
+            warn_throttled!("BATCH_FORGET count {count} exceeds the request; refused");
             return Ok(Outcome::NoReply);
         }
         let mut items = Vec::with_capacity(count);
@@ -1169,7 +1190,7 @@ impl<F: FileSystem> Server<F> {
     fn ok<W: Writer>(&self, w: &mut W, h: &abi::InHeader, parts: &[&[u8]]) -> io::Result<Outcome> {
         let total = OUT_HEADER_SIZE + parts.iter().map(|p| p.len()).sum::<usize>();
         if total > w.remaining() {
-            warn!(
+            warn_throttled!(
                 "reply of {} bytes to opcode {} does not fit the {} byte reply buffer",
                 total,
                 OpcodeName(h.opcode),

@@ -286,7 +286,8 @@ impl PassthroughFs {
 
     /// Looks `name` up in `parent` without following a symlink and takes one reference. One
     /// `statx` (and, for a file born within the last second, its file handle: see `identity`);
-    /// a new inode gets no descriptor until an operation needs one. With
+    /// a new inode gets no descriptor until an operation needs one, but for a directory in
+    /// no-opendir mode, which keeps its `O_PATH` descriptor from here on. With
     /// `--inode-file-handles=mandatory` a new inode gets its file handle here, and the lookup
     /// fails when the host file system cannot give one.
     fn do_lookup(&self, parent: &Node, name: &CStr) -> io::Result<Entry> {
@@ -305,6 +306,16 @@ impl PassthroughFs {
                     self.inodes.forget(node.id, 1);
                     return Err(e);
                 }
+            }
+        }
+        if self.no_opendir() && node.is_dir() && node.opened_fd().is_none() {
+            // The guest may hold it open without the daemon knowing (no OPENDIR), and fstat
+            // or list it after its name is gone, renamed over or removed by the guest or the
+            // host: its descriptor is kept from now on, as every directory used as a parent
+            // keeps one. Without one (out of descriptors) the lookup still succeeds; the
+            // directory is then reached by its name only.
+            if let Err(e) = self.path_fd(&node) {
+                log::debug!("directory node {} keeps no descriptor: {e}", node.id);
             }
         }
         let mut entry = self.entry(node.id, st);
@@ -1087,8 +1098,9 @@ impl PassthroughFs {
     /// Before `name` in `dir` is unlinked or replaced, a known inode that would lose the name it
     /// is reached by gets its own `O_PATH` descriptor, kept whatever `--inode-file-handles`
     /// says (a file handle would not keep an unlinked file alive), and stays reachable: in
-    /// no-open mode any file (the guest may hold it open without the daemon knowing); otherwise
-    /// a file with other links (a node remembers one name, and this one is going). Returns the
+    /// no-open mode any file, and in no-opendir mode any directory (the guest may hold it open
+    /// without the daemon knowing); otherwise a file with other links (a node remembers one
+    /// name, and this one is going). Returns the
     /// known inode when `name` is its last name (a directory, or a file with one link), for
     /// [`Self::bury_if_unreachable`] once the name is gone.
     fn keep_reachable(&self, parent: &InodeData, dir: BorrowedFd<'_>, name: &CStr) -> Option<Node> {
@@ -1096,8 +1108,13 @@ impl PassthroughFs {
         let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
         let last_name = is_dir || st.st_nlink < 2;
         // Outside no-open mode only a file that keeps other names needs it: a node remembers
-        // one name, and this one is going.
-        let keep = !is_dir && (self.no_open() || !last_name);
+        // one name, and this one is going. A directory in no-opendir mode has one from its
+        // lookup, unless the descriptors ran out then.
+        let keep = if is_dir {
+            self.no_opendir()
+        } else {
+            self.no_open() || !last_name
+        };
         let key = self
             .nodes()
             .key_at(parent, &st, &x, At::Name(dir, name))

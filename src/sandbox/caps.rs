@@ -323,11 +323,14 @@ pub type Job = Box<dyn FnOnce() + Send>;
 /// `open_by_handle_at`) should not be held by the threads that serve the guest. Capabilities
 /// belong to threads: the keeper's thread takes them from the thread that starts it, which then
 /// drops them, before any other thread starts. The keeper holds them in its permitted set
-/// only, raises them into its effective set for the length of each job, and once closed its
-/// thread ends, and the capabilities with it.
+/// only, raises them into its effective set for the length of each job, and once closed it
+/// drops them from its permitted set too and ends; [`Keeper::close`] returns once they are
+/// gone.
 pub struct Keeper {
     caps: CapSet,
     jobs: std::sync::Mutex<Option<std::sync::mpsc::Sender<Job>>>,
+    /// Hears from the keeper's thread when it has dropped its capabilities (or ended).
+    dropped: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     open: std::sync::atomic::AtomicBool,
 }
 
@@ -337,6 +340,7 @@ impl Keeper {
     pub fn start(caps: CapSet) -> io::Result<std::sync::Arc<Keeper>> {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
+        let (dropped_tx, dropped_rx) = std::sync::mpsc::channel::<()>();
         std::thread::Builder::new()
             .name("virtiofsd-caps".into())
             .spawn(move || {
@@ -354,6 +358,12 @@ impl Keeper {
                         let _ = set(CapSet(eff.0 & !caps.0), p, i);
                     }
                 }
+                // Closed: gone from this thread before `close` returns, not only once the
+                // thread has ended.
+                if let Err(e) = drop_from_thread(caps) {
+                    log::warn!("cannot drop capabilities {caps} from their keeper: {e}");
+                }
+                let _ = dropped_tx.send(());
             })?;
         ready_rx
             .recv()
@@ -362,6 +372,7 @@ impl Keeper {
         Ok(std::sync::Arc::new(Keeper {
             caps,
             jobs: std::sync::Mutex::new(Some(tx)),
+            dropped: std::sync::Mutex::new(Some(dropped_rx)),
             open: std::sync::atomic::AtomicBool::new(true),
         }))
     }
@@ -378,14 +389,24 @@ impl Keeper {
         }
     }
 
-    /// Ends the keeper: its thread ends once the job under way (if any) is done, and no thread
-    /// of the process has its capabilities any more.
+    /// Ends the keeper: once the job under way (if any) is done, its thread drops the
+    /// capabilities and ends. Returns when no thread of the process has them any more (a
+    /// second call, or one made while the first waits, returns at once).
     pub fn close(&self) {
         if self.open.swap(false, std::sync::atomic::Ordering::AcqRel) {
             self.jobs
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .take();
+            let dropped = self
+                .dropped
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(dropped) = dropped {
+                // An error: the thread ended (it panicked in a job), its capabilities with it.
+                let _ = dropped.recv();
+            }
             log::info!(
                 "capabilities {} dropped: they were kept only to load a migration state",
                 self.caps

@@ -39,6 +39,7 @@ pub use super::vring::Vring;
 use crate::error::Chain;
 use crate::filesystem::FileSystem;
 use crate::fuse::server::Server;
+use crate::logging::warn_throttled;
 use crate::migration;
 use crate::sandbox::caps::Keeper;
 
@@ -369,6 +370,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 
     /// The same device, whose state loads run on `keeper`'s thread with its capabilities.
     pub fn with_keeper(mut self, keeper: Arc<Keeper>) -> Self {
+        // The guest's session started: no state is loaded from now on, and the keeper's
+        // capability is gone before the guest has the reply to its INIT.
+        let k = keeper.clone();
+        if !self.server.on_session_start(Box::new(move || k.close())) {
+            warn!("the capability keeper was given twice: the first one is kept");
+            return self;
+        }
         self.keeper = Some(keeper);
         self
     }
@@ -582,7 +590,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 Ok(()) => unsignalled += 1,
                 // A head the guest made up (outside the table) cannot be returned; the chain
                 // is dropped and the queue goes on.
-                Err(e) => warn!("chain {head} could not be returned to the guest: {e}"),
+                Err(e) => warn_throttled!("chain {head} could not be returned to the guest: {e}"),
             }
             if unsignalled == SIGNAL_BATCH {
                 notify(vring, event_idx)?;
@@ -607,12 +615,12 @@ fn serve_chain<F: FileSystem>(
         Ok((r, w)) => match server.handle_message(r, w) {
             Ok(n) => n as u32,
             Err(e) => {
-                warn!("request in chain {head} refused: {e}");
+                warn_throttled!("request in chain {head} refused: {e}");
                 0
             }
         },
         Err(e) => {
-            warn!("descriptor chain {head} refused: {e}");
+            warn_throttled!("descriptor chain {head} refused: {e}");
             0
         }
     }
@@ -880,7 +888,9 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         // avail_event field too, which a stop must not see written after it returned.
         let _pass = Counted::enter(&self.in_flight, thread_id);
         if self.keeper.as_ref().is_some_and(|k| k.is_open()) && self.server.is_initialized() {
-            // The guest's session started: a state is refused from now on.
+            // A session taken over by a state the frontend never checked (CHECK_DEVICE_STATE
+            // closes it): no second state is loaded. (One started by INIT closed it as the
+            // INIT was served.)
             self.close_keeper();
         }
         if !vring.get_ref().get_queue().ready() {

@@ -37,7 +37,8 @@ use virtiofsd_frontend::{FrontendConfig, FsFrontend};
 
 use daemon::{DaemonSpec, Running, Strace};
 use report::{Machine, Results};
-use workloads::{Session, Settings, Workload};
+use virtiofsd::fuse::abi;
+use workloads::{fuse, Session, Settings, Workload};
 
 /// Benchmark this virtio-fs daemon against the reference virtiofsd.
 #[derive(Debug, Parser)]
@@ -133,6 +134,17 @@ struct Args {
     /// and after FORGET, bytes per node, descriptors, walk time). Use with --cache always
     #[arg(long, value_name = "N")]
     hold: Option<usize>,
+
+    /// Instead of the workloads: a trickle, one GETATTR of the root every USEC microseconds
+    /// (a sleep between a reply and the next request; 0: none) for --trickle-secs; the daemon's
+    /// CPU time over it, per request and as a share of one core, and the guest's kicks per
+    /// request (what polling costs a guest that sends little, and what it saves a busy one)
+    #[arg(long, value_name = "USEC")]
+    trickle: Option<u64>,
+
+    /// How long --trickle sends, in seconds
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    trickle_secs: u64,
 
     /// The tree of --hold (generated if missing or empty; default: the --tree path with
     /// ".hold-N" appended)
@@ -259,6 +271,9 @@ fn run(args: &Args) -> Result<(), String> {
 
     if let Some(n) = args.hold {
         return run_hold(args, &specs, n.max(1));
+    }
+    if let Some(us) = args.trickle {
+        return run_trickle(args, &specs, Duration::from_micros(us));
     }
 
     // The tree, and warm host caches.
@@ -476,6 +491,54 @@ fn one_session<T>(
     drop(session);
     d.wait_exit(Duration::from_secs(30))?;
     Ok(got)
+}
+
+/// The `--trickle` measure: every round, each daemon in turn serves one GETATTR every `gap`
+/// for `--trickle-secs`; its CPU time over that, per request and as a share of a core.
+fn run_trickle(args: &Args, specs: &[DaemonSpec], gap: Duration) -> Result<(), String> {
+    let run_dir = std::env::temp_dir().join(format!("virtiofsd-bench.{}", std::process::id()));
+    fs::create_dir_all(&run_dir).map_err(|e| format!("create {}: {e}", run_dir.display()))?;
+    // Nothing of the tree is read: an empty directory is served.
+    let share = run_dir.join("trickle-share");
+    fs::create_dir_all(&share).map_err(|e| format!("create {}: {e}", share.display()))?;
+    let length = Duration::from_secs(args.trickle_secs.max(1));
+    println!(
+        "| daemon | round | requests | seconds | daemon CPU ms | CPU µs/request | share of a \
+         core | kicks/request |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for round in 1..=args.rounds {
+        for spec in specs {
+            let (n, wall, cpu, kicks) =
+                one_session(args, spec, round, &share, &run_dir, |s, d| {
+                    let before = d.cpu_time()?;
+                    let kicks_before = s.c.queue().stats().kicks;
+                    let start = std::time::Instant::now();
+                    let mut n = 0u32;
+                    while start.elapsed() < length {
+                        if !gap.is_zero() {
+                            std::thread::sleep(gap);
+                        }
+                        fuse(s.c.try_getattr(abi::ROOT_ID, None), || "GETATTR".into())?;
+                        n += 1;
+                    }
+                    let cpu = d.cpu_time()?.since(before).total();
+                    let kicks = s.c.queue().stats().kicks - kicks_before;
+                    Ok((n, start.elapsed(), cpu, kicks))
+                })?;
+            println!(
+                "| {} | {round} | {n} | {:.2} | {:.1} | {:.1} | {:.1}% | {:.2} |",
+                spec.label,
+                wall.as_secs_f64(),
+                cpu.as_secs_f64() * 1e3,
+                cpu.as_secs_f64() * 1e6 / f64::from(n.max(1)),
+                cpu.as_secs_f64() * 100.0 / wall.as_secs_f64(),
+                kicks as f64 / f64::from(n.max(1))
+            );
+        }
+    }
+    let _ = fs::remove_dir_all(&run_dir);
+    Ok(())
 }
 
 /// The `--hold` comparison: every round, each daemon walks the hold tree holding every node.

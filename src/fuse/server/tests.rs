@@ -244,6 +244,33 @@ fn init_with_too_old_protocol_gets_eproto() {
 }
 
 #[test]
+fn the_session_hook_runs_as_init_is_served_and_only_then() {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+    let srv = server();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    assert!(srv.on_session_start(Box::new(move || {
+        r.fetch_add(1, Ordering::SeqCst);
+    })));
+    assert!(
+        !srv.on_session_start(Box::new(|| {})),
+        "one hook per server"
+    );
+    // Neither a request before INIT nor a refused INIT starts a session.
+    let (_, reply) = send(&srv, &request(opcode::LOOKUP, 1, 5, &[b"a\0"]), 4096);
+    assert_eq!(out_header(&reply).error, -libc::EIO);
+    let (_, reply) = send(&srv, &init_request(12, 0), 4096);
+    assert_eq!(out_header(&reply).error, -libc::EPROTO);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // Run by the call that serves the INIT, before its reply leaves.
+    let (r, reply) = send(&srv, &init_request(38, 0), 4096);
+    assert_eq!(r.unwrap(), 16 + 64);
+    assert_eq!(out_header(&reply).error, 0);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[test]
 fn unknown_opcode_gets_enosys() {
     let srv = initialized();
     let (_, reply) = send(&srv, &request(9999, 1, 9, &[]), 4096);

@@ -243,6 +243,11 @@ t xattr-read-host-set t_xattr_host
 
 t unlink-while-open unlinkopen $W/unlinked.bin
 
+# xfstests generic/035: fstat of an open file, and of an open directory, another was renamed
+# over (with --cache always the directory answered ESTALE).
+mkdir -p $W/renameover
+t rename-over-open-file-and-dir renameover $W/renameover
+
 t_big() {
     dd if=/dev/urandom of=big.bin bs=1M count=64 conv=fsync 2>/dev/null
     eq "$(stat -c %s big.bin)" 67108864 "size"
