@@ -1233,3 +1233,40 @@ fn with_polling_on_the_queues_stop_at_once_and_the_state_is_whole() {
     );
     check_held(&mut dst, &held);
 }
+
+/// The node ids of a chain of `depth` directories `d` the guest makes with MKDIR, top first.
+fn mkdir_chain(d: &mut Daemon, depth: usize) -> Vec<u64> {
+    let mut ids = Vec::with_capacity(depth);
+    let mut parent = ROOT_ID;
+    for _ in 0..depth {
+        parent = d.c.mkdir(parent, "d", 0o755, 0).expect("MKDIR").nodeid;
+        ids.push(parent);
+    }
+    ids
+}
+
+/// After a migration: the deepest node of a chain is served, and the guest goes on below it.
+fn serves_the_bottom(dst: &mut Daemon, bottom: u64) {
+    let attr = dst.c.getattr(bottom, None).expect("GETATTR at the bottom");
+    assert_eq!(attr.attr.mode & libc::S_IFMT, libc::S_IFDIR);
+    let leaf = dst.c.mkdir(bottom, "leaf", 0o755, 0).expect("MKDIR").nodeid;
+    let fh = dst.c.opendir(leaf, 0).expect("OPENDIR").fh;
+    dst.c.releasedir(leaf, fh, 0).unwrap();
+}
+
+#[test]
+fn a_deep_tree_an_honest_source_sends_is_served_on_the_destination() {
+    // Nodes restored by path keep no descriptor and are reached through their parents: the
+    // deepest of a chain used to be opened by a recursion one level per node, on a queue
+    // worker's 2 MiB stack, which a tree as deep as a source's paths reach (/proc gives paths
+    // up to PATH_MAX) overflowed: the destination aborted with every guest of it.
+    let opts = Options::default();
+    let mut src = source(opts.clone());
+    let depth = (4000 - src.share.as_os_str().len()) / 2;
+    let chain = mkdir_chain(&mut src, depth);
+    let (mut dst, loaded) = migrate(&mut src, opts);
+    loaded.unwrap();
+    serves_the_bottom(&mut dst, *chain.last().unwrap());
+    drop(dst);
+    remove_chain(&src.share);
+}

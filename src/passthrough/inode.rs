@@ -333,6 +333,11 @@ impl InodeData {
             .map(|o| (o.parent.clone(), OriginName::new(o.name())))
     }
 
+    /// The directory where the inode was last found by name (its name is not copied).
+    pub fn parent(&self) -> Option<Node> {
+        self.state().origin.as_ref().map(|o| o.parent.clone())
+    }
+
     /// Records that the inode was found as `name` in `parent` (an inode without a descriptor
     /// then reopens through that name).
     pub fn found_at(&self, parent: &Node, name: &CStr) {

@@ -338,15 +338,76 @@ impl PassthroughFs {
     /// through the file handle (the file was renamed or moved on the host). In `prefer` mode a
     /// file whose file system gives no handles keeps its descriptor. When nothing reaches the
     /// file, the inode is stale (`ESTALE`).
+    ///
+    /// A node restored by a migration is reached through its parent, which may be reached
+    /// through its own, and so on up a chain as deep as the state made it: the chain is
+    /// walked with a loop, never a recursion (its depth is the guest's and the state's to
+    /// choose; 100,000 levels overflowed a queue worker's stack). The ancestors without a
+    /// descriptor are gathered first (at most the nodes there are), then opened from the
+    /// highest down, each keeping its descriptor (they are directories).
     fn path_fd<'a>(&self, data: &'a InodeData) -> io::Result<PathFd<'a>> {
         if let Some(fd) = data.opened_fd() {
             return Ok(PathFd::Kept(fd));
         }
+        // A concurrent rename can move a node of the chain under another parent between the
+        // walk up and the walk down: the walk is then made again, a few times at most.
+        for _ in 0..4 {
+            if let Some(fd) = self.path_fd_walk(data)? {
+                return Ok(fd);
+            }
+        }
+        Err(error(libc::ESTALE))
+    }
+
+    /// One walk of [`Self::path_fd`]: `None` when a node of the chain was moved meanwhile.
+    fn path_fd_walk<'a>(&self, data: &'a InodeData) -> io::Result<Option<PathFd<'a>>> {
+        // The ancestors reached through their own parent (no descriptor, not stale), nearest
+        // first. Most nodes' parent keeps a descriptor: nothing is gathered, nothing allocated.
+        let mut chain: Vec<Node> = Vec::new();
+        let mut up = data.parent().filter(|_| !data.is_stale());
+        while let Some(p) = up {
+            if p.opened_fd().is_some() {
+                break;
+            }
+            // One without a usable parent (stale, or restored by file handle) is reached
+            // otherwise: the walk stops there.
+            up = p.parent().filter(|_| !p.is_stale());
+            chain.push(p);
+        }
+        // Down from the highest: each node opened through the one above it.
+        let mut above: Option<(&Node, PathFd<'_>)> = None;
+        for node in chain.iter().rev() {
+            let fd = match self.path_fd_step(node, above.as_ref().map(|(n, fd)| (*n, fd)))? {
+                Some(fd) => fd,
+                None => return Ok(None),
+            };
+            above = Some((node, fd));
+        }
+        self.path_fd_step(data, above.as_ref().map(|(n, fd)| (*n, fd)))
+    }
+
+    /// A descriptor of `data` when its parent's is `parent` (the node and its descriptor) or
+    /// its parent keeps one; `None` when its parent is another node now (it was moved).
+    fn path_fd_step<'a>(
+        &self,
+        data: &'a InodeData,
+        parent: Option<(&Node, &PathFd<'_>)>,
+    ) -> io::Result<Option<PathFd<'a>>> {
+        if let Some(fd) = data.opened_fd() {
+            return Ok(Some(PathFd::Kept(fd)));
+        }
         // A stale inode is reached by no name: its number names another file now.
         let origin = data.origin().filter(|_| !data.is_stale());
         let by_name = match &origin {
-            Some((parent, name)) => {
-                match sys::openat(self.path_fd(parent)?.as_fd(), name, open_path_flags(), 0) {
+            Some((p, name)) => {
+                let pfd = match parent {
+                    Some((n, fd)) if Node::ptr_eq(n, p) => fd.as_fd(),
+                    _ => match p.opened_fd() {
+                        Some(fd) => fd,
+                        None => return Ok(None),
+                    },
+                };
+                match sys::openat(pfd, name, open_path_flags(), 0) {
                     Ok(fd) if self.nodes().is_inode(fd.as_fd(), data)? => Some(fd),
                     // Out of descriptors or memory says nothing about where the name leads:
                     // the guest gets that error, not ESTALE.
@@ -361,32 +422,32 @@ impl PassthroughFs {
                 Some(fd) => fd,
                 None => self.last_open_fd(data)?,
             };
-            return Ok(PathFd::Kept(data.keep_fd(fd)));
+            return Ok(Some(PathFd::Kept(data.keep_fd(fd))));
         }
         if let Some(fd) = by_name {
             if data.file_handle().is_some() {
-                return Ok(PathFd::Owned(fd));
+                return Ok(Some(PathFd::Owned(fd)));
             }
             let parent = origin.as_ref().map(|(p, _)| p.as_ref());
             return match self.handle_of(fd.as_fd(), parent) {
                 Ok(h) => {
                     data.keep_file_handle(h);
-                    Ok(PathFd::Owned(fd))
+                    Ok(Some(PathFd::Owned(fd)))
                 }
                 Err(e) if self.fh_mode == InodeFileHandles::Mandatory => Err(e),
                 Err(e) => {
                     file_handle::note_fallback(data.key.mnt_id(), &e);
-                    Ok(PathFd::Kept(data.keep_fd(fd)))
+                    Ok(Some(PathFd::Kept(data.keep_fd(fd))))
                 }
             };
         }
         if let Ok(fd) = self.last_open_fd(data) {
-            return Ok(PathFd::Owned(fd));
+            return Ok(Some(PathFd::Owned(fd)));
         }
         if let Some(h) = data.file_handle() {
             if let Ok(fd) = self.mounts.open(h, open_path_flags()) {
                 if self.nodes().is_inode(fd.as_fd(), data)? {
-                    return Ok(PathFd::Owned(fd));
+                    return Ok(Some(PathFd::Owned(fd)));
                 }
             }
         }

@@ -2149,3 +2149,100 @@ fn the_one_funnel_of_opens_opens_only_regular_files_and_directories() {
         );
     }
 }
+
+/// Makes a chain of `depth` directories named `d` below the share of `fs` (each made with
+/// `mkdirat` in the one above: the chain's path is far past `PATH_MAX`), and restores each as
+/// a migration destination does (found by name in the one above, no descriptor of its own).
+/// Returns the node id of the deepest.
+fn restore_chain(fs: &PassthroughFs, depth: u64) -> u64 {
+    let root = fs.inode(ROOT_ID).unwrap();
+    let mut cur = sys::openat(root.opened_fd().unwrap(), c".", open_path_flags(), 0).unwrap();
+    let mut parent = root.clone();
+    for id in 2..2 + depth {
+        sys::mkdirat(cur.as_fd(), c"d", 0o755).unwrap();
+        let fd = sys::openat(cur.as_fd(), c"d", open_path_flags(), 0).unwrap();
+        let (st, x) = sys::stat_fd_mnt(fd.as_fd()).unwrap();
+        let identity = fs
+            .nodes()
+            .identity_of(&root, &st, &x, identity::At::Fd(fd.as_fd()))
+            .unwrap();
+        let key = InodeKey::new(&st, &x, identity).unwrap();
+        let source = Source::Found(Origin::new(parent.clone(), c"d"));
+        let n = fs
+            .nodes()
+            .new_inode(key, identity, identity::At::Fd(fd.as_fd()), source)
+            .unwrap();
+        parent = fs.inodes.restore(id, n, 1).ok().unwrap();
+        assert!(
+            parent.opened_fd().is_none(),
+            "level {id} keeps a descriptor"
+        );
+        cur = fd;
+    }
+    parent.id
+}
+
+/// Removes a chain of directories `d` below `dir`, and the empty directories at its bottom,
+/// without recursion (`std::fs::remove_dir_all`, and so `TempDir`'s drop, makes one nested call
+/// per level).
+fn remove_chain(dir: &Path) {
+    let open = |at: BorrowedFd<'_>, name: &CStr| {
+        sys::openat(
+            at,
+            name,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        )
+    };
+    let mut cur: OwnedFd = std::fs::File::open(dir).unwrap().into();
+    let mut depth = 0;
+    while let Ok(next) = open(cur.as_fd(), c"d") {
+        cur = next;
+        depth += 1;
+    }
+    let list = format!("/proc/self/fd/{}", cur.as_raw_fd());
+    for e in std::fs::read_dir(list).unwrap() {
+        let name = CString::new(e.unwrap().file_name().as_bytes()).unwrap();
+        sys::unlinkat(cur.as_fd(), &name, libc::AT_REMOVEDIR).unwrap();
+    }
+    for _ in 0..depth {
+        cur = open(cur.as_fd(), c"..").unwrap();
+        sys::unlinkat(cur.as_fd(), c"d", libc::AT_REMOVEDIR).unwrap();
+    }
+}
+
+#[test]
+fn a_node_at_the_bottom_of_a_restored_chain_100000_deep_is_served_on_a_small_stack() {
+    // Each node of the chain is reached through the one above: a descriptor of the deepest
+    // used to be opened by a recursion one level per node, which overflowed a queue worker's
+    // 2 MiB stack at a few thousand levels (the process aborted). The walk is a loop now.
+    // Every directory of the chain keeps its descriptor once walked, as on the source (where
+    // each was a parent the guest looked a name up in): the daemon raises its open-files limit.
+    let _ = crate::daemon::set_rlimit_nofile(None);
+    let (soft, _) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    let depth = 100_000.min(soft.saturating_sub(2_000));
+    if depth < 100_000 {
+        eprintln!("{depth} levels only: the open-files limit is {soft}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    let bottom = restore_chain(&fs, depth);
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn_scoped(s, || {
+                let attr = fs.getattr(&ctx(), bottom, None).unwrap();
+                assert_eq!(attr.0.st_mode & libc::S_IFMT, libc::S_IFDIR);
+                let e = fs.mkdir(&ctx(), bottom, c"leaf", 0o755, 0, &[]).unwrap();
+                let opened = fs.opendir(&ctx(), e.inode, libc::O_RDONLY as u32).unwrap();
+                fs.releasedir(&ctx(), e.inode, 0, opened.handle.unwrap())
+                    .unwrap();
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    });
+    drop(fs);
+    remove_chain(tmp.path());
+}
