@@ -754,6 +754,41 @@ pub struct NewInode {
     pub settled: bool,
 }
 
+/// Why [`InodeStore::insert`] or [`InodeStore::restore`] added no node.
+pub enum NotAdded {
+    /// Its key (or, for a restore, its id) is taken: the new inode given back.
+    Known(NewInode),
+    /// No slot for it (see [`slab::Ref::try_new`]): refused with `ENFILE`.
+    NoRoom,
+}
+
+impl std::fmt::Debug for NotAdded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NotAdded::Known(_) => "Known",
+            NotAdded::NoRoom => "NoRoom",
+        })
+    }
+}
+
+/// Node `id` made of `n` in a slot of its own; `NoRoom` when there is none left (logged once
+/// per thousand refusals).
+fn new_node(id: u64, n: NewInode) -> Result<Node, NotAdded> {
+    Node::try_new(InodeData::new(id, n)).map_err(|refused| {
+        // What it holds (a descriptor, a parent, a name) goes with it.
+        drop(refused);
+        static REFUSED: AtomicU64 = AtomicU64::new(0);
+        if REFUSED.fetch_add(1, Ordering::Relaxed) % 1000 == 0 {
+            log::warn!(
+                "no room for another node (the nodes the guest holds hold {} slots of memory, \
+                 or the system gives no more): refused with ENFILE",
+                slab::CAPACITY
+            );
+        }
+        NotAdded::NoRoom
+    })
+}
+
 /// Node id → inode, and host identity → node id.
 pub struct InodeStore {
     maps: RwLock<Maps>,
@@ -845,17 +880,17 @@ impl InodeStore {
 
     /// Adds `n` as a new inode with a count of 1 and returns it; gives `n` back when
     /// its key is known already (the caller then checks that inode: see `InodeData`).
-    pub fn insert(&self, n: NewInode) -> Result<Node, NewInode> {
+    pub fn insert(&self, n: NewInode) -> Result<Node, NotAdded> {
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
         if maps.get_key(&n.key).is_some() {
-            return Err(n);
+            return Err(NotAdded::Known(n));
         }
         // Ids restored by a migration may lie ahead of the counter: never give one twice.
         let mut id = self.next_id.fetch_add(1, Ordering::Relaxed);
         while maps.has_id(id) || id == 0 {
             id = self.next_id.fetch_add(1, Ordering::Relaxed);
         }
-        let data = Node::new(InodeData::new(id, n));
+        let data = new_node(id, n)?;
         maps.add(data.clone());
         self.high_water.fetch_max(maps.len(), Ordering::Relaxed);
         Ok(data)
@@ -1089,12 +1124,12 @@ impl InodeStore {
 
     /// Adds `n` as node `id` with `refcount` references (a migration destination taking over
     /// the source's nodes); gives `n` back when `id` or its key is taken already.
-    pub fn restore(&self, id: u64, n: NewInode, refcount: u64) -> Result<Node, NewInode> {
+    pub fn restore(&self, id: u64, n: NewInode, refcount: u64) -> Result<Node, NotAdded> {
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
         if id == ROOT_ID || maps.has_id(id) || maps.get_key(&n.key).is_some() || self.is_dead(id) {
-            return Err(n);
+            return Err(NotAdded::Known(n));
         }
-        let data = Node::new(InodeData::new(id, n));
+        let data = new_node(id, n)?;
         data.refcount.store(refcount.max(1), Ordering::Relaxed);
         maps.add(data.clone());
         self.high_water.fetch_max(maps.len(), Ordering::Relaxed);

@@ -43,7 +43,7 @@ use super::dir::{DirSnapshot, Listing};
 use super::file_handle::{self, FileHandle};
 use super::handle::HandleData;
 use super::identity::At;
-use super::inode::{InodeData, Node, Origin, Source};
+use super::inode::{InodeData, Node, NotAdded, Origin, Source};
 use super::key::InodeKey;
 use super::sys::{self, error, ProcName};
 use super::{open_path_flags, PassthroughFs};
@@ -736,12 +736,15 @@ impl PassthroughFs {
         let n = self
             .nodes()
             .new_inode(key, identity, At::Fd(fd.as_fd()), source)?;
-        self.inodes.restore(node.id, n, node.refcount).map_err(|_| {
-            refused(
-                libc::ESTALE,
-                "it is a file another node of the state is already",
-            )
-        })
+        self.inodes
+            .restore(node.id, n, node.refcount)
+            .map_err(|e| match e {
+                NotAdded::Known(_) => refused(
+                    libc::ESTALE,
+                    "it is a file another node of the state is already",
+                ),
+                NotAdded::NoRoom => refused(libc::ENFILE, "no room for another node"),
+            })
     }
 
     /// Whether the shared directory is the root of its file system and its mount's root (then

@@ -211,7 +211,9 @@ impl PassthroughFs {
     /// `/proc/self/fd`, opened before a sandbox hid `/proc`) to reopen inodes through.
     pub fn with_proc_self_fd(mut cfg: Config, proc_self_fd: OwnedFd) -> io::Result<PassthroughFs> {
         // The node memory has room for this many (41 million): half of it, since a node the
-        // guest forgot stays while a node it holds was found in it.
+        // guest forgot stays while a node it holds was found in it. That is no proof: a chain
+        // restored by a migration holds every ancestor the guest forgot, so a node with no slot
+        // left is refused with ENFILE (`slab::Ref::try_new`), never the process stopped.
         if cfg.max_nodes > slab::CAPACITY / 2 {
             log::warn!(
                 "--max-nodes={}: at most {} nodes are served",
@@ -901,18 +903,33 @@ impl PassthroughFs {
                 .and_then(|fd| self.xattrs().label_path_fd(fd.as_fd(), secctx).map(|()| fd));
             if let Err(e) = labelled {
                 log::warn!("security context of a new node refused by the host: {e}");
-                let kind = sys::fstatat(pfd, name, libc::AT_SYMLINK_NOFOLLOW)
-                    .map_or(0, |st| st.st_mode & libc::S_IFMT);
-                let flags = if kind == libc::S_IFDIR {
-                    libc::AT_REMOVEDIR
-                } else {
-                    0
-                };
-                let _ = sys::unlinkat(pfd, name, flags);
+                self.unmake(&p, name);
                 return Err(e);
             }
         }
-        self.do_lookup(&p, name)
+        // No room for its node (see `slab::Ref::try_new`): nothing stays that the guest was not
+        // given.
+        self.do_lookup(&p, name).inspect_err(|e| {
+            if e.raw_os_error() == Some(libc::ENFILE) {
+                self.unmake(&p, name);
+            }
+        })
+    }
+
+    /// Removes `name`, just made in `parent` by a creation that then failed.
+    fn unmake(&self, parent: &InodeData, name: &CStr) {
+        let Ok(pfd) = self.path_fd(parent) else {
+            return;
+        };
+        let pfd = pfd.as_fd();
+        let kind = sys::fstatat(pfd, name, libc::AT_SYMLINK_NOFOLLOW)
+            .map_or(0, |st| st.st_mode & libc::S_IFMT);
+        let flags = if kind == libc::S_IFDIR {
+            libc::AT_REMOVEDIR
+        } else {
+            0
+        };
+        let _ = sys::unlinkat(pfd, name, flags);
     }
 
     /// Registers a file just opened (by CREATE or TMPFILE) as an inode and a handle.

@@ -2246,3 +2246,48 @@ fn a_node_at_the_bottom_of_a_restored_chain_100000_deep_is_served_on_a_small_sta
     drop(fs);
     remove_chain(tmp.path());
 }
+
+#[test]
+fn a_node_with_no_slot_left_is_refused_with_enfile_and_the_daemon_goes_on() {
+    // The node limit counts the nodes the guest holds, not the parents they hold in turn (a
+    // directory the guest forgot stays while a file found in it is held; a chain restored by a
+    // migration holds every ancestor), so the slots of node memory can run out before it. A
+    // new node then used to stop the process (`handle_alloc_error`); it is refused instead.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"x").unwrap();
+    std::fs::create_dir(tmp.path().join("d")).unwrap();
+    let fs = new_fs(tmp.path());
+    slab::tests::with_room(0, || {
+        assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"f")), libc::ENFILE);
+        assert_eq!(
+            errno(fs.symlink(&ctx(), c"f", ROOT_ID, c"l", &[])),
+            libc::ENFILE
+        );
+        assert_eq!(
+            errno(fs.mkdir(&ctx(), ROOT_ID, c"new", 0o755, 0, &[])),
+            libc::ENFILE
+        );
+        // A migration destination refuses the node (and so the state), nothing kept.
+        let root = fs.inode(ROOT_ID).unwrap();
+        let fd = sys::openat(root.opened_fd().unwrap(), c"d", open_path_flags(), 0).unwrap();
+        let (st, x) = sys::stat_fd_mnt(fd.as_fd()).unwrap();
+        let identity = fs
+            .nodes()
+            .identity_of(&root, &st, &x, identity::At::Fd(fd.as_fd()))
+            .unwrap();
+        let key = InodeKey::new(&st, &x, identity).unwrap();
+        let source = Source::Found(Origin::new(root.clone(), c"d"));
+        let n = fs
+            .nodes()
+            .new_inode(key, identity, identity::At::Fd(fd.as_fd()), source)
+            .unwrap();
+        assert!(matches!(
+            fs.inodes.restore(7, n, 1),
+            Err(inode::NotAdded::NoRoom)
+        ));
+    });
+    assert_eq!(fs.inodes.len(), 1, "only the root");
+    assert!(!tmp.path().join("l").exists() && !tmp.path().join("new").exists());
+    let f = lookup(&fs, "f");
+    assert_eq!(fs.getattr(&ctx(), f.inode, None).unwrap().0.st_size, 1);
+}
