@@ -1270,3 +1270,36 @@ fn a_deep_tree_an_honest_source_sends_is_served_on_the_destination() {
     drop(dst);
     remove_chain(&src.share);
 }
+
+#[test]
+fn a_guest_that_splits_ranges_of_stale_ids_stays_migratable_to_a_like_destination() {
+    // Each FORGET of an id inside a range of ids of files gone splits it: 100 ranges from 200
+    // files made and removed, under --max-nodes=16. They were not bounded on the source, and a
+    // destination with the same limit refused the state ("more ranges than this daemon
+    // holds"): the guest made its own VM impossible to migrate. Ranges count against the limit
+    // with the nodes now, the oldest dropped first (their ids answer EBADF).
+    let opts = Options::default().max_nodes(16);
+    let mut src = source(opts.clone());
+    let kept = src.file("kept", b"kept");
+    let mut gone = Vec::new();
+    for i in 0..200 {
+        let name = format!("gone{i}");
+        let id = src
+            .c
+            .mknod(ROOT_ID, &name, libc::S_IFREG | 0o644, 0, 0)
+            .unwrap_or_else(|e| panic!("MKNOD {i}: errno {e}"))
+            .nodeid;
+        src.c.unlink(ROOT_ID, &name).unwrap();
+        gone.push(id);
+    }
+    for id in gone.iter().step_by(2) {
+        src.c.forget(*id, 1);
+    }
+    let newest = gone[199];
+    assert_eq!(src.c.getattr(newest, None).unwrap_err(), libc::ESTALE);
+    let (mut dst, loaded) = migrate(&mut src, opts);
+    loaded.expect("a destination with the source's --max-nodes takes its state");
+    assert_eq!(dst.c.getattr(newest, None).unwrap_err(), libc::ESTALE);
+    assert_eq!(dst.c.getattr(gone[1], None).unwrap_err(), libc::EBADF);
+    assert_eq!(read_node(&mut dst, kept).unwrap(), b"kept");
+}

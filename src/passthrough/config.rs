@@ -77,7 +77,8 @@ pub const DEFAULT_MAX_DATA_FDS: usize = 1024;
 /// A node of a walk costs some 135 bytes; the worst is a file the guest has just created with
 /// a name of 255 bytes (on the heap), which keeps its file handle while its birth time is
 /// young: 536 bytes (`tests/hostile.rs::
-/// the_default_max_nodes_holds_the_worst_nodes_in_a_tenth_of_the_memory`).
+/// the_default_max_nodes_holds_the_worst_nodes_in_a_tenth_of_the_memory`). A range of ids of
+/// files gone (54 bytes) costs less, and counts against the same limit.
 pub const MEMORY_PER_NODE: u64 = 8192;
 
 /// The default of `--max-nodes`: one node per [`MEMORY_PER_NODE`] bytes of the host's memory,

@@ -796,8 +796,11 @@ pub struct InodeStore {
     /// Ids of inodes whose file is gone from the host with nothing left to serve it (see
     /// [`InodeStore::bury`]), as ranges `start → end` (exclusive): the ids the guest has not
     /// forgotten yet, which answer `ESTALE`. Ids are given in order, so the ids of files made
-    /// and removed one after the other make one range.
+    /// and removed one after the other make one range. Nodes and ranges together are at most
+    /// [`InodeStore::set_limit`]'s: past it the oldest ranges go (see [`InodeStore::trim`]).
     dead: Mutex<BTreeMap<u64, u64>>,
+    /// Most nodes and ranges of dead ids held together (`--max-nodes`).
+    limit: AtomicUsize,
     /// The most inodes held since the allocator last gave its free pages back: once half of
     /// them are forgotten it gives them back again, so that a walk the guest forgets leaves
     /// nothing behind (the last give-back comes with the last forget) for O(log n) give-backs.
@@ -829,6 +832,7 @@ impl InodeStore {
             maps: RwLock::new(Maps::default()),
             next_id: AtomicU64::new(ROOT_ID + 1),
             dead: Mutex::new(BTreeMap::new()),
+            limit: AtomicUsize::new(usize::MAX),
             high_water: AtomicUsize::new(1),
             removed_since_trim: AtomicUsize::new(0),
             give_backs: AtomicUsize::new(0),
@@ -858,6 +862,36 @@ impl InodeStore {
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
         maps.add(data);
         Ok(())
+    }
+
+    /// Sets how many nodes and ranges of dead ids the store holds at most (`--max-nodes`; no
+    /// limit until set).
+    pub fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Drops the oldest ranges of dead ids until they and `nodes` nodes fit the limit: a
+    /// guest that interleaves ids it keeps with ids of removed files, or forgets every other
+    /// id of a range, makes a range each (54 bytes), which count against `--max-nodes` as its
+    /// nodes do, so that what the guest makes the daemon keep has one bound, and a migration
+    /// destination with the same limit takes every state the source makes. A dropped range's
+    /// ids answer `EBADF` instead of `ESTALE` (they are never given again).
+    fn trim(&self, dead: &mut BTreeMap<u64, u64>, nodes: usize) {
+        let room = self.limit.load(Ordering::Relaxed).saturating_sub(nodes);
+        if dead.len() <= room {
+            return;
+        }
+        static TRIMMED: AtomicU64 = AtomicU64::new(0);
+        if TRIMMED.fetch_add(1, Ordering::Relaxed) % 1000 == 0 {
+            log::warn!(
+                "{} ranges of ids of files gone and {nodes} nodes past --max-nodes: the oldest \
+                 ranges are dropped (their ids answer EBADF instead of ESTALE)",
+                dead.len()
+            );
+        }
+        while dead.len() > room {
+            dead.pop_first();
+        }
     }
 
     /// The inode with node id `id`.
@@ -893,6 +927,10 @@ impl InodeStore {
         let data = new_node(id, n)?;
         maps.add(data.clone());
         self.high_water.fetch_max(maps.len(), Ordering::Relaxed);
+        self.trim(
+            &mut self.dead.lock().unwrap_or_else(PoisonError::into_inner),
+            maps.len(),
+        );
         Ok(data)
     }
 
@@ -913,7 +951,7 @@ impl InodeStore {
     /// daemon holds (handle, descriptor) can serve any more: it would cost memory until the
     /// guest forgets it, which a guest need never do. Its id answers `ESTALE` from now on (see
     /// [`InodeStore::is_dead`]) until the guest forgets it.
-    pub fn bury(&self, data: &InodeData, max_ranges: usize) {
+    pub fn bury(&self, data: &InodeData) {
         let removed = {
             let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
             let removed = maps.remove(data.id);
@@ -921,11 +959,7 @@ impl InodeStore {
                 // Under the table's lock, so that a FORGET of the id cannot come in between.
                 let mut dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
                 Self::add_dead(&mut dead, data.id);
-                // A guest that interleaves ids it keeps with ids it removes makes a range
-                // each: past `max_ranges` the oldest are forgotten (their ids answer EBADF).
-                while dead.len() > max_ranges.max(1) {
-                    dead.pop_first();
-                }
+                self.trim(&mut dead, maps.len());
             }
             removed
         };
@@ -967,6 +1001,7 @@ impl InodeStore {
 
     /// The guest forgot the buried id `id`.
     fn forget_dead(&self, id: u64) {
+        let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
         let mut dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
         let Some((start, end)) = dead.range(..=id).next_back().map(|(s, e)| (*s, *e)) else {
             return;
@@ -981,6 +1016,8 @@ impl InodeStore {
         if id + 1 < end {
             dead.insert(id + 1, end);
         }
+        // A range split in two: one more to hold.
+        self.trim(&mut dead, maps.len());
     }
 
     /// The number of ranges of buried ids (what they cost).
@@ -1133,6 +1170,10 @@ impl InodeStore {
         data.refcount.store(refcount.max(1), Ordering::Relaxed);
         maps.add(data.clone());
         self.high_water.fetch_max(maps.len(), Ordering::Relaxed);
+        self.trim(
+            &mut self.dead.lock().unwrap_or_else(PoisonError::into_inner),
+            maps.len(),
+        );
         drop(maps);
         self.reserve_ids(id.saturating_add(1));
         Ok(data)
@@ -1149,6 +1190,7 @@ impl InodeStore {
             return false;
         }
         Self::add_dead(&mut dead, id);
+        self.trim(&mut dead, maps.len());
         drop(dead);
         drop(maps);
         self.reserve_ids(id.saturating_add(1));
@@ -1176,6 +1218,7 @@ impl InodeStore {
             return false;
         }
         dead.insert(start, end);
+        self.trim(&mut dead, maps.len());
         drop(dead);
         drop(maps);
         self.reserve_ids(end);
@@ -1260,6 +1303,52 @@ mod tests {
         assert_eq!(store.len(), 1);
     }
 
+    /// A guest that forgets every other id of a range of buried ids splits it at each FORGET:
+    /// the ranges count against the limit with the nodes, the oldest dropped first.
+    #[test]
+    fn ranges_of_buried_ids_and_nodes_together_stay_within_the_limit() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        let (store, root) = store_on(tmp.path());
+        store.set_limit(16);
+        let (fd, base) = open_path(root.as_fd(), c"f");
+        drop(fd);
+        let mut ids = Vec::new();
+        for i in 0..200 {
+            let mut key = base;
+            key.ino = base.ino + 1_000_000 + i;
+            let n = store
+                .insert(NewInode {
+                    key,
+                    identity: Identity::Birth,
+                    source: Source::Found(Origin::new(store.get(ROOT_ID).unwrap(), c"f")),
+                    handle: None,
+                    settled: true,
+                })
+                .ok()
+                .unwrap();
+            store.bury(&n);
+            ids.push(n.id);
+        }
+        assert_eq!(store.dead_ranges(), 1, "ids buried in a row make one range");
+        let kept = store.insert(new_inode(base, open_path(root.as_fd(), c"f").0));
+        let kept = kept.ok().unwrap();
+        for id in ids.iter().step_by(2) {
+            store.forget(*id, 1);
+            assert!(
+                store.dead_ranges() + store.len() <= 16,
+                "{} ranges and {} nodes",
+                store.dead_ranges(),
+                store.len()
+            );
+        }
+        // The newest stay stale; the oldest were dropped (never given again).
+        assert!(store.is_dead(ids[199]) && store.is_dead(ids[197]));
+        assert!(!store.is_dead(ids[1]));
+        assert_eq!(store.dead_ranges(), 14, "the root and one node take two");
+        assert!(store.get(kept.id).is_some());
+    }
+
     #[test]
     fn buried_ids_answer_until_forgotten_and_cost_a_range() {
         let tmp = tempfile::tempdir().unwrap();
@@ -1273,7 +1362,7 @@ mod tests {
         }
         // Buried out of order: consecutive ids join into one range.
         for i in [1, 3, 2, 5] {
-            store.bury(&ids[i], 1000);
+            store.bury(&ids[i]);
             assert!(store.get(ids[i].id).is_none());
         }
         assert_eq!(store.dead_ranges(), 2, "{{1,2,3}} and {{5}}");

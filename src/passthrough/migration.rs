@@ -593,14 +593,10 @@ impl PassthroughFs {
         self.handles.reserve_ids(next_handle);
         // Ranges of ids that answer ESTALE, when the source had any.
         if !input.rest().is_empty() {
+            // They count against --max-nodes with the nodes, as on the source: a source with the
+            // same limit sends no more than fit; past it (a source with a higher limit) the
+            // oldest are dropped as they are read, and their ids answer EBADF.
             let n = input.count("stale id ranges", 16)?;
-            if n > self.cfg.max_nodes {
-                return Err(StateError::Refused(format!(
-                    "the state holds {n} ranges of stale ids, more than this daemon holds \
-                     (--max-nodes={})",
-                    self.cfg.max_nodes
-                )));
-            }
             for _ in 0..n {
                 let start = input.u64("stale ids")?;
                 let end = input.u64("stale ids")?;

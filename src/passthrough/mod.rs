@@ -229,8 +229,10 @@ impl PassthroughFs {
         let mount_identities = MountIdentities::default();
         let root_identity = identity::probe(root.as_fd(), &x);
         mount_identities.insert(st.st_dev, x.mnt_id, root_identity);
+        let inodes = InodeStore::new(root, &st, &x, root_identity)?;
+        inodes.set_limit(cfg.max_nodes);
         Ok(PassthroughFs {
-            inodes: InodeStore::new(root, &st, &x, root_identity)?,
+            inodes,
             mount_identities,
             fh_mode,
             mounts,
@@ -1206,7 +1208,7 @@ impl PassthroughFs {
             && node.opened_fd().is_none()
             && !self.io_fds.holds(node.id)
         {
-            self.inodes.bury(node, self.cfg.max_nodes);
+            self.inodes.bury(node);
             // A listing kept for it (no-opendir mode) goes too.
             self.io_fds.remove(node.id);
         }
