@@ -85,6 +85,10 @@ use xattr::Xattrs;
 /// Longest name of a directory entry.
 const NAME_MAX: usize = 255;
 
+/// Levels of a chain of ancestors without descriptors between two that keep theirs once
+/// walked (see [`PassthroughFs::path_fd`]).
+const KEEP_EVERY: usize = 64;
+
 /// A filesystem that passes every request through to a host directory.
 pub struct PassthroughFs {
     cfg: Config,
@@ -348,7 +352,10 @@ impl PassthroughFs {
     /// walked with a loop, never a recursion (its depth is the guest's and the state's to
     /// choose; 100,000 levels overflowed a queue worker's stack). The ancestors without a
     /// descriptor are gathered first (at most the nodes there are), then opened from the
-    /// highest down, each keeping its descriptor (they are directories).
+    /// highest down. One in [`KEEP_EVERY`] keeps its descriptor (they are directories): a later
+    /// walk from anywhere below stops within that many levels, and a chain costs a descriptor
+    /// per [`KEEP_EVERY`] levels, not one per level (100,000 levels would take more descriptors
+    /// than most hosts allow a process).
     fn path_fd<'a>(&self, data: &'a InodeData) -> io::Result<PathFd<'a>> {
         if let Some(fd) = data.opened_fd() {
             return Ok(PathFd::Kept(fd));
@@ -380,22 +387,26 @@ impl PassthroughFs {
         }
         // Down from the highest: each node opened through the one above it.
         let mut above: Option<(&Node, PathFd<'_>)> = None;
-        for node in chain.iter().rev() {
-            let fd = match self.path_fd_step(node, above.as_ref().map(|(n, fd)| (*n, fd)))? {
+        for (i, node) in chain.iter().rev().enumerate() {
+            let keep = (i + 1) % KEEP_EVERY == 0;
+            let parent = above.as_ref().map(|(n, fd)| (*n, fd));
+            let fd = match self.path_fd_step(node, parent, keep)? {
                 Some(fd) => fd,
                 None => return Ok(None),
             };
             above = Some((node, fd));
         }
-        self.path_fd_step(data, above.as_ref().map(|(n, fd)| (*n, fd)))
+        self.path_fd_step(data, above.as_ref().map(|(n, fd)| (*n, fd)), true)
     }
 
     /// A descriptor of `data` when its parent's is `parent` (the node and its descriptor) or
-    /// its parent keeps one; `None` when its parent is another node now (it was moved).
+    /// its parent keeps one; `None` when its parent is another node now (it was moved). A
+    /// directory keeps the descriptor opened when `keep` (else it is the caller's alone).
     fn path_fd_step<'a>(
         &self,
         data: &'a InodeData,
         parent: Option<(&Node, &PathFd<'_>)>,
+        keep: bool,
     ) -> io::Result<Option<PathFd<'a>>> {
         if let Some(fd) = data.opened_fd() {
             return Ok(Some(PathFd::Kept(fd)));
@@ -426,6 +437,9 @@ impl PassthroughFs {
                 Some(fd) => fd,
                 None => self.last_open_fd(data)?,
             };
+            if !keep {
+                return Ok(Some(PathFd::Owned(fd)));
+            }
             return Ok(Some(PathFd::Kept(data.keep_fd(fd))));
         }
         if let Some(fd) = by_name {
