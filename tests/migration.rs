@@ -1303,3 +1303,107 @@ fn a_guest_that_splits_ranges_of_stale_ids_stays_migratable_to_a_like_destinatio
     assert_eq!(dst.c.getattr(gone[1], None).unwrap_err(), libc::EBADF);
     assert_eq!(read_node(&mut dst, kept).unwrap(), b"kept");
 }
+
+/// Levels of the chains of the tests below: 20,000, or `CHAIN_LEVELS` (100,000 pass; the host's
+/// own mkdir and rmdir of a chain cost time in proportion to its depth, minutes at 100,000).
+fn chain_levels() -> u64 {
+    std::env::var("CHAIN_LEVELS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000)
+}
+
+/// A node of a forged state located as `name` in node `parent` (`LOC_CHILD`).
+fn child_node(e: &mut virtiofsd::migration::Encoder, id: u64, parent: u64, name: &[u8]) {
+    e.u64(id);
+    e.u64(1);
+    e.u32(libc::S_IFDIR);
+    e.u8(3);
+    e.u64(parent);
+    e.bytes(name);
+    e.bool(false);
+}
+
+#[test]
+fn a_forged_chain_of_any_depth_is_served_on_the_destination() {
+    // A state names each node of a chain as a name in the one before (a name a level, where
+    // paths cost a path a level): the destination restores it without a descriptor each, and
+    // serves its bottom on a queue worker's stack.
+    let levels = chain_levels();
+    let opts = Options::default();
+    let mut src = source(opts.clone());
+    make_chain(&src.share, levels as usize);
+    let session = real_session(&mut src);
+    let blob = forged(session, |e| {
+        e.u64(levels + 2);
+        e.u64(1);
+        e.u32(levels as u32);
+        for level in 1..=levels {
+            child_node(e, 1 + level, level, b"d");
+        }
+        e.u32(0);
+    });
+    let (mut dst, loaded) = migrate_state(&src, &blob, opts);
+    loaded.unwrap();
+    serves_the_bottom(&mut dst, levels + 1);
+    drop(dst);
+    remove_chain(&src.share);
+}
+
+#[test]
+fn a_name_in_a_parent_cannot_leave_the_share_or_come_before_its_parent() {
+    let opts = Options::default();
+    let mut src = source(opts.clone());
+    fs::create_dir(src.host("d")).unwrap();
+    let session = real_session(&mut src);
+    let state = |parent: u64, name: &'static [u8]| {
+        forged(session, move |e| {
+            e.u64(10);
+            e.u64(1);
+            e.u32(1);
+            child_node(e, 5, parent, name);
+            e.u32(0);
+        })
+    };
+    for (parent, name, why) in [
+        (ROOT_ID, &b".."[..], "a name that is not plain"),
+        (ROOT_ID, &b"d/.."[..], "a name with a slash"),
+        (7, &b"d"[..], "a parent not restored before"),
+        (5, &b"d"[..], "itself as its parent"),
+    ] {
+        let (mut dst, loaded) = migrate_state(&src, &state(parent, name), opts.clone());
+        assert!(loaded.is_err(), "{why}");
+        assert!(dst.c.getattr(ROOT_ID, None).is_err(), "{why}: served");
+    }
+    let (mut dst, loaded) = migrate_state(&src, &state(ROOT_ID, b"d"), opts);
+    loaded.unwrap();
+    dst.c.getattr(5, None).unwrap();
+}
+
+#[test]
+fn a_tree_deeper_than_a_path_can_say_migrates_a_name_a_level() {
+    // /proc gives a descriptor's path up to PATH_MAX (some 2,000 levels of one-letter names),
+    // and a state held paths of 4,096 names at most: a deeper tree the guest made was lost
+    // (and the migration refused with --migration-on-error=abort). Past that its nodes are
+    // sent as a name in their parent. 5,000 levels, or `CHAIN_LEVELS` (the source keeps a
+    // descriptor per directory the guest made a name in: as many as the open-files limit).
+    let levels = std::env::var("CHAIN_LEVELS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5_000);
+    let opts = Options::default();
+    let mut src = source(opts.clone());
+    let chain = mkdir_chain(&mut src, levels);
+    let file = src
+        .c
+        .mknod(chain[levels - 1], "f", libc::S_IFREG | 0o644, 0, 0)
+        .unwrap();
+    let (mut dst, loaded) = migrate(&mut src, opts);
+    loaded.unwrap();
+    serves_the_bottom(&mut dst, chain[levels - 1]);
+    let attr = dst.c.getattr(file.nodeid, None).unwrap();
+    assert_eq!(attr.attr.mode & libc::S_IFMT, libc::S_IFREG);
+    assert_eq!(attr.attr.ino, file.attr.ino);
+    drop(dst);
+    remove_chain(&src.share);
+}

@@ -749,8 +749,8 @@ fn open_dir_at(dir: &std::os::fd::OwnedFd, name: &std::ffi::CStr) -> Option<std:
     (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
-/// Removes a chain of directories `d` in `dir` (as [`make_chain`] makes) and the empty
-/// directories at its bottom, without recursion: `fs::remove_dir_all` (and so a `TempDir`'s
+/// Removes a chain of directories `d` in `dir` (as [`make_chain`] makes) and the files and
+/// empty directories at its bottom, without recursion: `fs::remove_dir_all` (and so a `TempDir`'s
 /// drop) makes one nested call per level.
 pub fn remove_chain(dir: &Path) {
     let mut cur: std::os::fd::OwnedFd = fs::File::open(dir).unwrap().into();
@@ -762,7 +762,10 @@ pub fn remove_chain(dir: &Path) {
     for e in fs::read_dir(format!("/proc/self/fd/{}", cur.as_raw_fd())).unwrap() {
         let name = CString::new(e.unwrap().file_name().as_bytes()).unwrap();
         // SAFETY: `cur` is open; the name is NUL-terminated.
-        unsafe { libc::unlinkat(cur.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) };
+        if unsafe { libc::unlinkat(cur.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) } != 0 {
+            // SAFETY: as above.
+            unsafe { libc::unlinkat(cur.as_raw_fd(), name.as_ptr(), 0) };
+        }
     }
     for _ in 0..depth {
         cur = open_dir_at(&cur, c"..").expect("..");
