@@ -1407,3 +1407,44 @@ fn a_tree_deeper_than_a_path_can_say_migrates_a_name_a_level() {
     drop(dst);
     remove_chain(&src.share);
 }
+
+#[test]
+fn a_sandboxed_destination_serves_the_bottom_of_a_deep_chain() {
+    // The daemon as it runs in production (sandboxed, its queue workers' stacks its own):
+    // where a deep chain used to kill it with SIGSEGV, it serves the chain's bottom and exits
+    // cleanly.
+    if !is_root() {
+        eprintln!("skipped: needs root (a sandbox)");
+        return;
+    }
+    const LEVELS: u64 = 5_000;
+    let mut src = source(Options::default());
+    make_chain(&src.share, LEVELS as usize);
+    let session = real_session(&mut src);
+    let blob = forged(session, |e| {
+        e.u64(LEVELS + 2);
+        e.u64(1);
+        e.u32(LEVELS as u32);
+        for level in 1..=LEVELS {
+            child_node(e, 1 + level, level, b"d");
+        }
+        e.u32(0);
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let (child, mut fe) = destination_binary(&src.share, dir.path(), &["--sandbox=namespace"]);
+    if let Err(e) = fe.load_state(&blob) {
+        drop(fe);
+        let (status, err) = exit_of(child, dir.path());
+        panic!("the destination refused the state ({e}); it exited {status:?}: {err}");
+    }
+    let mut c = fe.client(0).unwrap();
+    c.set_init_out(src.init.unwrap());
+    let attr = c.getattr(LEVELS + 1, None).expect("GETATTR at the bottom");
+    assert_eq!(attr.attr.mode & libc::S_IFMT, libc::S_IFDIR);
+    c.mkdir(LEVELS + 1, "leaf", 0o755, 0)
+        .expect("MKDIR at the bottom");
+    fe.disconnect();
+    let (status, err) = exit_of(child, dir.path());
+    assert_eq!(status.code(), Some(0), "{err}");
+    remove_chain(&src.share);
+}
