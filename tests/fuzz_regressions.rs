@@ -46,6 +46,11 @@ fn passthrough_ops_regressions() {
     replay("passthrough_ops");
 }
 
+#[test]
+fn migration_state_regressions() {
+    replay("migration_state");
+}
+
 /// Every directory under `regressions/` names a target, so no input is silently skipped.
 #[test]
 fn every_regression_directory_names_a_target() {

@@ -1331,6 +1331,57 @@ fn memory_held_for_forgotten_nodes_goes_back_to_the_system() {
     assert!(child.wait().unwrap().success());
 }
 
+/// What the default `--max-nodes` assumes a node costs at most (a tenth of
+/// `MEMORY_PER_NODE`), against the worst node a guest can make: a file it just created (a
+/// node born within the last second keeps its file handle to tell it from a later file with
+/// the same inode number) with a name of 255 bytes (kept on the heap). 533 bytes each were
+/// measured, past the 205 the old default (2 KiB a node) allowed: a daemon at its default limit
+/// could hold a quarter of the host's memory. `NODES=N` makes N files instead.
+#[test]
+fn the_default_max_nodes_holds_the_worst_nodes_in_a_tenth_of_the_memory() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("share");
+    fs::create_dir(&share).unwrap();
+    let files: usize = std::env::var("NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let socket = dir.path().join("vfs.sock");
+    let mut child = quiet_daemon(&share, &socket);
+    let mut fe = virtiofsd_frontend::FsFrontend::connect(&socket, 1).unwrap();
+    let mut c = fe.client(0).unwrap();
+    c.init().unwrap();
+    let pid = child.id();
+    let name = |i: usize| {
+        let mut n = format!("{i:08}-").into_bytes();
+        n.resize(255, b'x');
+        n
+    };
+    // The daemon's fixed costs of serving (its threads' stacks, the tables' first steps) come
+    // with the first nodes: measured from the first tenth on.
+    let mut start = 0;
+    for i in 0..files {
+        if i == files / 10 {
+            start = rss_anon_of(pid);
+        }
+        c.mknod(ROOT_ID, name(i), libc::S_IFREG | 0o644, 0, 0)
+            .unwrap_or_else(|e| panic!("MKNOD {i}: errno {e}"));
+    }
+    let end = rss_anon_of(pid);
+    let per_node = (end - start) * 1024 / (files - files / 10) as u64;
+    let allowed = virtiofsd::passthrough::config::MEMORY_PER_NODE / 10;
+    eprintln!("bytes per node with 255-byte names, made by the guest: {per_node}");
+    assert!(
+        per_node <= allowed,
+        "{per_node} bytes per node: the default --max-nodes allows a node per {} bytes of the \
+         host's memory",
+        virtiofsd::passthrough::config::MEMORY_PER_NODE
+    );
+    fe.disconnect();
+    assert!(child.wait().unwrap().success());
+}
+
 /// Minor page faults of process `pid` so far (`/proc/PID/stat`, field 10).
 fn minor_faults_of(pid: u32) -> u64 {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();

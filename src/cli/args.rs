@@ -216,7 +216,7 @@ pub struct Args {
     pub rlimit_nofile: Option<u64>,
 
     /// Host files the guest may hold at once (nodes it looked up and has not forgotten); past
-    /// it a new one is refused with ENFILE [default: one per 2 KiB of the host's memory, from
+    /// it a new one is refused with ENFILE [default: one per 8 KiB of the host's memory, from
     /// 65536 to 16777216]
     #[arg(long = "max-nodes", value_name = "N", value_parser = max_nodes)]
     pub max_nodes: Option<usize>,

@@ -14,7 +14,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::PoisonError;
 
 use super::file_handle::FileHandle;
-use super::inode::{InodeData, InodeStore, NewInode, Node, Source};
+use super::inode::{InodeData, InodeStore, NewInode, Node, NotAdded, Source};
 use super::key::{self, SETTLE};
 use super::key::{Identity, InodeKey};
 use super::sys::{self, error, StatExtra};
@@ -260,7 +260,8 @@ impl Nodes<'_> {
             };
             match self.inodes.insert(n) {
                 Ok(data) => return Ok((data, true)),
-                Err(n) => pending = Some(n),
+                Err(NotAdded::Known(n)) => pending = Some(n),
+                Err(NotAdded::NoRoom) => return Err(error(libc::ENFILE)),
             }
         }
         // The name kept changing under us.

@@ -333,6 +333,11 @@ impl InodeData {
             .map(|o| (o.parent.clone(), OriginName::new(o.name())))
     }
 
+    /// The directory where the inode was last found by name (its name is not copied).
+    pub fn parent(&self) -> Option<Node> {
+        self.state().origin.as_ref().map(|o| o.parent.clone())
+    }
+
     /// Records that the inode was found as `name` in `parent` (an inode without a descriptor
     /// then reopens through that name).
     pub fn found_at(&self, parent: &Node, name: &CStr) {
@@ -749,6 +754,41 @@ pub struct NewInode {
     pub settled: bool,
 }
 
+/// Why [`InodeStore::insert`] or [`InodeStore::restore`] added no node.
+pub enum NotAdded {
+    /// Its key (or, for a restore, its id) is taken: the new inode given back.
+    Known(NewInode),
+    /// No slot for it (see [`slab::Ref::try_new`]): refused with `ENFILE`.
+    NoRoom,
+}
+
+impl std::fmt::Debug for NotAdded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NotAdded::Known(_) => "Known",
+            NotAdded::NoRoom => "NoRoom",
+        })
+    }
+}
+
+/// Node `id` made of `n` in a slot of its own; `NoRoom` when there is none left (logged once
+/// per thousand refusals).
+fn new_node(id: u64, n: NewInode) -> Result<Node, NotAdded> {
+    Node::try_new(InodeData::new(id, n)).map_err(|refused| {
+        // What it holds (a descriptor, a parent, a name) goes with it.
+        drop(refused);
+        static REFUSED: AtomicU64 = AtomicU64::new(0);
+        if REFUSED.fetch_add(1, Ordering::Relaxed) % 1000 == 0 {
+            log::warn!(
+                "no room for another node (the nodes the guest holds hold {} slots of memory, \
+                 or the system gives no more): refused with ENFILE",
+                slab::CAPACITY
+            );
+        }
+        NotAdded::NoRoom
+    })
+}
+
 /// Node id → inode, and host identity → node id.
 pub struct InodeStore {
     maps: RwLock<Maps>,
@@ -756,8 +796,11 @@ pub struct InodeStore {
     /// Ids of inodes whose file is gone from the host with nothing left to serve it (see
     /// [`InodeStore::bury`]), as ranges `start → end` (exclusive): the ids the guest has not
     /// forgotten yet, which answer `ESTALE`. Ids are given in order, so the ids of files made
-    /// and removed one after the other make one range.
+    /// and removed one after the other make one range. Nodes and ranges together are at most
+    /// [`InodeStore::set_limit`]'s: past it the oldest ranges go (see [`InodeStore::trim`]).
     dead: Mutex<BTreeMap<u64, u64>>,
+    /// Most nodes and ranges of dead ids held together (`--max-nodes`).
+    limit: AtomicUsize,
     /// The most inodes held since the allocator last gave its free pages back: once half of
     /// them are forgotten it gives them back again, so that a walk the guest forgets leaves
     /// nothing behind (the last give-back comes with the last forget) for O(log n) give-backs.
@@ -789,6 +832,7 @@ impl InodeStore {
             maps: RwLock::new(Maps::default()),
             next_id: AtomicU64::new(ROOT_ID + 1),
             dead: Mutex::new(BTreeMap::new()),
+            limit: AtomicUsize::new(usize::MAX),
             high_water: AtomicUsize::new(1),
             removed_since_trim: AtomicUsize::new(0),
             give_backs: AtomicUsize::new(0),
@@ -820,6 +864,36 @@ impl InodeStore {
         Ok(())
     }
 
+    /// Sets how many nodes and ranges of dead ids the store holds at most (`--max-nodes`; no
+    /// limit until set).
+    pub fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Drops the oldest ranges of dead ids until they and `nodes` nodes fit the limit: a
+    /// guest that interleaves ids it keeps with ids of removed files, or forgets every other
+    /// id of a range, makes a range each (54 bytes), which count against `--max-nodes` as its
+    /// nodes do, so that what the guest makes the daemon keep has one bound, and a migration
+    /// destination with the same limit takes every state the source makes. A dropped range's
+    /// ids answer `EBADF` instead of `ESTALE` (they are never given again).
+    fn trim(&self, dead: &mut BTreeMap<u64, u64>, nodes: usize) {
+        let room = self.limit.load(Ordering::Relaxed).saturating_sub(nodes);
+        if dead.len() <= room {
+            return;
+        }
+        static TRIMMED: AtomicU64 = AtomicU64::new(0);
+        if TRIMMED.fetch_add(1, Ordering::Relaxed) % 1000 == 0 {
+            log::warn!(
+                "{} ranges of ids of files gone and {nodes} nodes past --max-nodes: the oldest \
+                 ranges are dropped (their ids answer EBADF instead of ESTALE)",
+                dead.len()
+            );
+        }
+        while dead.len() > room {
+            dead.pop_first();
+        }
+    }
+
     /// The inode with node id `id`.
     pub fn get(&self, id: u64) -> Option<Node> {
         let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
@@ -840,19 +914,23 @@ impl InodeStore {
 
     /// Adds `n` as a new inode with a count of 1 and returns it; gives `n` back when
     /// its key is known already (the caller then checks that inode: see `InodeData`).
-    pub fn insert(&self, n: NewInode) -> Result<Node, NewInode> {
+    pub fn insert(&self, n: NewInode) -> Result<Node, NotAdded> {
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
         if maps.get_key(&n.key).is_some() {
-            return Err(n);
+            return Err(NotAdded::Known(n));
         }
         // Ids restored by a migration may lie ahead of the counter: never give one twice.
         let mut id = self.next_id.fetch_add(1, Ordering::Relaxed);
         while maps.has_id(id) || id == 0 {
             id = self.next_id.fetch_add(1, Ordering::Relaxed);
         }
-        let data = Node::new(InodeData::new(id, n));
+        let data = new_node(id, n)?;
         maps.add(data.clone());
         self.high_water.fetch_max(maps.len(), Ordering::Relaxed);
+        self.trim(
+            &mut self.dead.lock().unwrap_or_else(PoisonError::into_inner),
+            maps.len(),
+        );
         Ok(data)
     }
 
@@ -873,7 +951,7 @@ impl InodeStore {
     /// daemon holds (handle, descriptor) can serve any more: it would cost memory until the
     /// guest forgets it, which a guest need never do. Its id answers `ESTALE` from now on (see
     /// [`InodeStore::is_dead`]) until the guest forgets it.
-    pub fn bury(&self, data: &InodeData, max_ranges: usize) {
+    pub fn bury(&self, data: &InodeData) {
         let removed = {
             let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
             let removed = maps.remove(data.id);
@@ -881,11 +959,7 @@ impl InodeStore {
                 // Under the table's lock, so that a FORGET of the id cannot come in between.
                 let mut dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
                 Self::add_dead(&mut dead, data.id);
-                // A guest that interleaves ids it keeps with ids it removes makes a range
-                // each: past `max_ranges` the oldest are forgotten (their ids answer EBADF).
-                while dead.len() > max_ranges.max(1) {
-                    dead.pop_first();
-                }
+                self.trim(&mut dead, maps.len());
             }
             removed
         };
@@ -927,6 +1001,7 @@ impl InodeStore {
 
     /// The guest forgot the buried id `id`.
     fn forget_dead(&self, id: u64) {
+        let maps = self.maps.read().unwrap_or_else(PoisonError::into_inner);
         let mut dead = self.dead.lock().unwrap_or_else(PoisonError::into_inner);
         let Some((start, end)) = dead.range(..=id).next_back().map(|(s, e)| (*s, *e)) else {
             return;
@@ -941,6 +1016,8 @@ impl InodeStore {
         if id + 1 < end {
             dead.insert(id + 1, end);
         }
+        // A range split in two: one more to hold.
+        self.trim(&mut dead, maps.len());
     }
 
     /// The number of ranges of buried ids (what they cost).
@@ -1084,15 +1161,19 @@ impl InodeStore {
 
     /// Adds `n` as node `id` with `refcount` references (a migration destination taking over
     /// the source's nodes); gives `n` back when `id` or its key is taken already.
-    pub fn restore(&self, id: u64, n: NewInode, refcount: u64) -> Result<Node, NewInode> {
+    pub fn restore(&self, id: u64, n: NewInode, refcount: u64) -> Result<Node, NotAdded> {
         let mut maps = self.maps.write().unwrap_or_else(PoisonError::into_inner);
         if id == ROOT_ID || maps.has_id(id) || maps.get_key(&n.key).is_some() || self.is_dead(id) {
-            return Err(n);
+            return Err(NotAdded::Known(n));
         }
-        let data = Node::new(InodeData::new(id, n));
+        let data = new_node(id, n)?;
         data.refcount.store(refcount.max(1), Ordering::Relaxed);
         maps.add(data.clone());
         self.high_water.fetch_max(maps.len(), Ordering::Relaxed);
+        self.trim(
+            &mut self.dead.lock().unwrap_or_else(PoisonError::into_inner),
+            maps.len(),
+        );
         drop(maps);
         self.reserve_ids(id.saturating_add(1));
         Ok(data)
@@ -1109,6 +1190,7 @@ impl InodeStore {
             return false;
         }
         Self::add_dead(&mut dead, id);
+        self.trim(&mut dead, maps.len());
         drop(dead);
         drop(maps);
         self.reserve_ids(id.saturating_add(1));
@@ -1136,6 +1218,7 @@ impl InodeStore {
             return false;
         }
         dead.insert(start, end);
+        self.trim(&mut dead, maps.len());
         drop(dead);
         drop(maps);
         self.reserve_ids(end);
@@ -1220,6 +1303,52 @@ mod tests {
         assert_eq!(store.len(), 1);
     }
 
+    /// A guest that forgets every other id of a range of buried ids splits it at each FORGET:
+    /// the ranges count against the limit with the nodes, the oldest dropped first.
+    #[test]
+    fn ranges_of_buried_ids_and_nodes_together_stay_within_the_limit() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        let (store, root) = store_on(tmp.path());
+        store.set_limit(16);
+        let (fd, base) = open_path(root.as_fd(), c"f");
+        drop(fd);
+        let mut ids = Vec::new();
+        for i in 0..200 {
+            let mut key = base;
+            key.ino = base.ino + 1_000_000 + i;
+            let n = store
+                .insert(NewInode {
+                    key,
+                    identity: Identity::Birth,
+                    source: Source::Found(Origin::new(store.get(ROOT_ID).unwrap(), c"f")),
+                    handle: None,
+                    settled: true,
+                })
+                .ok()
+                .unwrap();
+            store.bury(&n);
+            ids.push(n.id);
+        }
+        assert_eq!(store.dead_ranges(), 1, "ids buried in a row make one range");
+        let kept = store.insert(new_inode(base, open_path(root.as_fd(), c"f").0));
+        let kept = kept.ok().unwrap();
+        for id in ids.iter().step_by(2) {
+            store.forget(*id, 1);
+            assert!(
+                store.dead_ranges() + store.len() <= 16,
+                "{} ranges and {} nodes",
+                store.dead_ranges(),
+                store.len()
+            );
+        }
+        // The newest stay stale; the oldest were dropped (never given again).
+        assert!(store.is_dead(ids[199]) && store.is_dead(ids[197]));
+        assert!(!store.is_dead(ids[1]));
+        assert_eq!(store.dead_ranges(), 14, "the root and one node take two");
+        assert!(store.get(kept.id).is_some());
+    }
+
     #[test]
     fn buried_ids_answer_until_forgotten_and_cost_a_range() {
         let tmp = tempfile::tempdir().unwrap();
@@ -1233,7 +1362,7 @@ mod tests {
         }
         // Buried out of order: consecutive ids join into one range.
         for i in [1, 3, 2, 5] {
-            store.bury(&ids[i], 1000);
+            store.bury(&ids[i]);
             assert!(store.get(ids[i].id).is_none());
         }
         assert_eq!(store.dead_ranges(), 2, "{{1,2,3}} and {{5}}");

@@ -8,7 +8,11 @@
 //!   where they were found (parent and name), so the path is put together from memory; a node
 //!   that keeps a descriptor instead is located through `/proc/self/fd`. With
 //!   `--migration-confirm-paths` each path is opened and checked to lead to the node right
-//!   before it is sent (else the descriptor's own path is tried).
+//!   before it is sent (else the descriptor's own path is tried). A node whose path is longer
+//!   than `/proc` gives (`PATH_MAX`) or a state holds (4,096 names) is sent as a name in its
+//!   parent, a node of the state sent before it: the name it was found by, or, for a
+//!   directory that keeps a descriptor, the name its parent (`..`) lists it under. A chain of
+//!   any depth then costs the state a name a level.
 //! - `file-handles`: its file handle.
 //!
 //! With `--migration-verify-handles` a node's identifying handle is sent too, and the
@@ -28,7 +32,8 @@
 //!
 //! # What the destination trusts
 //! A path is opened one name at a time below the shared directory's root, never following a
-//! symlink and never through `..`, so no state, however made, reaches a file outside it. A
+//! symlink and never through `..`, so no state, however made, reaches a file outside it; a
+//! name in a parent is opened the same way in a directory node restored before it. A
 //! file handle can name any file of the file system: one opened from a state must be inside
 //! the shared directory (its path below the root), or the node is lost.
 
@@ -43,7 +48,7 @@ use super::dir::{DirSnapshot, Listing};
 use super::file_handle::{self, FileHandle};
 use super::handle::HandleData;
 use super::identity::At;
-use super::inode::{InodeData, Node, Origin, Source};
+use super::inode::{InodeData, Node, NotAdded, Origin, Source};
 use super::key::InodeKey;
 use super::sys::{self, error, ProcName};
 use super::{open_path_flags, PassthroughFs};
@@ -66,11 +71,16 @@ enum Location {
     Handle(FileHandle),
     /// Nowhere: the errno the save met.
     Lost(i32),
+    /// A name in a directory that is a node of the state too, sent before it: for a node whose
+    /// path is too long for `/proc` to give (`PATH_MAX`) or for a state to hold ([`MAX_DEPTH`]
+    /// names). A chain of them costs the state a name a level, not a path a level.
+    Child(u64, CString),
 }
 
 const LOC_LOST: u8 = 0;
 const LOC_PATH: u8 = 1;
 const LOC_HANDLE: u8 = 2;
+const LOC_CHILD: u8 = 3;
 
 const LISTING_NONE: u8 = 0;
 const LISTING_STREAM: u8 = 1;
@@ -99,6 +109,11 @@ enum SavedLocation<'a> {
     Path(SavedPath<'a>),
     Handle(FileHandle),
     Lost(i32),
+    /// A name (proven a plain name) in the directory of node `parent`, restored before it.
+    Child {
+        parent: u64,
+        name: &'a [u8],
+    },
 }
 
 /// A path in a state: the records (a `u32` length, then the name) of its names from the root,
@@ -183,11 +198,11 @@ impl PassthroughFs {
             .iter()
             .map(|node| (node, self.locate(node, &root)))
             .collect();
+        if opts.mode == Mode::FindPaths {
+            self.locate_deep(&mut located);
+        }
         // Parents before their children: the destination restores each node as it reads it.
-        located.sort_by_key(|(_, l)| match l {
-            Location::Path(p) => p.len(),
-            _ => 0,
-        });
+        let located = parents_first(located);
         let mut lost = 0usize;
         for (node, location) in located {
             if let Location::Lost(e) = location {
@@ -233,9 +248,14 @@ impl PassthroughFs {
                     out.i32(t);
                     out.bytes(b);
                 }
+                Location::Child(parent, name) => {
+                    out.u8(LOC_CHILD);
+                    out.u64(*parent);
+                    out.bytes(name.as_bytes());
+                }
             }
             let fid = match (&location, opts.verify_handles) {
-                (Location::Path(_), true) => self
+                (Location::Path(_) | Location::Child(..), true) => self
                     .path_fd(node)
                     .and_then(|fd| FileHandle::fid_of_fd(fd.as_fd()))
                     .ok(),
@@ -342,6 +362,90 @@ impl PassthroughFs {
                 }
             }
         }
+    }
+
+    /// Finds a place for the nodes whose path is too long to send ([`Location::Child`]): a node
+    /// found by name in a directory the guest holds is that name in it; a directory that keeps
+    /// a descriptor is the name its parent (`..`, a node the guest holds) lists it under, each
+    /// parent listed once for all its children of this kind.
+    fn locate_deep(&self, located: &mut [(&Node, Location)]) {
+        let too_long = |l: &Location| matches!(l, Location::Lost(e) if *e == libc::ENAMETOOLONG || *e == libc::ELOOP);
+        // Directories with a descriptor, by the node id of their parent: (index, inode number).
+        let mut by_parent: HashMap<u64, (Node, Vec<(usize, u64)>)> = HashMap::new();
+        for (i, (node, location)) in located.iter_mut().enumerate() {
+            if !too_long(location) || node.is_stale() {
+                continue;
+            }
+            if let Some((parent, name)) = node.origin() {
+                let held = self
+                    .inodes
+                    .get(parent.id)
+                    .is_some_and(|p| Node::ptr_eq(&p, &parent));
+                if held && self.child_leads_to(&parent, &name, node) {
+                    *location = Location::Child(parent.id, name.to_owned());
+                }
+                continue;
+            }
+            let Some(fd) = node.opened_fd().filter(|_| node.is_dir()) else {
+                continue;
+            };
+            let parent = sys::openat(fd, c"..", open_path_flags(), 0).and_then(|up| {
+                let (st, x) = sys::stat_fd_mnt(up.as_fd())?;
+                self.nodes().key_at(node, &st, &x, At::Fd(up.as_fd()))
+            });
+            let Some(parent) = parent.ok().and_then(|key| self.inodes.find(&key)) else {
+                continue;
+            };
+            if !self
+                .inodes
+                .get(parent.id)
+                .is_some_and(|p| Node::ptr_eq(&p, &parent))
+            {
+                continue;
+            }
+            by_parent
+                .entry(parent.id)
+                .or_insert_with(|| (parent, Vec::new()))
+                .1
+                .push((i, node.key.ino));
+        }
+        for (_, (parent, children)) in by_parent {
+            let listing = self
+                .open_node(
+                    &parent,
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+                .and_then(|dir| DirSnapshot::read(dir.as_fd(), false, &mut |_, _| Ok(())));
+            let Ok(Ok(listing)) = listing else {
+                continue;
+            };
+            let mut wanted: HashMap<u64, Vec<usize>> = HashMap::new();
+            for (i, ino) in children {
+                wanted.entry(ino).or_default().push(i);
+            }
+            for r in listing.records() {
+                let Some(ids) = wanted.get(&r.ino) else {
+                    continue;
+                };
+                let Ok(name) = CString::new(r.name) else {
+                    continue;
+                };
+                for &i in ids {
+                    let (node, location) = &mut located[i];
+                    if too_long(location) && self.child_leads_to(&parent, &name, node) {
+                        *location = Location::Child(parent.id, name.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether `name` in `parent` is `node` now.
+    fn child_leads_to(&self, parent: &InodeData, name: &CStr, node: &InodeData) -> bool {
+        self.path_fd(parent)
+            .and_then(|pfd| sys::openat(pfd.as_fd(), name, open_path_flags(), 0))
+            .and_then(|fd| self.nodes().is_inode(fd.as_fd(), node))
+            .unwrap_or(false)
     }
 
     /// Whether the file the guest last opened `node` with has no name left (deleted while
@@ -491,6 +595,9 @@ impl PassthroughFs {
         // state costs beyond its own bytes is the nodes themselves: no node, path or name is
         // copied out of it first. The directories restored, by path, to find a child's parent.
         let mut dirs: HashMap<SavedPath<'a>, Node> = HashMap::new();
+        // The last directory restored and its descriptor: the parent of the next node, in a
+        // chain sent a name a level (its nodes keep no descriptor, as those found by path).
+        let mut last_dir: Option<(u64, OwnedFd)> = None;
         let root_path = self
             .root_path()
             .map_err(|e| io_error("the shared directory's path", e))?;
@@ -517,7 +624,7 @@ impl PassthroughFs {
                     format!("{} (ids are 1 to {})", node.id, next_node.saturating_sub(1)),
                 ));
             }
-            match self.restore_node(&node, &dirs, mount_fd.as_ref(), &root_path) {
+            match self.restore_node(&node, &dirs, &mut last_dir, mount_fd.as_ref(), &root_path) {
                 Ok(data) => {
                     if let (SavedLocation::Path(p), true) = (&node.location, data.is_dir()) {
                         dirs.insert(*p, data);
@@ -528,6 +635,9 @@ impl PassthroughFs {
                         SavedLocation::Path(p) => p.show(),
                         SavedLocation::Handle(_) => "(file handle)".into(),
                         SavedLocation::Lost(_) => "(lost on the source)".into(),
+                        SavedLocation::Child { parent, name } => {
+                            format!("{} in node {parent}", crate::logging::escaped(name))
+                        }
                     };
                     if opts.on_error == OnError::Abort || super::is_resource_shortage(&e) {
                         return Err(io_error(
@@ -593,14 +703,10 @@ impl PassthroughFs {
         self.handles.reserve_ids(next_handle);
         // Ranges of ids that answer ESTALE, when the source had any.
         if !input.rest().is_empty() {
+            // They count against --max-nodes with the nodes, as on the source: a source with the
+            // same limit sends no more than fit; past it (a source with a higher limit) the
+            // oldest are dropped as they are read, and their ids answer EBADF.
             let n = input.count("stale id ranges", 16)?;
-            if n > self.cfg.max_nodes {
-                return Err(StateError::Refused(format!(
-                    "the state holds {n} ranges of stale ids, more than this daemon holds \
-                     (--max-nodes={})",
-                    self.cfg.max_nodes
-                )));
-            }
             for _ in 0..n {
                 let start = input.u64("stale ids")?;
                 let end = input.u64("stale ids")?;
@@ -651,11 +757,33 @@ impl PassthroughFs {
         &self,
         node: &SavedNode<'_>,
         dirs: &HashMap<SavedPath<'_>, Node>,
+        last_dir: &mut Option<(u64, OwnedFd)>,
         mount_fd: Option<&OwnedFd>,
         root_path: &[u8],
     ) -> io::Result<Node> {
         let root = self.inode(ROOT_ID)?;
         let (fd, parent) = match &node.location {
+            SavedLocation::Child { parent, name } => {
+                // A node of this state restored before it (or the root), and a directory: the
+                // name is opened in it (`O_PATH | O_NOFOLLOW`, a plain name: never `..`).
+                let dir = self.inodes.get(*parent).ok_or_else(|| {
+                    refused(
+                        libc::ENOENT,
+                        format!("its parent, node {parent}, is not here"),
+                    )
+                })?;
+                if !dir.is_dir() {
+                    return Err(error(libc::ENOTDIR));
+                }
+                let name = CString::new(*name).map_err(|_| error(libc::EINVAL))?;
+                let fd = match last_dir {
+                    Some((id, fd)) if id == parent => {
+                        sys::openat(fd.as_fd(), &name, open_path_flags(), 0)?
+                    }
+                    _ => sys::openat(self.path_fd(&dir)?.as_fd(), &name, open_path_flags(), 0)?,
+                };
+                (fd, Some((dir, name)))
+            }
             SavedLocation::Lost(e) => return Err(io::Error::from_raw_os_error(*e)),
             SavedLocation::Path(path) => {
                 let fd = self.open_beneath(path.names())?;
@@ -736,12 +864,20 @@ impl PassthroughFs {
         let n = self
             .nodes()
             .new_inode(key, identity, At::Fd(fd.as_fd()), source)?;
-        self.inodes.restore(node.id, n, node.refcount).map_err(|_| {
-            refused(
-                libc::ESTALE,
-                "it is a file another node of the state is already",
-            )
-        })
+        let data = self
+            .inodes
+            .restore(node.id, n, node.refcount)
+            .map_err(|e| match e {
+                NotAdded::Known(_) => refused(
+                    libc::ESTALE,
+                    "it is a file another node of the state is already",
+                ),
+                NotAdded::NoRoom => refused(libc::ENFILE, "no room for another node"),
+            })?;
+        if data.is_dir() {
+            *last_dir = Some((node.id, fd));
+        }
+        Ok(data)
     }
 
     /// Whether the shared directory is the root of its file system and its mount's root (then
@@ -808,6 +944,64 @@ impl PassthroughFs {
     }
 }
 
+/// `located` in an order the destination can restore it in: the nodes located by path (or
+/// otherwise) first, the shorter paths first; then each node located in a parent after that
+/// parent. A loop of parents (names the host moved around) is sent as lost.
+fn parents_first(located: Vec<(&Node, Location)>) -> Vec<(&Node, Location)> {
+    let (mut direct, children): (Vec<_>, Vec<_>) = located
+        .into_iter()
+        .partition(|(_, l)| !matches!(l, Location::Child(..)));
+    direct.sort_by_key(|(_, l)| match l {
+        Location::Path(p) => p.len(),
+        _ => 0,
+    });
+    let index: HashMap<u64, usize> = children
+        .iter()
+        .enumerate()
+        .map(|(i, (n, _))| (n.id, i))
+        .collect();
+    // 0: not placed; 1: on the way up from the node being placed; 2: placed.
+    let mut state = vec![0u8; children.len()];
+    let mut order = Vec::with_capacity(children.len());
+    let mut looped = Vec::new();
+    for start in 0..children.len() {
+        let mut up = Vec::new();
+        let mut i = start;
+        let looped_here = loop {
+            match state[i] {
+                2 => break false,
+                1 => break true,
+                _ => {}
+            }
+            state[i] = 1;
+            up.push(i);
+            match &children[i].1 {
+                Location::Child(p, _) => match index.get(p) {
+                    Some(&j) => i = j,
+                    None => break false,
+                },
+                _ => break false,
+            }
+        };
+        for &k in &up {
+            state[k] = 2;
+        }
+        if looped_here {
+            looped.extend(up);
+        } else {
+            order.extend(up.into_iter().rev());
+        }
+    }
+    let mut children: Vec<Option<(&Node, Location)>> = children.into_iter().map(Some).collect();
+    for k in looped {
+        if let Some((n, _)) = children[k].take() {
+            direct.push((n, Location::Lost(libc::ELOOP)));
+        }
+    }
+    direct.extend(order.into_iter().filter_map(|k| children[k].take()));
+    direct
+}
+
 fn read_handle(input: &mut Decoder<'_>, what: &'static str) -> Result<FileHandle, StateError> {
     let t = input.i32(what)?;
     let b = input.bytes(what)?;
@@ -843,6 +1037,10 @@ fn read_node<'a>(input: &mut Decoder<'a>) -> Result<SavedNode<'a>, StateError> {
             SavedLocation::Path(SavedPath(input.consumed_since(start)))
         }
         LOC_HANDLE => SavedLocation::Handle(read_handle(input, "node's file handle")?),
+        LOC_CHILD => SavedLocation::Child {
+            parent: input.u64("node's parent")?,
+            name: input.plain_name("node's name")?,
+        },
         v => return Err(StateError::invalid("node's location", v)),
     };
     let fid = match input.bool("node has an identifying handle")? {

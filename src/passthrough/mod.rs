@@ -85,6 +85,10 @@ use xattr::Xattrs;
 /// Longest name of a directory entry.
 const NAME_MAX: usize = 255;
 
+/// Levels of a chain of ancestors without descriptors between two that keep theirs once
+/// walked (see [`PassthroughFs::path_fd`]).
+const KEEP_EVERY: usize = 64;
+
 /// A filesystem that passes every request through to a host directory.
 pub struct PassthroughFs {
     cfg: Config,
@@ -211,7 +215,9 @@ impl PassthroughFs {
     /// `/proc/self/fd`, opened before a sandbox hid `/proc`) to reopen inodes through.
     pub fn with_proc_self_fd(mut cfg: Config, proc_self_fd: OwnedFd) -> io::Result<PassthroughFs> {
         // The node memory has room for this many (41 million): half of it, since a node the
-        // guest forgot stays while a node it holds was found in it.
+        // guest forgot stays while a node it holds was found in it. That is no proof: a chain
+        // restored by a migration holds every ancestor the guest forgot, so a node with no slot
+        // left is refused with ENFILE (`slab::Ref::try_new`), never the process stopped.
         if cfg.max_nodes > slab::CAPACITY / 2 {
             log::warn!(
                 "--max-nodes={}: at most {} nodes are served",
@@ -227,8 +233,10 @@ impl PassthroughFs {
         let mount_identities = MountIdentities::default();
         let root_identity = identity::probe(root.as_fd(), &x);
         mount_identities.insert(st.st_dev, x.mnt_id, root_identity);
+        let inodes = InodeStore::new(root, &st, &x, root_identity)?;
+        inodes.set_limit(cfg.max_nodes);
         Ok(PassthroughFs {
-            inodes: InodeStore::new(root, &st, &x, root_identity)?,
+            inodes,
             mount_identities,
             fh_mode,
             mounts,
@@ -349,15 +357,83 @@ impl PassthroughFs {
     /// through the file handle (the file was renamed or moved on the host). In `prefer` mode a
     /// file whose file system gives no handles keeps its descriptor. When nothing reaches the
     /// file, the inode is stale (`ESTALE`).
+    ///
+    /// A node restored by a migration is reached through its parent, which may be reached
+    /// through its own, and so on up a chain as deep as the state made it: the chain is
+    /// walked with a loop, never a recursion (its depth is the guest's and the state's to
+    /// choose; 100,000 levels overflowed a queue worker's stack). The ancestors without a
+    /// descriptor are gathered first (at most the nodes there are), then opened from the
+    /// highest down. One in [`KEEP_EVERY`] keeps its descriptor (they are directories): a later
+    /// walk from anywhere below stops within that many levels, and a chain costs a descriptor
+    /// per [`KEEP_EVERY`] levels, not one per level (100,000 levels would take more descriptors
+    /// than most hosts allow a process).
     fn path_fd<'a>(&self, data: &'a InodeData) -> io::Result<PathFd<'a>> {
         if let Some(fd) = data.opened_fd() {
             return Ok(PathFd::Kept(fd));
         }
+        // A concurrent rename can move a node of the chain under another parent between the
+        // walk up and the walk down: the walk is then made again, a few times at most.
+        for _ in 0..4 {
+            if let Some(fd) = self.path_fd_walk(data)? {
+                return Ok(fd);
+            }
+        }
+        Err(error(libc::ESTALE))
+    }
+
+    /// One walk of [`Self::path_fd`]: `None` when a node of the chain was moved meanwhile.
+    fn path_fd_walk<'a>(&self, data: &'a InodeData) -> io::Result<Option<PathFd<'a>>> {
+        // The ancestors reached through their own parent (no descriptor, not stale), nearest
+        // first. Most nodes' parent keeps a descriptor: nothing is gathered, nothing allocated.
+        let mut chain: Vec<Node> = Vec::new();
+        let mut up = data.parent().filter(|_| !data.is_stale());
+        while let Some(p) = up {
+            if p.opened_fd().is_some() {
+                break;
+            }
+            // One without a usable parent (stale, or restored by file handle) is reached
+            // otherwise: the walk stops there.
+            up = p.parent().filter(|_| !p.is_stale());
+            chain.push(p);
+        }
+        // Down from the highest: each node opened through the one above it.
+        let mut above: Option<(&Node, PathFd<'_>)> = None;
+        for (i, node) in chain.iter().rev().enumerate() {
+            let keep = (i + 1) % KEEP_EVERY == 0;
+            let parent = above.as_ref().map(|(n, fd)| (*n, fd));
+            let fd = match self.path_fd_step(node, parent, keep)? {
+                Some(fd) => fd,
+                None => return Ok(None),
+            };
+            above = Some((node, fd));
+        }
+        self.path_fd_step(data, above.as_ref().map(|(n, fd)| (*n, fd)), true)
+    }
+
+    /// A descriptor of `data` when its parent's is `parent` (the node and its descriptor) or
+    /// its parent keeps one; `None` when its parent is another node now (it was moved). A
+    /// directory keeps the descriptor opened when `keep` (else it is the caller's alone).
+    fn path_fd_step<'a>(
+        &self,
+        data: &'a InodeData,
+        parent: Option<(&Node, &PathFd<'_>)>,
+        keep: bool,
+    ) -> io::Result<Option<PathFd<'a>>> {
+        if let Some(fd) = data.opened_fd() {
+            return Ok(Some(PathFd::Kept(fd)));
+        }
         // A stale inode is reached by no name: its number names another file now.
         let origin = data.origin().filter(|_| !data.is_stale());
         let by_name = match &origin {
-            Some((parent, name)) => {
-                match sys::openat(self.path_fd(parent)?.as_fd(), name, open_path_flags(), 0) {
+            Some((p, name)) => {
+                let pfd = match parent {
+                    Some((n, fd)) if Node::ptr_eq(n, p) => fd.as_fd(),
+                    _ => match p.opened_fd() {
+                        Some(fd) => fd,
+                        None => return Ok(None),
+                    },
+                };
+                match sys::openat(pfd, name, open_path_flags(), 0) {
                     Ok(fd) if self.nodes().is_inode(fd.as_fd(), data)? => Some(fd),
                     // Out of descriptors or memory says nothing about where the name leads:
                     // the guest gets that error, not ESTALE.
@@ -372,32 +448,35 @@ impl PassthroughFs {
                 Some(fd) => fd,
                 None => self.last_open_fd(data)?,
             };
-            return Ok(PathFd::Kept(data.keep_fd(fd)));
+            if !keep {
+                return Ok(Some(PathFd::Owned(fd)));
+            }
+            return Ok(Some(PathFd::Kept(data.keep_fd(fd))));
         }
         if let Some(fd) = by_name {
             if data.file_handle().is_some() {
-                return Ok(PathFd::Owned(fd));
+                return Ok(Some(PathFd::Owned(fd)));
             }
             let parent = origin.as_ref().map(|(p, _)| p.as_ref());
             return match self.handle_of(fd.as_fd(), parent) {
                 Ok(h) => {
                     data.keep_file_handle(h);
-                    Ok(PathFd::Owned(fd))
+                    Ok(Some(PathFd::Owned(fd)))
                 }
                 Err(e) if self.fh_mode == InodeFileHandles::Mandatory => Err(e),
                 Err(e) => {
                     file_handle::note_fallback(data.key.mnt_id(), &e);
-                    Ok(PathFd::Kept(data.keep_fd(fd)))
+                    Ok(Some(PathFd::Kept(data.keep_fd(fd))))
                 }
             };
         }
         if let Ok(fd) = self.last_open_fd(data) {
-            return Ok(PathFd::Owned(fd));
+            return Ok(Some(PathFd::Owned(fd)));
         }
         if let Some(h) = data.file_handle() {
             if let Ok(fd) = self.mounts.open(h, open_path_flags()) {
                 if self.nodes().is_inode(fd.as_fd(), data)? {
-                    return Ok(PathFd::Owned(fd));
+                    return Ok(Some(PathFd::Owned(fd)));
                 }
             }
         }
@@ -851,18 +930,33 @@ impl PassthroughFs {
                 .and_then(|fd| self.xattrs().label_path_fd(fd.as_fd(), secctx).map(|()| fd));
             if let Err(e) = labelled {
                 log::warn!("security context of a new node refused by the host: {e}");
-                let kind = sys::fstatat(pfd, name, libc::AT_SYMLINK_NOFOLLOW)
-                    .map_or(0, |st| st.st_mode & libc::S_IFMT);
-                let flags = if kind == libc::S_IFDIR {
-                    libc::AT_REMOVEDIR
-                } else {
-                    0
-                };
-                let _ = sys::unlinkat(pfd, name, flags);
+                self.unmake(&p, name);
                 return Err(e);
             }
         }
-        self.do_lookup(&p, name)
+        // No room for its node (see `slab::Ref::try_new`): nothing stays that the guest was not
+        // given.
+        self.do_lookup(&p, name).inspect_err(|e| {
+            if e.raw_os_error() == Some(libc::ENFILE) {
+                self.unmake(&p, name);
+            }
+        })
+    }
+
+    /// Removes `name`, just made in `parent` by a creation that then failed.
+    fn unmake(&self, parent: &InodeData, name: &CStr) {
+        let Ok(pfd) = self.path_fd(parent) else {
+            return;
+        };
+        let pfd = pfd.as_fd();
+        let kind = sys::fstatat(pfd, name, libc::AT_SYMLINK_NOFOLLOW)
+            .map_or(0, |st| st.st_mode & libc::S_IFMT);
+        let flags = if kind == libc::S_IFDIR {
+            libc::AT_REMOVEDIR
+        } else {
+            0
+        };
+        let _ = sys::unlinkat(pfd, name, flags);
     }
 
     /// Registers a file just opened (by CREATE or TMPFILE) as an inode and a handle.
@@ -1145,7 +1239,7 @@ impl PassthroughFs {
             && node.opened_fd().is_none()
             && !self.io_fds.holds(node.id)
         {
-            self.inodes.bury(node, self.cfg.max_nodes);
+            self.inodes.bury(node);
             // A listing kept for it (no-opendir mode) goes too.
             self.io_fds.remove(node.id);
         }

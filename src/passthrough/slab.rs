@@ -254,6 +254,10 @@ fn slot_at(base: *mut u8, index: u32) -> *mut u8 {
 /// when none has. `None` when no chunk can be added (the slab is full, or the system has no
 /// memory).
 fn take_slot() -> Option<NonNull<u8>> {
+    #[cfg(test)]
+    if !tests::may_take() {
+        return None;
+    }
     let mut a = alloc();
     let number = match a.with_room.first() {
         Some(n) => *n,
@@ -377,21 +381,34 @@ unsafe impl<T: Counted> Sync for Ref<T> {}
 
 impl<T: Counted> Ref<T> {
     /// Puts `value` in a free slot, with one reference: the one returned. Like `Box::new`, it
-    /// stops the process when no memory can be had (the node limit, `--max-nodes`, is at
-    /// most [`CAPACITY`], so that the slots cannot run out before it).
+    /// stops the process when no memory can be had: for what the daemon makes before it
+    /// serves (the root) and tests; a node a request makes goes through [`Ref::try_new`].
     pub fn new(value: T) -> Ref<T> {
+        match Self::try_new(value) {
+            Ok(r) => r,
+            Err(_) => std::alloc::handle_alloc_error(std::alloc::Layout::new::<T>()),
+        }
+    }
+
+    /// Puts `value` in a free slot, with one reference: the one returned; gives `value` back
+    /// when there is none (every slot of the [`CAPACITY`] is taken, or the system gives no more
+    /// memory or mappings). The node limit (`--max-nodes`) counts the nodes the guest holds,
+    /// not the ones they hold in turn (a parent the guest forgot stays while a node found in
+    /// it is held, and a chain restored by a migration holds every ancestor it has): the
+    /// slots can run out before it, and the request is then refused, not the process stopped.
+    pub fn try_new(value: T) -> Result<Ref<T>, T> {
         const {
             assert!(std::mem::size_of::<T>() <= SLOT && std::mem::align_of::<T>() <= 8);
         }
         let Some(p) = take_slot() else {
-            std::alloc::handle_alloc_error(std::alloc::Layout::new::<T>());
+            return Err(value);
         };
         value.pins().store(1, Ordering::Relaxed);
         let p = p.cast::<T>();
         // SAFETY: the slot is free, 8-aligned and SLOT bytes long (enough for a `T`, checked
         // above), and ours alone.
         unsafe { p.as_ptr().write(value) };
-        Ref(p)
+        Ok(Ref(p))
     }
 
     /// Whether `a` and `b` are the same node.
@@ -541,8 +558,39 @@ impl<T: Counted> Drop for Ref<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    thread_local! {
+        /// Slots this thread may still take (tests only: a slab as good as full, on this thread
+        /// alone, while the other tests go on).
+        static ROOM: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+
+    /// Whether this thread may take one more slot (one fewer from now on).
+    pub(super) fn may_take() -> bool {
+        ROOM.with(|r| match r.get() {
+            usize::MAX => true,
+            0 => false,
+            n => {
+                r.set(n - 1);
+                true
+            }
+        })
+    }
+
+    /// Runs `f` on this thread with `n` slots left to take.
+    pub(crate) fn with_room<R>(n: usize, f: impl FnOnce() -> R) -> R {
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                ROOM.with(|r| r.set(usize::MAX));
+            }
+        }
+        let _reset = Reset;
+        ROOM.with(|r| r.set(n));
+        f()
+    }
 
     /// The slots of a chunk that overlap bytes `from..to` of it.
     fn slots_in(from: usize, to: usize) -> impl Iterator<Item = usize> {

@@ -2149,3 +2149,161 @@ fn the_one_funnel_of_opens_opens_only_regular_files_and_directories() {
         );
     }
 }
+
+/// Makes a chain of `depth` directories named `d` below the share of `fs` (each made with
+/// `mkdirat` in the one above: the chain's path is far past `PATH_MAX`), and restores each as
+/// a migration destination does (found by name in the one above, no descriptor of its own).
+/// Returns the node id of the deepest.
+fn restore_chain(fs: &PassthroughFs, depth: u64) -> u64 {
+    let root = fs.inode(ROOT_ID).unwrap();
+    let mut cur = sys::openat(root.opened_fd().unwrap(), c".", open_path_flags(), 0).unwrap();
+    let mut parent = root.clone();
+    for id in 2..2 + depth {
+        sys::mkdirat(cur.as_fd(), c"d", 0o755).unwrap();
+        let fd = sys::openat(cur.as_fd(), c"d", open_path_flags(), 0).unwrap();
+        let (st, x) = sys::stat_fd_mnt(fd.as_fd()).unwrap();
+        let identity = fs
+            .nodes()
+            .identity_of(&root, &st, &x, identity::At::Fd(fd.as_fd()))
+            .unwrap();
+        let key = InodeKey::new(&st, &x, identity).unwrap();
+        let source = Source::Found(Origin::new(parent.clone(), c"d"));
+        let n = fs
+            .nodes()
+            .new_inode(key, identity, identity::At::Fd(fd.as_fd()), source)
+            .unwrap();
+        parent = fs.inodes.restore(id, n, 1).ok().unwrap();
+        assert!(
+            parent.opened_fd().is_none(),
+            "level {id} keeps a descriptor"
+        );
+        cur = fd;
+    }
+    parent.id
+}
+
+/// Removes a chain of directories `d` below `dir`, and the empty directories at its bottom,
+/// without recursion (`std::fs::remove_dir_all`, and so `TempDir`'s drop, makes one nested call
+/// per level).
+fn remove_chain(dir: &Path) {
+    let open = |at: BorrowedFd<'_>, name: &CStr| {
+        sys::openat(
+            at,
+            name,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        )
+    };
+    let mut cur: OwnedFd = std::fs::File::open(dir).unwrap().into();
+    let mut depth = 0;
+    while let Ok(next) = open(cur.as_fd(), c"d") {
+        cur = next;
+        depth += 1;
+    }
+    let list = format!("/proc/self/fd/{}", cur.as_raw_fd());
+    for e in std::fs::read_dir(list).unwrap() {
+        let name = CString::new(e.unwrap().file_name().as_bytes()).unwrap();
+        sys::unlinkat(cur.as_fd(), &name, libc::AT_REMOVEDIR).unwrap();
+    }
+    for _ in 0..depth {
+        cur = open(cur.as_fd(), c"..").unwrap();
+        sys::unlinkat(cur.as_fd(), c"d", libc::AT_REMOVEDIR).unwrap();
+    }
+}
+
+#[test]
+fn a_node_at_the_bottom_of_a_restored_chain_of_any_depth_is_served_on_a_small_stack() {
+    // Each node of the chain is reached through the one above: a descriptor of the deepest
+    // used to be opened by a recursion one level per node, which overflowed a queue worker's
+    // 2 MiB stack at a few thousand levels (the process aborted). The walk is a loop now.
+    // 20,000 levels (`CHAIN_LEVELS=N` for N: 100,000 pass in 145 s here, 120 of them the
+    // host's own rmdir of the chain, which costs time in proportion to its depth).
+    let levels: u64 = std::env::var("CHAIN_LEVELS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let _fds = fd_counting();
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = new_fs(tmp.path());
+    let fds = open_fds();
+    let bottom = restore_chain(&fs, levels);
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn_scoped(s, || {
+                let attr = fs.getattr(&ctx(), bottom, None).unwrap();
+                assert_eq!(attr.0.st_mode & libc::S_IFMT, libc::S_IFDIR);
+                let e = fs.mkdir(&ctx(), bottom, c"leaf", 0o755, 0, &[]).unwrap();
+                let opened = fs.opendir(&ctx(), e.inode, libc::O_RDONLY as u32).unwrap();
+                fs.releasedir(&ctx(), e.inode, 0, opened.handle.unwrap())
+                    .unwrap();
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    });
+    // One directory in 64 keeps its descriptor: a later walk from below is short, and the
+    // chain takes a descriptor per 64 levels, not one each (100,000 levels would take more
+    // descriptors than the open-files limit of most hosts).
+    let kept = open_fds().saturating_sub(fds) as u64;
+    assert!(
+        kept < levels / 64 + 100,
+        "{kept} descriptors kept for {levels} levels"
+    );
+    let t = std::time::Instant::now();
+    for id in (bottom - 1_000..bottom).rev() {
+        fs.getattr(&ctx(), id, None).unwrap();
+    }
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "1,000 nodes near the bottom: {:?}",
+        t.elapsed()
+    );
+    drop(fs);
+    remove_chain(tmp.path());
+}
+
+#[test]
+fn a_node_with_no_slot_left_is_refused_with_enfile_and_the_daemon_goes_on() {
+    // The node limit counts the nodes the guest holds, not the parents they hold in turn (a
+    // directory the guest forgot stays while a file found in it is held; a chain restored by a
+    // migration holds every ancestor), so the slots of node memory can run out before it. A
+    // new node then used to stop the process (`handle_alloc_error`); it is refused instead.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"x").unwrap();
+    std::fs::create_dir(tmp.path().join("d")).unwrap();
+    let fs = new_fs(tmp.path());
+    slab::tests::with_room(0, || {
+        assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"f")), libc::ENFILE);
+        assert_eq!(
+            errno(fs.symlink(&ctx(), c"f", ROOT_ID, c"l", &[])),
+            libc::ENFILE
+        );
+        assert_eq!(
+            errno(fs.mkdir(&ctx(), ROOT_ID, c"new", 0o755, 0, &[])),
+            libc::ENFILE
+        );
+        // A migration destination refuses the node (and so the state), nothing kept.
+        let root = fs.inode(ROOT_ID).unwrap();
+        let fd = sys::openat(root.opened_fd().unwrap(), c"d", open_path_flags(), 0).unwrap();
+        let (st, x) = sys::stat_fd_mnt(fd.as_fd()).unwrap();
+        let identity = fs
+            .nodes()
+            .identity_of(&root, &st, &x, identity::At::Fd(fd.as_fd()))
+            .unwrap();
+        let key = InodeKey::new(&st, &x, identity).unwrap();
+        let source = Source::Found(Origin::new(root.clone(), c"d"));
+        let n = fs
+            .nodes()
+            .new_inode(key, identity, identity::At::Fd(fd.as_fd()), source)
+            .unwrap();
+        assert!(matches!(
+            fs.inodes.restore(7, n, 1),
+            Err(inode::NotAdded::NoRoom)
+        ));
+    });
+    assert_eq!(fs.inodes.len(), 1, "only the root");
+    assert!(!tmp.path().join("l").exists() && !tmp.path().join("new").exists());
+    let f = lookup(&fs, "f");
+    assert_eq!(fs.getattr(&ctx(), f.inode, None).unwrap().0.st_size, 1);
+}

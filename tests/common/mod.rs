@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -724,5 +725,52 @@ pub fn serving_child(parent: &std::process::Child) -> u32 {
             more => panic!("{pid} has several children: {more:?}"),
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Makes a chain of `depth` directories `d` in `dir`, one `mkdirat` in the one above at a time
+/// (its path is far past `PATH_MAX`).
+pub fn make_chain(dir: &Path, depth: usize) {
+    let mut cur: std::os::fd::OwnedFd = fs::File::open(dir).unwrap().into();
+    for _ in 0..depth {
+        // SAFETY: `cur` is an open directory; the name is a NUL-terminated literal.
+        let r = unsafe { libc::mkdirat(cur.as_raw_fd(), c"d".as_ptr(), 0o755) };
+        assert_eq!(r, 0, "mkdirat: {}", std::io::Error::last_os_error());
+        cur = open_dir_at(&cur, c"d").expect("the directory just made");
+    }
+}
+
+fn open_dir_at(dir: &std::os::fd::OwnedFd, name: &std::ffi::CStr) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: `dir` is open; the name is NUL-terminated.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) };
+    // SAFETY: a descriptor just opened, ours alone.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Removes a chain of directories `d` in `dir` (as [`make_chain`] makes) and the files and
+/// empty directories at its bottom, without recursion: `fs::remove_dir_all` (and so a `TempDir`'s
+/// drop) makes one nested call per level.
+pub fn remove_chain(dir: &Path) {
+    let mut cur: std::os::fd::OwnedFd = fs::File::open(dir).unwrap().into();
+    let mut depth = 0;
+    while let Some(next) = open_dir_at(&cur, c"d") {
+        cur = next;
+        depth += 1;
+    }
+    for e in fs::read_dir(format!("/proc/self/fd/{}", cur.as_raw_fd())).unwrap() {
+        let name = CString::new(e.unwrap().file_name().as_bytes()).unwrap();
+        // SAFETY: `cur` is open; the name is NUL-terminated.
+        if unsafe { libc::unlinkat(cur.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) } != 0 {
+            // SAFETY: as above.
+            unsafe { libc::unlinkat(cur.as_raw_fd(), name.as_ptr(), 0) };
+        }
+    }
+    for _ in 0..depth {
+        cur = open_dir_at(&cur, c"..").expect("..");
+        // SAFETY: as above.
+        let r = unsafe { libc::unlinkat(cur.as_raw_fd(), c"d".as_ptr(), libc::AT_REMOVEDIR) };
+        assert_eq!(r, 0, "rmdir: {}", std::io::Error::last_os_error());
     }
 }

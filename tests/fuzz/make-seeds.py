@@ -201,4 +201,58 @@ ops("special-files", [Mknod, 0, 0, 1], [Open, 1, 1], [Open, 1, 0], [Mknod, 0, 1,
     [Create, 0, 3, *u16(0xFFFF), 4], [Fallocate, 0, *u16(0xFFFF), *u16(0xFFFF)],
     [CopyFileRange, 0, 1, *u16(0xFFFF)], [Lseek, 0, *u16(0xFFFF), 255], [Fsync, 255], [Access, 0, 255],
     [Statfs, 251])
+# ---- migration_state: [options u8] then the file system's section of a state -----------------
+# Options: bit 0 guest-error, bit 1 file-handles, bit 2 --max-nodes=16. The share holds a chain
+# of 64 directories `d` (a file `f` at its bottom and in the root) and a symlink `out` to outside.
+LOC_LOST, LOC_PATH, LOC_HANDLE, LOC_CHILD = 0, 1, 2, 3
+S_IFDIR, S_IFREG, S_IFLNK = 0o040000, 0o100000, 0o120000
+by = lambda b: struct.pack("<I", len(b)) + b
+
+
+def node(nid, kind, loc, refs=1):
+    return struct.pack("<QQIB", nid, refs, kind, loc[0]) + loc[1] + b"\0"
+
+
+lost = lambda e: (LOC_LOST, struct.pack("<i", e))
+path = lambda names: (LOC_PATH, struct.pack("<I", len(names)) + b"".join(by(n) for n in names))
+child = lambda parent, name: (LOC_CHILD, struct.pack("<Q", parent) + by(name))
+
+
+def state(name, nxt, nodes, handles=b"", nhandles=0, ranges=None, opts=1):
+    body = struct.pack("<QQI", nxt, nxt, len(nodes)) + b"".join(nodes)
+    body += struct.pack("<I", nhandles) + handles
+    if ranges is not None:
+        body += struct.pack("<I", len(ranges)) + b"".join(struct.pack("<QQ", a, b) for a, b in ranges)
+    write("migration_state", name, bytes([opts]) + body)
+
+
+# A chain a name a level, past the share's 64 levels (the rest lost), and its twin by paths.
+deep = 200
+state("deep-chain-by-name", deep + 2,
+      [node(1 + i, S_IFDIR, child(i, b"d")) for i in range(1, deep + 1)])
+state("deep-chain-by-name-abort", deep + 2,
+      [node(1 + i, S_IFDIR, child(i, b"d")) for i in range(1, deep + 1)], opts=0)
+state("deep-chain-by-path", 70,
+      [node(1 + i, S_IFDIR, path([b"d"] * i)) for i in range(1, 65)]
+      + [node(67, S_IFREG, path([b"d"] * 64 + [b"f"]))])
+# A chain whose nodes come in an order that breaks the last-directory shortcut, then files.
+order = list(range(1, 65, 2)) + list(range(2, 65, 2))
+state("deep-chain-out-of-order", 200,
+      [node(1 + i, S_IFDIR, child(i, b"d")) for i in range(1, 65)]
+      + [node(100 + i, S_IFREG, child(1 + i, b"f")) for i in order])
+# Names in parents that are not plain, come first, are files, or are themselves.
+state("children-bad", 50,
+      [node(2, S_IFDIR, child(1, b"..")), node(3, S_IFDIR, child(9, b"d")),
+       node(4, S_IFREG, child(1, b"f")), node(5, S_IFREG, child(4, b"f")),
+       node(6, S_IFDIR, child(6, b"d")), node(7, S_IFLNK, child(1, b"out")),
+       node(8, S_IFREG, child(7, b"file"))])
+# Many ranges of stale ids, under a limit of 16 and not; ranges that overlap or meet nodes.
+many = [(10 + 3 * i, 11 + 3 * i) for i in range(12000)]
+state("many-ranges", 40000, [node(2, S_IFDIR, path([b"d"]))], ranges=many)
+state("many-ranges-max16", 40000, [node(2, S_IFDIR, path([b"d"]))], ranges=many, opts=5)
+state("ranges-bad", 100, [node(2, S_IFDIR, path([b"d"]))],
+      ranges=[(2, 5), (1, 3), (50, 40), (60, 60), (90, 200), (20, 30), (25, 35)])
+# Many lost nodes (each a range), with a limit of 16.
+state("many-lost-max16", 20000, [node(2 + 2 * i, S_IFREG, lost(2)) for i in range(5000)], opts=5)
+
 print("seeds written to", OUT)

@@ -16,7 +16,7 @@ set -euo pipefail
 SECONDS_PER_TARGET="${1:-60}"
 FUZZ_DIR="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$FUZZ_DIR/../.." && pwd)"
-TARGETS="${TARGETS:-fuse_server queue_path passthrough_ops}"
+TARGETS="${TARGETS:-fuse_server queue_path passthrough_ops migration_state}"
 SEED="${SEED:-1}"
 export RUSTC_BOOTSTRAP=1
 
@@ -44,6 +44,8 @@ for t in $TARGETS; do
     # queue_path's input is a guest memory image (3 + 64 KiB); the others need far less.
     max_len=8192
     [[ "$t" == queue_path ]] && max_len=65539
+    # migration_state's seeds hold deep chains and many ranges of stale ids.
+    [[ "$t" == migration_state ]] && max_len=262144
     echo "=== $t: ${SECONDS_PER_TARGET}s, seed $SEED, sanitizer $SANITIZER"
     if ! cargo fuzz run --fuzz-dir "$FUZZ_DIR" -O --sanitizer "$SANITIZER" "$t" \
         "$FUZZ_DIR/corpus/$t" "$FUZZ_DIR/regressions/$t" -- \

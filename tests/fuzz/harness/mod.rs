@@ -6,6 +6,7 @@
 
 pub mod common;
 pub mod fuse_server;
+pub mod migration_state;
 pub mod passthrough_ops;
 pub mod queue_path;
 
@@ -15,6 +16,7 @@ pub fn by_name(name: &str) -> Option<fn(&[u8])> {
         "fuse_server" => fuse_server::run,
         "queue_path" => queue_path::run,
         "passthrough_ops" => passthrough_ops::run,
+        "migration_state" => migration_state::run,
         _ => return None,
     })
 }
