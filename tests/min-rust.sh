@@ -12,7 +12,7 @@
 #
 # Needs root (mmdebstrap, chroot, mounts in a private mount namespace), deb.debian.org and
 # crates.io. The chroot is made once, with mmdebstrap (installed from bookworm when missing),
-# in /var/cache/virtiofsd-guest/trixie-rust (about 700 MB: cargo, rustc, gcc, libc6-dev) and
+# in /var/cache/virtiofsd-guest/trixie-rust (about 900 MB with the crates: cargo, rustc, gcc, libc6-dev) and
 # reused by every later run; the crates cargo downloads stay in its /root/.cargo. The checkout
 # is mounted read-only in it; cargo builds in CARGO_TARGET_DIR/min-rust (default
 # target/min-rust). Nothing else on the host changes, and no mount outlives the run.
