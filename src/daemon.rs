@@ -395,13 +395,6 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
              checked against them"
         ),
     }
-    // Still single-threaded here, as entering a user namespace requires.
-    if !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty() {
-        userns::enter_user_namespace(&cfg.uid_map, &cfg.gid_map)
-            .map_err(DaemonError::UserNamespace)?;
-        info!("running in a user namespace");
-    }
-
     let socket_path = match &cfg.socket {
         SocketSpec::Path(p) => Some(p.clone()),
         SocketSpec::Fd(_) => None,
@@ -419,6 +412,16 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         }
     })?;
     let mut socket_file = SocketFile(socket_path.clone().map(|p| (p, made)));
+    // The socket and its lock file are made first, with the ids and capabilities the daemon was
+    // started with: once in its user namespace, root of the host has no right left in a
+    // directory such as /run (not even to open the lock file there), and `--socket-group`
+    // names a host group. The listener and the lock stay open across the switch. Still
+    // single-threaded here, as entering a user namespace requires.
+    if !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty() {
+        userns::enter_user_namespace(&cfg.uid_map, &cfg.gid_map)
+            .map_err(DaemonError::UserNamespace)?;
+        info!("running in a user namespace");
+    }
     // Modes from the guest are applied as given; the guest kernel already applied its umask.
     nix::sys::stat::umask(Mode::empty());
 
