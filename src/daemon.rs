@@ -118,6 +118,18 @@ pub enum DaemonError {
     SupplementaryGroups(#[source] io::Error),
     #[error("--uid-map/--gid-map")]
     UserNamespace(#[source] userns::Error),
+    /// The shared directory cannot be listed by the daemon as it runs: no sandbox mode helps.
+    #[error(
+        "--shared-dir {}: this daemon (uid {uid}) may not read and search it; run it as root or \
+         as the directory's owner, or give that uid read and search permission",
+        .path.display()
+    )]
+    ShareUnreadable {
+        path: PathBuf,
+        uid: u32,
+        #[source]
+        source: io::Error,
+    },
     #[error("device setup")]
     Backend(#[source] io::Error),
     #[error("device setup: cannot create the vhost-user daemon: {0}")]
@@ -185,6 +197,45 @@ fn handle_stop_signals(socket: Option<(PathBuf, Option<SocketId>)>) -> Result<()
             std::process::exit(0);
         })
         .map_err(DaemonError::SignalThread)?;
+    Ok(())
+}
+
+/// Whether the daemon, with the ids it serves with (those of its user namespace with
+/// `--uid-map`), may use `mode` (`R_OK`, `W_OK`, `X_OK`) on `path`.
+fn may_access(path: &Path, mode: libc::c_int) -> io::Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a NUL-terminated path that outlives the call; faccessat only reads it.
+    let rc = unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), mode, libc::AT_EACCESS) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Refuses a shared directory the daemon cannot list (no sandbox mode would change that: it
+/// would serve a directory whose every request fails), and warns when the guest's changes will
+/// fail because the daemon, not being root, may not write it.
+fn check_share_access(dir: &Path, readonly: bool) -> Result<(), DaemonError> {
+    let uid = nix::unistd::geteuid();
+    if let Err(source) = may_access(dir, libc::R_OK | libc::X_OK) {
+        if source.raw_os_error() == Some(libc::EACCES) {
+            return Err(DaemonError::ShareUnreadable {
+                path: dir.to_path_buf(),
+                uid: uid.as_raw(),
+                source,
+            });
+        }
+    }
+    if !readonly && !uid.is_root() && may_access(dir, libc::W_OK).is_err() {
+        log::warn!(
+            "--shared-dir {}: this daemon runs as uid {} and may not write it: the guest can \
+             read the share, but every file it creates, changes or removes there fails (EACCES). \
+             Run the daemon as root or as the directory's owner, or pass --readonly",
+            dir.display(),
+            uid
+        );
+    }
     Ok(())
 }
 
@@ -422,6 +473,7 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
             .map_err(DaemonError::UserNamespace)?;
         info!("running in a user namespace");
     }
+    check_share_access(&cfg.fs.root_dir, cfg.fs.readonly)?;
     // Modes from the guest are applied as given; the guest kernel already applied its umask.
     nix::sys::stat::umask(Mode::empty());
 

@@ -834,3 +834,85 @@ fn a_mount_the_host_adds_under_the_share_later_serves_no_device_either() {
     finish(parent, &d.socket);
     drop(late);
 }
+
+/// A directory tree for a daemon run as an unprivileged uid: a base every uid may search, a
+/// socket directory every uid may write, and the share, root's, with `share_mode`.
+fn unprivileged_dirs(share_mode: u32) -> (TempDir, PathBuf, PathBuf) {
+    let base = tempfile::tempdir().unwrap();
+    fs::set_permissions(base.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let share = base.path().join("share");
+    let sock = base.path().join("sock");
+    fs::create_dir(&share).unwrap();
+    fs::create_dir(&sock).unwrap();
+    fs::set_permissions(&share, fs::Permissions::from_mode(share_mode)).unwrap();
+    fs::set_permissions(&sock, fs::Permissions::from_mode(0o777)).unwrap();
+    (base, share, sock.join("vfs.sock"))
+}
+
+/// The daemon started as the unprivileged uid `PLAIN`.
+fn start_as_plain(share: &Path, socket: &Path, extra: &[&str]) -> Child {
+    Command::new(BIN)
+        .arg(format!("--shared-dir={}", share.display()))
+        .arg(format!("--socket-path={}", socket.display()))
+        .args(extra)
+        .uid(PLAIN)
+        .gid(PLAIN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start virtiofsd")
+}
+
+/// An unprivileged uid the two tests below run the daemon as.
+const PLAIN: u32 = 4243;
+
+/// A share the daemon may not list is refused at start, whatever `--sandbox` says: no sandbox
+/// mode can make it readable (the hint once sent users to `--sandbox=none`, which then served
+/// a directory whose every request failed).
+#[test]
+fn a_share_the_daemon_cannot_read_is_refused_with_every_sandbox_mode() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run the daemon as another uid");
+        return;
+    }
+    let (_base, share, socket) = unprivileged_dirs(0o700);
+    for mode in ["none", "namespace"] {
+        let child = start_as_plain(&share, &socket, &[&format!("--sandbox={mode}")]);
+        let (status, err) = wait_exit(child);
+        assert_eq!(status.code(), Some(1), "--sandbox={mode}: {err}");
+        assert!(
+            err.contains(&format!("(uid {PLAIN}) may not read and search it"))
+                && !err.contains("--sandbox=none"),
+            "--sandbox={mode}: {err}"
+        );
+        assert!(!socket.exists(), "--sandbox={mode}: the socket was left");
+    }
+}
+
+/// A daemon that is not root, started on a share it may read but not write (root's, as a
+/// fresh /srv/share is), warns that the guest's changes will fail, then serves; not with
+/// `--readonly`.
+#[test]
+fn a_daemon_without_root_warns_that_it_cannot_write_the_share() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run the daemon as another uid");
+        return;
+    }
+    let (_base, share, socket) = unprivileged_dirs(0o755);
+    for (extra, warns) in [(None, true), (Some("--readonly"), false)] {
+        let mut args = vec!["--sandbox=none"];
+        args.extend(extra);
+        let child = start_as_plain(&share, &socket, &args);
+        let mut front = FsFrontend::connect(&socket, 1).expect("connect");
+        front.client(0).unwrap().init().unwrap();
+        front.disconnect();
+        let (status, err) = wait_exit(child);
+        assert!(status.success(), "{args:?}: {status}: {err}");
+        assert_eq!(
+            err.contains("may not write it"),
+            warns,
+            "{args:?}: the warning: {err}"
+        );
+    }
+}
