@@ -152,6 +152,34 @@ prefix() {
 }
 check_cmd "install.sh --prefix /usr/local names /usr/local/libexec/virtiofsd in the units and JSON" prefix
 
+# --- debian/copyright ---------------------------------------------------------------------------
+# debian/copyright is what debian/gen-copyright makes from Cargo.lock now, and (checked apart
+# from the script) names every crate linked into the daemon, on each Linux target the package
+# is built for, with the license cargo reports, and has a License paragraph for each license.
+copyright_crates() {
+    "$ROOT/debian/gen-copyright" --check || return 1
+    local c="$ROOT/debian/copyright" t p lic name ver id n=0 bad=""
+    for t in x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu; do
+        (cd "$ROOT" && cargo tree --locked --package "$PKG" --target "$t" \
+            --edges normal,no-proc-macro --prefix none --format '{p}|{l}') || return 1
+    done | sed 's/ (\*)$//' | sort -u | grep -v "^$PKG " >"$WORK/linked.txt"
+    while IFS='|' read -r p lic; do
+        name="${p%% *}"; ver="${p#* v}"; ver="${ver%% *}"
+        n=$((n + 1))
+        grep -q "^ $name $ver: " "$c" || bad+="$name $ver is not named"$'\n'
+        for id in $(tr '()/' '   ' <<<"$lic"); do
+            case "$id" in OR|AND|WITH) continue ;; esac
+            grep -qx "License: $id" "$c" || bad+="$name $ver: no 'License: $id' paragraph"$'\n'
+        done
+    done <"$WORK/linked.txt"
+    [ "$n" -gt 20 ] || bad+="cargo tree listed only $n crates"$'\n'
+    grep -q '^ nix [0-9.]*: MIT$' "$c" && grep -q '^ vmm-sys-util [0-9.]*: BSD-3-Clause$' "$c" ||
+        bad+="nix (MIT) or vmm-sys-util (BSD-3-Clause) is missing"$'\n'
+    [ -z "$bad" ] || { printf '%s' "$bad"; return 1; }
+    echo "$n linked crates named with their licenses"
+}
+check_cmd "debian/copyright is debian/gen-copyright's, names every linked crate and has each license's text" copyright_crates
+
 # --- the QEMU vhost-user descriptor ------------------------------------------------------------
 json() {
     python3 -m json.tool "$JSON" >/dev/null || return 1
