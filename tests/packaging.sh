@@ -108,7 +108,7 @@ layout() {
     done
     # nothing else: every regular file or link installed is one of the above, or the link
     got="$(cd "$DEST" && find . ! -type d | sort | tr '\n' ' ')"
-    want="$( { printf './%s\n' "${LAYOUT[@]% *}"; echo ./usr/lib/qemu/virtiofsd; } | sort | tr '\n' ' ')"
+    want="$( { printf './%s\n' "${LAYOUT[@]% *}"; echo ./usr/lib/qemu/virtiofsd; echo ./usr/lib/virtiofsd; } | sort | tr '\n' ' ')"
     [ "$got" = "$want" ] || bad+="installed files: $got"$'\n'"expected: $want"$'\n'
     cmp -s "$DEST/$DOCDIR/copyright" "$ROOT/debian/copyright" || bad+="copyright is not debian/copyright"$'\n'
     [ -z "$bad" ] || { printf '%s' "$bad"; return 1; }
@@ -119,24 +119,29 @@ check_cmd "layout: files, modes, nothing else" layout
 check_cmd "installed binary runs (--version)" "$BIN" --version
 check_cmd "installed binary is the release build ($TARGET/release/virtiofsd)" cmp "$BIN" "$TARGET/release/virtiofsd"
 
-# /usr/lib/qemu/virtiofsd, where older QEMU packages put the daemon: a relative symlink that
-# resolves inside the temporary root to usr/libexec/virtiofsd, and runs.
+# /usr/lib/qemu/virtiofsd, where older QEMU packages put the daemon, and /usr/lib/virtiofsd,
+# the path this project's description launches and virtme-ng searches: relative symlinks that
+# resolve inside the temporary root to usr/libexec/virtiofsd, and run.
 compat_paths() {
-    local p=usr/lib/qemu/virtiofsd real
-    [ -L "$DEST/$p" ] || { echo "/$p is not a symlink"; return 1; }
-    case "$(readlink "$DEST/$p")" in /*) echo "/$p is an absolute link"; return 1 ;; esac
-    real="$(cd "$DEST" && realpath --relative-to=. "$p")"
-    [ "$real" = usr/libexec/virtiofsd ] || { echo "/$p resolves to $real"; return 1; }
-    "$DEST/$p" --version || return 1
-    [ "$("$DEST/$p" --print-capabilities)" = "$("$BIN" --print-capabilities)" ] ||
-        { echo "/$p --print-capabilities differs"; return 1; }
+    local p real
+    for p in usr/lib/qemu/virtiofsd usr/lib/virtiofsd; do
+        [ -L "$DEST/$p" ] || { echo "/$p is not a symlink"; return 1; }
+        case "$(readlink "$DEST/$p")" in /*) echo "/$p is an absolute link"; return 1 ;; esac
+        real="$(cd "$DEST" && realpath --relative-to=. "$p")"
+        [ "$real" = usr/libexec/virtiofsd ] || { echo "/$p resolves to $real"; return 1; }
+        "$DEST/$p" --version || return 1
+        [ "$("$DEST/$p" --print-capabilities)" = "$("$BIN" --print-capabilities)" ] ||
+            { echo "/$p --print-capabilities differs"; return 1; }
+    done
     # --compat-links no: only /usr/libexec/virtiofsd.
     "$ROOT/packaging/install.sh" --no-build --destdir "$WORK/nolinks" --compat-links no >/dev/null ||
         return 1
-    [ -x "$WORK/nolinks/usr/libexec/virtiofsd" ] && [ ! -e "$WORK/nolinks/usr/lib/qemu" ] ||
-        { echo "--compat-links no: $(cd "$WORK/nolinks" && find . -name virtiofsd)"; return 1; }
+    if [ ! -x "$WORK/nolinks/usr/libexec/virtiofsd" ] || [ -e "$WORK/nolinks/usr/lib/qemu" ] ||
+        [ -e "$WORK/nolinks/usr/lib/virtiofsd" ]; then
+        echo "--compat-links no: $(cd "$WORK/nolinks" && find . -name virtiofsd)"; return 1
+    fi
 }
-check_cmd "/usr/lib/qemu/virtiofsd links to /usr/libexec/virtiofsd and runs; --compat-links no" compat_paths
+check_cmd "/usr/lib/qemu/virtiofsd and /usr/lib/virtiofsd link to /usr/libexec/virtiofsd and run; --compat-links no" compat_paths
 
 prefix() {
     local d="$WORK/local" p
@@ -149,6 +154,7 @@ prefix() {
         { cat "$p/share/qemu/vhost-user/50-qemu-virtiofsd.json"; return 1; }
     [ -f "$p/share/man/man1/virtiofsd.1.gz" ] || { echo "no man page under the prefix"; return 1; }
     [ "$(readlink "$p/lib/qemu/virtiofsd")" = ../../libexec/virtiofsd ] || { echo "no lib/qemu link under the prefix"; return 1; }
+    [ "$(readlink "$p/lib/virtiofsd")" = ../libexec/virtiofsd ] || { echo "no lib/virtiofsd link under the prefix"; return 1; }
 }
 check_cmd "install.sh --prefix /usr/local names /usr/local/libexec/virtiofsd in the units and JSON" prefix
 
@@ -428,7 +434,8 @@ host_is_clean() {
     if [ "${v%% *}" = installed ] && dpkg --compare-versions "${v#* }" lt 1:8.0~; then
         bad+="qemu-system-common ${v#* } ships a virtiofsd the package would take over"$'\n'
     fi
-    for p in /usr/libexec/virtiofsd /usr/lib/qemu/virtiofsd /usr/share/qemu/vhost-user/50-qemu-virtiofsd.json \
+    for p in /usr/libexec/virtiofsd /usr/lib/qemu/virtiofsd /usr/lib/virtiofsd \
+             /usr/share/qemu/vhost-user/50-qemu-virtiofsd.json \
              /usr/lib/systemd/system/virtiofsd@.service /usr/lib/systemd/system/virtiofsd@.socket \
              /usr/share/man/man1/virtiofsd.1.gz "/usr/share/doc/$PKG"; do
         [ -e "$p" ] || [ -L "$p" ] && bad+="$p exists (not from this run)"$'\n'
@@ -475,11 +482,12 @@ for f in "$DEBS/${PKG}_"*"_${ARCH}.deb"; do [ -f "$f" ] && DEBFILE="$f"; done
 
 lint() {
     need lintian lintian || { echo "lintian missing"; return 1; }
-    # Every error and warning fails (the package's overrides say why each one left is wrong);
-    # info and pedantic tags are shown.
-    lintian --fail-on error,warning -I --pedantic "$DEBS/${PKG}_"*"_${ARCH}.changes" 2>&1
+    # Every tag fails, down to info, pedantic and experimental ones (-E --pedantic): the
+    # package's overrides say why each one left is wrong.
+    lintian -E --pedantic -I --fail-on error,warning,info,pedantic,experimental \
+        "$DEBS/${PKG}_"*"_${ARCH}.changes" 2>&1
 }
-check_cmd "lintian: no error or warning" lint
+check_cmd "lintian -E --pedantic: no tag but the package's overrides" lint
 
 install_deb() {
     local out
@@ -516,7 +524,9 @@ deb_layout() {
     done
     [ "$(readlink /usr/lib/qemu/virtiofsd)" = ../../libexec/virtiofsd ] ||
         bad+="/usr/lib/qemu/virtiofsd -> $(readlink /usr/lib/qemu/virtiofsd)"$'\n'
-    allowed+="/usr/lib/qemu/virtiofsd"
+    [ "$(readlink /usr/lib/virtiofsd)" = ../libexec/virtiofsd ] ||
+        bad+="/usr/lib/virtiofsd -> $(readlink /usr/lib/virtiofsd)"$'\n'
+    allowed+="/usr/lib/qemu/virtiofsd"$'\n'"/usr/lib/virtiofsd"
     # Files (not directories) the package has beyond install.sh's layout.
     while read -r f; do
         [ -d "$f" ] && [ ! -L "$f" ] && continue
@@ -537,9 +547,9 @@ deb_version() {
     echo "$v"
     [ "$v" = "$want" ] || { echo "expected $want"; return 1; }
     grep -Eqx "virtiofsd 1\.[0-9]+\.[0-9]+\+$PKG\.$CARGO_VERSION" <<<"$v" &&
-        [ "$(/usr/lib/qemu/virtiofsd --version)" = "$v" ]
+        [ "$(/usr/lib/qemu/virtiofsd --version)" = "$v" ] && [ "$(/usr/lib/virtiofsd --version)" = "$v" ]
 }
-check_cmd "/usr/libexec/virtiofsd --version (and /usr/lib/qemu/virtiofsd's) names the reference release and $PKG $CARGO_VERSION" deb_version
+check_cmd "/usr/libexec/virtiofsd --version (and /usr/lib/qemu/virtiofsd's, /usr/lib/virtiofsd's) names the reference release and $PKG $CARGO_VERSION" deb_version
 
 deb_man() {
     need man man-db || return 1
@@ -616,7 +626,8 @@ purge_deb() {
     local out p left=""
     out="$(DEBIAN_FRONTEND=noninteractive apt-get purge -y "$PKG" 2>&1)" || { printf '%s\n' "$out" | tail -n 5; return 1; }
     dpkg-query -W -f='${db:Status-Status}' "$PKG" 2>/dev/null | grep -q installed && left+="still installed"$'\n'
-    for p in /usr/libexec/virtiofsd /usr/lib/qemu/virtiofsd /usr/share/qemu/vhost-user/50-qemu-virtiofsd.json \
+    for p in /usr/libexec/virtiofsd /usr/lib/qemu/virtiofsd /usr/lib/virtiofsd \
+             /usr/share/qemu/vhost-user/50-qemu-virtiofsd.json \
              /usr/lib/systemd/system/virtiofsd@.service /usr/share/man/man1/virtiofsd.1.gz "/$DOCDIR"; do
         [ -e "$p" ] || [ -L "$p" ] && left+="$p is left"$'\n'
     done
