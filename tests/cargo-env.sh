@@ -95,16 +95,17 @@ need_fmt_clippy() {
 lint_toolchain() {
     LINT=""
     command -v rustup >/dev/null 2>&1 || return 0
-    if ! cargo "+$RUST_LINT" clippy --version >/dev/null 2>&1 ||
-        ! cargo "+$RUST_LINT" fmt --version >/dev/null 2>&1; then
+    # The probes never install (a sudo user's rustup must not be changed by root).
+    if ! RUSTUP_AUTO_INSTALL=0 cargo "+$RUST_LINT" clippy --version >/dev/null 2>&1 ||
+        ! RUSTUP_AUTO_INSTALL=0 cargo "+$RUST_LINT" fmt --version >/dev/null 2>&1; then
         if [ -z "${RUSTUP_HOME:-}" ] || [ "${RUSTUP_HOME}" = "$(getent passwd 0 | cut -d: -f6)/.rustup" ]; then
             echo "# installing Rust $RUST_LINT (rustfmt, clippy) for the lint gate" >&2
             rustup toolchain install "$RUST_LINT" --profile minimal --component rustfmt,clippy \
                 >/dev/null 2>&1 || true
         fi
     fi
-    if cargo "+$RUST_LINT" clippy --version >/dev/null 2>&1 &&
-        cargo "+$RUST_LINT" fmt --version >/dev/null 2>&1; then
+    if RUSTUP_AUTO_INSTALL=0 cargo "+$RUST_LINT" clippy --version >/dev/null 2>&1 &&
+        RUSTUP_AUTO_INSTALL=0 cargo "+$RUST_LINT" fmt --version >/dev/null 2>&1; then
         LINT="+$RUST_LINT"
     fi
 }
