@@ -50,8 +50,8 @@
 #   - root's ~/.cargo: the crates downloaded, and cargo-fuzz (cargo install); in root's own
 #     rustup (not a sudo user's), Rust 1.95.0 with rustfmt and clippy, the lint gate's release
 #     (RUST_LINT in tests/cargo-env.sh), when missing;
-#   - the checkout: target/ (builds, target/min-rust for the minimum Rust's, test output, guest and libvirt logs), tests/fuzz/target/,
-#     tests/fuzz/corpus/ and tests/fuzz/artifacts/. Under sudo, every file the run made in the
+#   - the checkout: target/ (builds, target/min-rust for the minimum Rust's, test output, guest
+#     and libvirt logs), tests/fuzz/target/, tests/fuzz/corpus/ and tests/fuzz/artifacts/. Under sudo, every file the run made in the
 #     checkout is given back to the user who ran sudo when it ends, so that the user's own
 #     builds can overwrite them.
 set -euo pipefail
