@@ -937,7 +937,10 @@ fn unit_bounding_set(leave_out: Option<&str>) -> String {
             }
         }
     }
-    assert!(set.contains("+mknod"), "no CapabilityBoundingSet= read: {set}");
+    assert!(
+        set.contains("+mknod"),
+        "no CapabilityBoundingSet= read: {set}"
+    );
     set
 }
 
@@ -986,7 +989,10 @@ fn the_units_capability_bounding_set_lets_the_daemon_serve() {
         .unwrap()
         .file_type()
         .is_char_device());
-    assert_eq!(fs::symlink_metadata(d.share.join("mine")).unwrap().uid(), 1000);
+    assert_eq!(
+        fs::symlink_metadata(d.share.join("mine")).unwrap().uid(),
+        1000
+    );
 
     let d = dirs();
     let (status, err) = wait_exit(start(&d, &unit_bounding_set(Some("sys_admin"))));
