@@ -18,9 +18,10 @@
 # minimum release (RUST_MIN) is built and unit-tested with Debian 13's cargo in a chroot
 # (tests/min-rust.sh).
 #
-# Time: 15 to 20 minutes on a 2-core machine without KVM once everything is installed (the
-# guest boots run under TCG). The first run on a fresh machine also downloads and installs what
-# is listed below, the crates, and builds cargo-fuzz.
+# Time: 20 to 30 minutes on a 2-core machine without KVM once everything is installed (the
+# guest boots run under TCG; the minimum Rust's build and unit tests, 4.6 min of CPU, took 9 of
+# them on a busy machine). The first run on a fresh machine also downloads and installs what
+# is listed below, the crates, makes the trixie chroot (1 min), and builds cargo-fuzz.
 #
 # Lasting changes to the host, each made only when missing and left in place afterwards:
 #   - apt sources: bookworm-backports (/etc/apt/sources.list.d/backports.sources), and
