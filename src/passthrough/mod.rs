@@ -1151,8 +1151,8 @@ impl PassthroughFs {
     fn released(&self, inode: u64) {
         if let Some(node) = self.inodes.get(inode) {
             // One less, never below 0 (a RELEASE the count never saw). An explicit loop rather
-            // than `fetch_update`, which Rust 1.99 deprecates in favour of a method
-            // that Rust 1.85 lacks.
+            // than `fetch_update`, which Rust 1.99 deprecates in favour of `try_update`, a
+            // method Rust 1.85 lacks.
             let mut n = node.handles.load(Ordering::SeqCst);
             while let Some(less) = n.checked_sub(1) {
                 match node.handles.compare_exchange_weak(
