@@ -52,8 +52,12 @@ fi
 if [ "$REFRESH" = 1 ] || [ ! -x "$CHROOT/usr/bin/cargo" ]; then
     if ! command -v mmdebstrap >/dev/null; then
         echo "# installing mmdebstrap"
-        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y \
-            --no-install-recommends mmdebstrap >/dev/null
+        apt_install() {
+            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y \
+                --no-install-recommends mmdebstrap >/dev/null
+        }
+        # A fresh machine may have no package lists yet.
+        apt_install || { apt-get -o DPkg::Lock::Timeout=900 update >/dev/null && apt_install; }
     fi
     echo "# making the trixie chroot with Debian's cargo and rustc in $CHROOT"
     rm -rf "$CHROOT.new"
