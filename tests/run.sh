@@ -67,11 +67,12 @@ fi
 # shellcheck source=tests/cargo-env.sh
 . tests/cargo-env.sh
 find_cargo
-need_fmt_clippy
+lint_toolchain
+# The found toolchain's own rustfmt and clippy are needed only without the pinned release.
+[ -n "$LINT" ] || need_fmt_clippy
 trap 'give_back_checkout "$PWD"' EXIT
 echo "== $(cargo --version), $(command -v cargo)"
 
-lint_toolchain
 if [ -n "$LINT" ]; then
     echo "== cargo $LINT fmt --check (the lint gate's pinned release, RUST_LINT in tests/cargo-env.sh)"
     cargo "$LINT" fmt --all -- --check
