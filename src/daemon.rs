@@ -215,8 +215,9 @@ fn may_access(path: &Path, mode: libc::c_int) -> io::Result<()> {
 
 /// Refuses a shared directory the daemon cannot list (no sandbox mode would change that: it
 /// would serve a directory whose every request fails), and warns when the guest's changes will
-/// fail because the daemon, not being root, may not write it.
-fn check_share_access(dir: &Path, readonly: bool) -> Result<(), DaemonError> {
+/// fail because the daemon may not write it (not root, root of a user namespace that does not
+/// own it, or a read-only mount) and `--readonly` was not given.
+fn check_share_access(dir: &Path, readonly: bool, in_userns: bool) -> Result<(), DaemonError> {
     let uid = nix::unistd::geteuid();
     if let Err(source) = may_access(dir, libc::R_OK | libc::X_OK) {
         if source.raw_os_error() == Some(libc::EACCES) {
@@ -227,13 +228,19 @@ fn check_share_access(dir: &Path, readonly: bool) -> Result<(), DaemonError> {
             });
         }
     }
-    if !readonly && !uid.is_root() && may_access(dir, libc::W_OK).is_err() {
+    if readonly {
+        return Ok(());
+    }
+    if let Err(e) = may_access(dir, libc::W_OK) {
+        let who = match in_userns {
+            true => format!("uid {uid} of its user namespace (--uid-map)"),
+            false => format!("uid {uid}"),
+        };
         log::warn!(
-            "--shared-dir {}: this daemon runs as uid {} and may not write it: the guest can \
-             read the share, but every file it creates, changes or removes there fails (EACCES). \
+            "--shared-dir {}: this daemon runs as {who} and may not write it ({e}): the guest \
+             can read the share, but every file it creates, changes or removes there fails. \
              Run the daemon as root or as the directory's owner, or pass --readonly",
             dir.display(),
-            uid
         );
     }
     Ok(())
@@ -473,7 +480,11 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
             .map_err(DaemonError::UserNamespace)?;
         info!("running in a user namespace");
     }
-    check_share_access(&cfg.fs.root_dir, cfg.fs.readonly)?;
+    check_share_access(
+        &cfg.fs.root_dir,
+        cfg.fs.readonly,
+        !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty(),
+    )?;
     // Modes from the guest are applied as given; the guest kernel already applied its umask.
     nix::sys::stat::umask(Mode::empty());
 

@@ -302,7 +302,8 @@ fn daemon_with_id_maps_creates_files_as_the_mapped_host_ids() {
 }
 
 /// Starts the daemon with `args`, has a frontend create `name` in the share as the guest's
-/// root, hangs up, and answers how the daemon ended and its standard error.
+/// root (with `name` empty, only INIT), hangs up, and answers how the daemon ended and its
+/// standard error.
 fn serve_one_creation(
     socket: &Path,
     args: &[String],
@@ -323,10 +324,12 @@ fn serve_one_creation(
     let served = FsFrontend::connect(socket, 1).map(|mut front| {
         let mut c = front.client(0).unwrap();
         c.init().unwrap();
-        c.with_ctx(0, 0, 1, |c| {
-            c.create(ROOT_ID, name, libc::O_RDWR as u32, 0o644, 0)
-        })
-        .unwrap();
+        if !name.is_empty() {
+            c.with_ctx(0, 0, 1, |c| {
+                c.create(ROOT_ID, name, libc::O_RDWR as u32, 0o644, 0)
+            })
+            .unwrap();
+        }
         drop(c);
         front.disconnect();
     });
@@ -399,4 +402,12 @@ fn root_with_id_maps_serves_a_socket_in_a_root_only_directory() {
             assert_eq!(m.uid(), 0, "the socket's owner");
         }
     }
+    // A share of root's, which the namespace's root may not write: the daemon says so.
+    std::os::unix::fs::chown(&share, Some(0), Some(0)).unwrap();
+    let (status, err) = serve_one_creation(&socket, &args, "");
+    assert!(status.success(), "{status}: {err}");
+    assert!(
+        err.contains("of its user namespace (--uid-map) and may not write it"),
+        "no warning about the share: {err}"
+    );
 }
