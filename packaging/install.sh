@@ -4,6 +4,8 @@
 #
 #   PREFIX/libexec/virtiofsd                             the daemon (where Debian and Fedora put it)
 #   PREFIX/lib/qemu/virtiofsd -> ../../libexec/virtiofsd where older QEMU packages put it
+#   PREFIX/lib/virtiofsd -> ../libexec/virtiofsd         the path launchers such as virtme-ng
+#                                                        also look at
 #   PREFIX/share/qemu/vhost-user/50-qemu-virtiofsd.json  QEMU/libvirt vhost-user backend descriptor
 #   PREFIX/lib/systemd/system/virtiofsd@.service         one daemon per share, socket-activated
 #   PREFIX/lib/systemd/system/virtiofsd@.socket          /run/virtiofsd/INSTANCE.sock
@@ -20,9 +22,10 @@
 #                         the environment variable DESTDIR works too
 #   --no-build            install the existing release binary without cargo build
 #                         (CARGO_TARGET_DIR/release/virtiofsd, default target/release/virtiofsd)
-#   --compat-links MODE   yes (default): also make the PREFIX/lib/qemu/virtiofsd link, so that
-#                         domain XML and scripts naming that path start this daemon. no: leave
-#                         it out. (--libexec-link auto|yes|no is the old name: auto means yes.)
+#   --compat-links MODE   yes (default): also make the links PREFIX/lib/qemu/virtiofsd and
+#                         PREFIX/lib/virtiofsd, so that domain XML, launchers and scripts
+#                         naming those paths start this daemon. no: leave them out.
+#                         (--libexec-link auto|yes|no is the old name: auto means yes.)
 #   --force               install over files that an installed package (dpkg or rpm) owns
 # Without DESTDIR, a file of an installed package (a distribution's virtiofsd, or the
 # virtiofsd-dropin .deb) at one of these paths stops the installation (exit 1) before anything
@@ -81,7 +84,7 @@ FILES=(libexec/virtiofsd share/qemu/vhost-user/50-qemu-virtiofsd.json
        lib/systemd/system/virtiofsd@.service lib/systemd/system/virtiofsd@.socket
        share/man/man1/virtiofsd.1.gz "$DOC/copyright" "$DOC/example.conf" "$DOC/README.md")
 for f in "$ROOT"/doc/*.md; do FILES+=("$DOC/${f##*/}"); done
-[ "$LINKS" = yes ] && FILES+=(lib/qemu/virtiofsd)
+[ "$LINKS" = yes ] && FILES+=(lib/qemu/virtiofsd lib/virtiofsd)
 
 # A package's file is not overwritten behind the package manager's back.
 if [ -z "$DESTDIR" ] && [ "$FORCE" = 0 ]; then
@@ -111,6 +114,7 @@ install -m 0755 "$BIN" "$D/libexec/virtiofsd"
 if [ "$LINKS" = yes ]; then
     install -d -m 0755 "$D/lib/qemu"
     ln -sfn ../../libexec/virtiofsd "$D/lib/qemu/virtiofsd"
+    ln -sfn ../libexec/virtiofsd "$D/lib/virtiofsd"
 fi
 
 # The files name /usr/libexec/virtiofsd; another prefix is substituted in.

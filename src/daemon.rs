@@ -118,6 +118,18 @@ pub enum DaemonError {
     SupplementaryGroups(#[source] io::Error),
     #[error("--uid-map/--gid-map")]
     UserNamespace(#[source] userns::Error),
+    /// The shared directory cannot be listed by the daemon as it runs: no sandbox mode helps.
+    #[error(
+        "--shared-dir {}: this daemon (uid {uid}) may not read and search it; run it as root or \
+         as the directory's owner, or give that uid read and search permission",
+        .path.display()
+    )]
+    ShareUnreadable {
+        path: PathBuf,
+        uid: u32,
+        #[source]
+        source: io::Error,
+    },
     #[error("device setup")]
     Backend(#[source] io::Error),
     #[error("device setup: cannot create the vhost-user daemon: {0}")]
@@ -185,6 +197,52 @@ fn handle_stop_signals(socket: Option<(PathBuf, Option<SocketId>)>) -> Result<()
             std::process::exit(0);
         })
         .map_err(DaemonError::SignalThread)?;
+    Ok(())
+}
+
+/// Whether the daemon, with the ids it serves with (those of its user namespace with
+/// `--uid-map`), may use `mode` (`R_OK`, `W_OK`, `X_OK`) on `path`.
+fn may_access(path: &Path, mode: libc::c_int) -> io::Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a NUL-terminated path that outlives the call; faccessat only reads it.
+    let rc = unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), mode, libc::AT_EACCESS) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Refuses a shared directory the daemon cannot list (no sandbox mode would change that: it
+/// would serve a directory whose every request fails), and warns when the guest's changes will
+/// fail because the daemon may not write it (not root, root of a user namespace that does not
+/// own it, or a read-only mount) and `--readonly` was not given.
+fn check_share_access(dir: &Path, readonly: bool, in_userns: bool) -> Result<(), DaemonError> {
+    let uid = nix::unistd::geteuid();
+    if let Err(source) = may_access(dir, libc::R_OK | libc::X_OK) {
+        if source.raw_os_error() == Some(libc::EACCES) {
+            return Err(DaemonError::ShareUnreadable {
+                path: dir.to_path_buf(),
+                uid: uid.as_raw(),
+                source,
+            });
+        }
+    }
+    if readonly {
+        return Ok(());
+    }
+    if let Err(e) = may_access(dir, libc::W_OK) {
+        let who = match in_userns {
+            true => format!("uid {uid} of its user namespace (--uid-map)"),
+            false => format!("uid {uid}"),
+        };
+        log::warn!(
+            "--shared-dir {}: this daemon runs as {who} and may not write it ({e}): the guest \
+             can read the share, but every file it creates, changes or removes there fails. \
+             Run the daemon as root or as the directory's owner, or pass --readonly",
+            dir.display(),
+        );
+    }
     Ok(())
 }
 
@@ -395,13 +453,6 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
              checked against them"
         ),
     }
-    // Still single-threaded here, as entering a user namespace requires.
-    if !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty() {
-        userns::enter_user_namespace(&cfg.uid_map, &cfg.gid_map)
-            .map_err(DaemonError::UserNamespace)?;
-        info!("running in a user namespace");
-    }
-
     let socket_path = match &cfg.socket {
         SocketSpec::Path(p) => Some(p.clone()),
         SocketSpec::Fd(_) => None,
@@ -419,6 +470,21 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         }
     })?;
     let mut socket_file = SocketFile(socket_path.clone().map(|p| (p, made)));
+    // The socket and its lock file are made first, with the ids and capabilities the daemon was
+    // started with: once in its user namespace, root of the host has no right left in a
+    // directory such as /run (not even to open the lock file there), and `--socket-group`
+    // names a host group. The listener and the lock stay open across the switch. Still
+    // single-threaded here, as entering a user namespace requires.
+    if !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty() {
+        userns::enter_user_namespace(&cfg.uid_map, &cfg.gid_map)
+            .map_err(DaemonError::UserNamespace)?;
+        info!("running in a user namespace");
+    }
+    check_share_access(
+        &cfg.fs.root_dir,
+        cfg.fs.readonly,
+        !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty(),
+    )?;
     // Modes from the guest are applied as given; the guest kernel already applied its umask.
     nix::sys::stat::umask(Mode::empty());
 

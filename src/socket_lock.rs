@@ -204,8 +204,25 @@ pub fn remove_lock_file(socket: &Path) {
     let path = lock_path(socket);
     if let Err(e) = std::fs::remove_file(&path) {
         if e.kind() != io::ErrorKind::NotFound {
-            log::warn!("cannot remove the lock file {}: {e}", path.display());
+            log::warn!(
+                "cannot remove the lock file {}: {e}{}",
+                path.display(),
+                left_hint(&e)
+            );
         }
+    }
+}
+
+/// Why a file the daemon made in the socket's directory may outlive it, and that it does no
+/// harm: with `--uid-map`, the daemon made the socket and its lock file before it entered its
+/// user namespace, where it may no longer write that directory (root's /run, for one).
+fn left_hint(e: &io::Error) -> &'static str {
+    match e.kind() {
+        io::ErrorKind::PermissionDenied => {
+            " (the daemon's user namespace, --uid-map/--gid-map, may not write the socket's \
+             directory; the file is left, and the next daemon started on this path replaces it)"
+        }
+        _ => "",
     }
 }
 
@@ -235,7 +252,11 @@ pub fn remove_socket(path: &Path, made: Option<SocketId>) {
     if made.is_some() && SocketId::of(path) == made {
         if let Err(e) = std::fs::remove_file(path) {
             if e.kind() != std::io::ErrorKind::NotFound {
-                log::warn!("cannot remove the socket {}: {e}", path.display());
+                log::warn!(
+                    "cannot remove the socket {}: {e}{}",
+                    path.display(),
+                    left_hint(&e)
+                );
             }
         }
     }

@@ -9,8 +9,15 @@
 # user's home. give_back_checkout hands the files the run made in the checkout (target/, the
 # fuzzing corpora) back to that user, so that a later build as the user can overwrite them.
 
-# The oldest Rust that builds the daemon (Cargo.toml's rust-version).
+# The oldest Rust that builds the daemon (Cargo.toml's rust-version, debian/control's rustc):
+# tests/min-rust.sh builds and unit-tests it with Debian 13's cargo and rustc of that release.
 RUST_MIN=1.85
+# The release whose rustfmt and clippy are the lint gate (tests/run.sh: fmt --check and clippy
+# -D warnings), named here only. Each new Rust release brings lints and deprecations of its own;
+# with a pinned release they come into the gate when this line moves (and the code is made
+# clean for them), not on the day rustup's stable moves. Builds and tests use whichever
+# toolchain find_cargo finds: nothing pins a user's own `cargo build`.
+RUST_LINT=1.95.0
 
 # cargo_env_die MESSAGE...: what is missing and how to get it, then exit 1.
 cargo_env_die() {
@@ -77,6 +84,30 @@ need_fmt_clippy() {
     cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1 && return 0
     cargo_env_die "cargo fmt and cargo clippy are needed: rustup component add rustfmt clippy" \
         "(as the user whose toolchain it is), or on Debian 13 apt install rustfmt rust-clippy."
+}
+
+# lint_toolchain: sets LINT to "+RUST_LINT" when rustup has that toolchain with rustfmt and
+# clippy (a toolchain of root's own rustup is installed when missing; a sudo user's rustup is
+# only used, never changed), and to "" otherwise: then the lint stage runs the found toolchain's
+# fmt and clippy, reports what they find, and fails on nothing a release other than RUST_LINT
+# says.
+# shellcheck disable=SC2034 # LINT is the caller's
+lint_toolchain() {
+    LINT=""
+    command -v rustup >/dev/null 2>&1 || return 0
+    # The probes never install (a sudo user's rustup must not be changed by root).
+    if ! RUSTUP_AUTO_INSTALL=0 cargo "+$RUST_LINT" clippy --version >/dev/null 2>&1 ||
+        ! RUSTUP_AUTO_INSTALL=0 cargo "+$RUST_LINT" fmt --version >/dev/null 2>&1; then
+        if [ -z "${RUSTUP_HOME:-}" ] || [ "${RUSTUP_HOME}" = "$(getent passwd 0 | cut -d: -f6)/.rustup" ]; then
+            echo "# installing Rust $RUST_LINT (rustfmt, clippy) for the lint gate" >&2
+            rustup toolchain install "$RUST_LINT" --profile minimal --component rustfmt,clippy \
+                >/dev/null 2>&1 || true
+        fi
+    fi
+    if RUSTUP_AUTO_INSTALL=0 cargo "+$RUST_LINT" clippy --version >/dev/null 2>&1 &&
+        RUSTUP_AUTO_INSTALL=0 cargo "+$RUST_LINT" fmt --version >/dev/null 2>&1; then
+        LINT="+$RUST_LINT"
+    fi
 }
 
 # give_back_checkout DIR: under sudo, when DIR belongs to the user who ran sudo, every file

@@ -197,6 +197,7 @@ fn kata_new_command_line() {
             "--fd=3",
             "--thread-pool-size=1",
             "--announce-submounts",
+            "--inode-file-handles=prefer",
         ],
         Some(3),
     );

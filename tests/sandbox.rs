@@ -834,3 +834,167 @@ fn a_mount_the_host_adds_under_the_share_later_serves_no_device_either() {
     finish(parent, &d.socket);
     drop(late);
 }
+
+/// A directory tree for a daemon run as an unprivileged uid: a base every uid may search, a
+/// socket directory every uid may write, and the share, root's, with `share_mode`.
+fn unprivileged_dirs(share_mode: u32) -> (TempDir, PathBuf, PathBuf) {
+    let base = tempfile::tempdir().unwrap();
+    fs::set_permissions(base.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let share = base.path().join("share");
+    let sock = base.path().join("sock");
+    fs::create_dir(&share).unwrap();
+    fs::create_dir(&sock).unwrap();
+    fs::set_permissions(&share, fs::Permissions::from_mode(share_mode)).unwrap();
+    fs::set_permissions(&sock, fs::Permissions::from_mode(0o777)).unwrap();
+    (base, share, sock.join("vfs.sock"))
+}
+
+/// The daemon started as the unprivileged uid `PLAIN`.
+fn start_as_plain(share: &Path, socket: &Path, extra: &[&str]) -> Child {
+    Command::new(BIN)
+        .arg(format!("--shared-dir={}", share.display()))
+        .arg(format!("--socket-path={}", socket.display()))
+        .args(extra)
+        .uid(PLAIN)
+        .gid(PLAIN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start virtiofsd")
+}
+
+/// An unprivileged uid the two tests below run the daemon as.
+const PLAIN: u32 = 4243;
+
+/// A share the daemon may not list is refused at start, whatever `--sandbox` says: no sandbox
+/// mode can make it readable (the hint once sent users to `--sandbox=none`, which then served
+/// a directory whose every request failed).
+#[test]
+fn a_share_the_daemon_cannot_read_is_refused_with_every_sandbox_mode() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run the daemon as another uid");
+        return;
+    }
+    let (_base, share, socket) = unprivileged_dirs(0o700);
+    for mode in ["none", "namespace"] {
+        let child = start_as_plain(&share, &socket, &[&format!("--sandbox={mode}")]);
+        let (status, err) = wait_exit(child);
+        assert_eq!(status.code(), Some(1), "--sandbox={mode}: {err}");
+        assert!(
+            err.contains(&format!("(uid {PLAIN}) may not read and search it"))
+                && !err.contains("--sandbox=none"),
+            "--sandbox={mode}: {err}"
+        );
+        assert!(!socket.exists(), "--sandbox={mode}: the socket was left");
+    }
+}
+
+/// A daemon that is not root, started on a share it may read but not write (root's, as a
+/// fresh /srv/share is), warns that the guest's changes will fail, then serves; not with
+/// `--readonly`.
+#[test]
+fn a_daemon_without_root_warns_that_it_cannot_write_the_share() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run the daemon as another uid");
+        return;
+    }
+    let (_base, share, socket) = unprivileged_dirs(0o755);
+    for (extra, warns) in [(None, true), (Some("--readonly"), false)] {
+        let mut args = vec!["--sandbox=none"];
+        args.extend(extra);
+        let child = start_as_plain(&share, &socket, &args);
+        let mut front = FsFrontend::connect(&socket, 1).expect("connect");
+        front.client(0).unwrap().init().unwrap();
+        front.disconnect();
+        let (status, err) = wait_exit(child);
+        assert!(status.success(), "{args:?}: {status}: {err}");
+        assert_eq!(
+            err.contains("may not write it"),
+            warns,
+            "{args:?}: the warning: {err}"
+        );
+    }
+}
+
+/// The capabilities `CapabilityBoundingSet=` of packaging/virtiofsd@.service leaves, in
+/// setpriv's spelling (`-all,+chown,+dac_override,...`), without `leave_out`.
+fn unit_bounding_set(leave_out: Option<&str>) -> String {
+    let unit = fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/virtiofsd@.service"
+    ))
+    .unwrap();
+    let mut set = String::from("-all");
+    for line in unit.lines() {
+        let Some(caps) = line.strip_prefix("CapabilityBoundingSet=") else {
+            continue;
+        };
+        for cap in caps.split_whitespace() {
+            let name = cap.strip_prefix("CAP_").unwrap().to_ascii_lowercase();
+            if Some(name.as_str()) != leave_out {
+                set.push_str(&format!(",+{name}"));
+            }
+        }
+    }
+    assert!(
+        set.contains("+mknod"),
+        "no CapabilityBoundingSet= read: {set}"
+    );
+    set
+}
+
+/// The daemon as packaging/virtiofsd@.service starts it, with the unit's capability bounding
+/// set and no new privileges (setpriv applies both, as systemd does; no systemd runs here):
+/// with its defaults (namespace sandbox, seccomp) and file handles, it serves a guest whose
+/// root makes a device node and whose uid 1000 makes a file of its own. Without
+/// CAP_SYS_ADMIN in the set it cannot make its sandbox: the set is what limits it.
+#[test]
+fn the_units_capability_bounding_set_lets_the_daemon_serve() {
+    if !is_root() || Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipped: needs root and setpriv (util-linux)");
+        return;
+    }
+    let start = |d: &Dirs, caps: &str| {
+        Command::new("setpriv")
+            .args(["--nnp", "--bounding-set", caps, "--", BIN])
+            .arg(format!("--shared-dir={}", d.share.display()))
+            .arg(format!("--socket-path={}", d.socket.display()))
+            .args(["--log-level=error", "--inode-file-handles=prefer"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start setpriv")
+    };
+    let d = dirs();
+    // Guest uid 1000 may create there.
+    fs::set_permissions(&d.share, fs::Permissions::from_mode(0o777)).unwrap();
+    let child = start(&d, &unit_bounding_set(None));
+    let mut front = FsFrontend::connect(&d.socket, 1).expect("connect");
+    let mut c = front.client(0).unwrap();
+    c.init().unwrap();
+    c.mknod(ROOT_ID, "null", libc::S_IFCHR | 0o666, 0x103, 0)
+        .expect("mknod of a device node");
+    c.with_ctx(1000, 1000, 1, |c| {
+        c.create(ROOT_ID, "mine", libc::O_RDWR as u32, 0o644, 0)
+    })
+    .expect("create as uid 1000");
+    drop(c);
+    front.disconnect();
+    let (status, err) = wait_exit(child);
+    assert!(status.success(), "{status}: {err}");
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    assert!(fs::symlink_metadata(d.share.join("null"))
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    assert_eq!(
+        fs::symlink_metadata(d.share.join("mine")).unwrap().uid(),
+        1000
+    );
+
+    let d = dirs();
+    let (status, err) = wait_exit(start(&d, &unit_bounding_set(Some("sys_admin"))));
+    assert_eq!(status.code(), Some(1), "without CAP_SYS_ADMIN: {err}");
+}

@@ -300,3 +300,114 @@ fn daemon_with_id_maps_creates_files_as_the_mapped_host_ids() {
     assert_eq!(owner("by-root"), (HOST_BASE, HOST_BASE));
     assert_eq!(owner("by-user"), (HOST_BASE + 1000, HOST_BASE + 1000));
 }
+
+/// Starts the daemon with `args`, has a frontend create `name` in the share as the guest's
+/// root (with `name` empty, only INIT), hangs up, and answers how the daemon ended and its
+/// standard error.
+fn serve_one_creation(
+    socket: &Path,
+    args: &[String],
+    name: &str,
+) -> (std::process::ExitStatus, String) {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    use virtiofsd::fuse::abi::ROOT_ID;
+    use virtiofsd_frontend::FsFrontend;
+
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_virtiofsd"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start virtiofsd");
+    let served = FsFrontend::connect(socket, 1).map(|mut front| {
+        let mut c = front.client(0).unwrap();
+        c.init().unwrap();
+        if !name.is_empty() {
+            c.with_ctx(0, 0, 1, |c| {
+                c.create(ROOT_ID, name, libc::O_RDWR as u32, 0o644, 0)
+            })
+            .unwrap();
+        }
+        drop(c);
+        front.disconnect();
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = daemon.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = daemon.kill();
+            break daemon.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut err = String::new();
+    daemon
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    if let Err(e) = served {
+        err.push_str(&format!("\n(test) the frontend could not connect: {e}"));
+    }
+    (status, err)
+}
+
+/// Root with `--uid-map` and the socket in a directory only root may write (as /run): the
+/// socket and its lock file are made before the daemon enters its namespace, so it starts and
+/// serves (it once stopped with "cannot open the lock file ...: Permission denied"). What it
+/// cannot remove there at exit is replaced by the next daemon on the same path.
+#[test]
+fn root_with_id_maps_serves_a_socket_in_a_root_only_directory() {
+    if !user_namespaces_work() {
+        return;
+    }
+    if !is_root() {
+        eprintln!("skipped: needs root to map a subordinate range");
+        return;
+    }
+    let base = open_dir();
+    fs::set_permissions(base.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let share = base.path().join("share");
+    let run = base.path().join("run");
+    fs::create_dir(&share).unwrap();
+    fs::create_dir(&run).unwrap();
+    std::os::unix::fs::chown(&share, Some(HOST_BASE), Some(HOST_BASE)).unwrap();
+    // Like /run: root's, writable by root alone.
+    fs::set_permissions(&run, fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = run.join("vfs.sock");
+    let map = format!(":0:{HOST_BASE}:65536:");
+    let args = vec![
+        format!("--socket-path={}", socket.display()),
+        format!("--shared-dir={}", share.display()),
+        format!("--uid-map={map}"),
+        format!("--gid-map={map}"),
+        "--log-level=warn".to_string(),
+    ];
+    for (round, name) in ["first", "second"].into_iter().enumerate() {
+        let (status, err) = serve_one_creation(&socket, &args, name);
+        assert!(
+            status.success() && !err.contains("cannot open the lock file"),
+            "daemon {round}: {status}: {err}"
+        );
+        let m = fs::symlink_metadata(share.join(name)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (HOST_BASE, HOST_BASE), "daemon {round}");
+        // The socket was made by root of the host, so that QEMU as root finds it as without
+        // the maps.
+        if let Ok(m) = fs::symlink_metadata(&socket) {
+            assert_eq!(m.uid(), 0, "the socket's owner");
+        }
+    }
+    // A share of root's, which the namespace's root may not write: the daemon says so.
+    std::os::unix::fs::chown(&share, Some(0), Some(0)).unwrap();
+    let (status, err) = serve_one_creation(&socket, &args, "");
+    assert!(status.success(), "{status}: {err}");
+    assert!(
+        err.contains("of its user namespace (--uid-map) and may not write it"),
+        "no warning about the share: {err}"
+    );
+}

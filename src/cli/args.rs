@@ -90,7 +90,7 @@ pub struct Args {
     pub posix_acl: Negotiate,
 
     /// Rules translating extended attribute names between guest and host, e.g.
-    /// :map::user.virtiofs.: (see doc/configuration.md); implies --xattr
+    /// :map::user.virtiofs.: (the rule language: man virtiofsd); implies --xattr
     #[arg(long = "xattrmap", value_name = "RULES")]
     pub xattrmap: Option<XattrMap>,
 

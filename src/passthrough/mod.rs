@@ -1261,9 +1261,21 @@ impl PassthroughFs {
     /// Counts the release of an open handle of `inode` (see [`InodeData::handles`]).
     fn released(&self, inode: u64) {
         if let Some(node) = self.inodes.get(inode) {
-            let _ = node
-                .handles
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            // One less, never below 0 (a RELEASE the count never saw). An explicit loop rather
+            // than `fetch_update`, which Rust 1.99 deprecates in favour of `try_update`, a
+            // method Rust 1.85 lacks.
+            let mut n = node.handles.load(Ordering::SeqCst);
+            while let Some(less) = n.checked_sub(1) {
+                match node.handles.compare_exchange_weak(
+                    n,
+                    less,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                ) {
+                    Ok(_) => break,
+                    Err(now) => n = now,
+                }
+            }
         }
     }
 }
