@@ -66,6 +66,7 @@ cargo fmt --all -- --check
 echo "== cargo clippy (the daemon as it ships, then the workspace: tests, frontend, benchmark)"
 cargo clippy --locked -- -D warnings
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo doc (every member, private items too; warnings and broken links are errors)"; tests/doc.sh
 
 echo "== unit and in-process integration tests (the daemon's, the test frontend's, the benchmark's)"
 # The daemon's integration tests drive it through the test frontend (crates/frontend).
