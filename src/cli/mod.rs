@@ -125,7 +125,7 @@ pub enum UsageError {
     LegacyXattrmap(String, XattrMapError),
     /// A set of `--uid-map` (or `--gid-map`) ranges the kernel would refuse.
     #[error("{0}")]
-    IdMap(String),
+    IdMap(userns::MapsError),
     /// A bad `-o modcaps` list (as given, and why).
     #[error("-o modcaps: invalid value '{0}': {1}")]
     LegacyModcaps(String, ModCapsError),
