@@ -89,10 +89,13 @@ pub enum Error {
 /// were not written).
 #[derive(Debug, thiserror::Error)]
 pub enum Vanished {
+    /// Its end of the socket could not be read.
     #[error("cannot read its report: {0}")]
     Read(io::Error),
+    /// It exited, or was killed, without writing.
     #[error("it ended without a report ({})", process::describe(*.0))]
     Ended(WaitStatus),
+    /// Nothing came, and waiting for it failed too.
     #[error("it ended without a report (wait failed: {0})")]
     Wait(Errno),
 }
@@ -155,6 +158,7 @@ pub enum MapsError {
         flag: &'static str,
         range: IdMapRange,
     },
+    /// More ranges than the kernel takes in one map.
     #[error("{flag}: {ranges} ranges given; the kernel accepts at most {max}", max = MAX_RANGES)]
     TooMany { flag: &'static str, ranges: usize },
     /// The map's text is longer than the one page the kernel reads.
