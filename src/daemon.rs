@@ -26,6 +26,7 @@ use crate::passthrough::{self, PassthroughFs};
 use crate::sandbox::userns::{self, IdMapRange};
 use crate::sandbox::{self, caps, seccomp, SandboxError, SandboxMode};
 use crate::socket_lock::{self, LockError, SocketId};
+use crate::socket_path::NotASocket;
 use crate::vhost_user::backend::UnsharedMemory;
 use crate::vhost_user::FsBackend;
 
@@ -106,7 +107,7 @@ pub enum DaemonError {
         source: io::Error,
     },
     #[error(transparent)]
-    NotASocketPath(crate::cli::NotASocket),
+    NotASocketPath(NotASocket),
     /// `vhost_user_backend::Error` is no `std::error::Error`: it is shown in the message.
     #[error("vhost-user socket: accept failed: {0}")]
     Accept(vhost_user_backend::Error),
@@ -305,9 +306,7 @@ fn remove_old_socket(path: &Path) -> Result<(), DaemonError> {
             }),
             _ => Ok(()),
         },
-        Ok(m) => Err(DaemonError::NotASocketPath(crate::cli::NotASocket::at(
-            path, &m,
-        ))),
+        Ok(m) => Err(DaemonError::NotASocketPath(NotASocket::at(path, &m))),
     }
 }
 

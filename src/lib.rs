@@ -10,6 +10,8 @@
 //!   seccomp filter (`--seccomp`) and the user namespace of `--uid-map`/`--gid-map`
 //!   ([`sandbox::userns`]);
 //! - [`socket_lock`]: one daemon per socket path (`<socket>.pid`);
+//! - [`socket_path`]: what is at a socket path that is not a socket (a leaf, which the
+//!   command line and the daemon both use);
 //! - [`error`]: showing an error with its causes;
 //! - [`os`] and [`mountinfo`]: descriptors, errno values and `/proc/self/mountinfo`, as several
 //!   layers use them (leaves: they use nothing else of the crate).
@@ -32,4 +34,5 @@ pub mod os;
 pub mod passthrough;
 pub mod sandbox;
 pub mod socket_lock;
+pub mod socket_path;
 pub mod vhost_user;

@@ -114,7 +114,7 @@ pub fn priority(level: Level) -> libc::c_int {
 
 /// A [`Log`] that sends each record to the syslog daemon over the connection made at start,
 /// as `<PRI>Mmm dd hh:mm:ss virtiofsd[PID]: text`. The connection is never made again by path
-/// (see [`Conn::open`]): a record that cannot be sent goes to stderr.
+/// (see `Conn::open`): a record that cannot be sent goes to stderr.
 pub struct Syslog {
     filter: env_logger::Logger,
     conn: Mutex<Option<Conn>>,

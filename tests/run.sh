@@ -80,6 +80,8 @@ if [ -n "$LINT" ]; then
     echo "== cargo $LINT clippy -D warnings (the daemon as it ships, then the workspace: tests, frontend, benchmark)"
     cargo "$LINT" clippy --locked -- -D warnings
     cargo "$LINT" clippy --workspace --all-targets --locked -- -D warnings
+    echo "== cargo $LINT doc (every member, private items too; warnings and broken links are errors)"
+    RUSTUP_TOOLCHAIN="${LINT#+}" tests/doc.sh
 else
     # No rustup with Rust $RUST_LINT (e.g. Debian's cargo): this release's lints are reported,
     # and fail nothing, as they may be lints Rust $RUST_LINT does not have or judges otherwise.
@@ -87,6 +89,7 @@ else
     cargo fmt --all -- --check || echo "# (not failing: formatting as this rustfmt sees it, not $RUST_LINT's)"
     cargo clippy --workspace --all-targets --locked ||
         echo "# (not failing: clippy of $(cargo --version), not of Rust $RUST_LINT)"
+    tests/doc.sh || echo "# (not failing: rustdoc of $(cargo --version), not of Rust $RUST_LINT)"
 fi
 
 echo "== unit and in-process integration tests (the daemon's, the test frontend's, the benchmark's)"

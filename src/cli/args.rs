@@ -20,6 +20,9 @@ use crate::sandbox::userns::IdMapRange;
 use crate::sandbox::SandboxMode;
 
 /// vhost-user virtio-fs daemon: serves a host directory to a guest.
+// The doc comments below are the `--help` text, verbatim: its `[default]` and `[deprecated]`
+// are the reference's words, not links.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(Debug, Parser)]
 #[command(
     name = "virtiofsd",

@@ -31,6 +31,7 @@ use crate::passthrough::{Config, Negotiate};
 use crate::sandbox::caps::ModCapsError;
 use crate::sandbox::userns;
 
+pub use crate::socket_path::NotASocket;
 pub use args::{Args, InodeFileHandlesFlag, MAX_THREAD_POOL};
 
 /// The reference `virtiofsd` release whose command line and behaviour this daemon matches. It
@@ -125,7 +126,7 @@ pub enum UsageError {
     LegacyXattrmap(String, XattrMapError),
     /// A set of `--uid-map` (or `--gid-map`) ranges the kernel would refuse.
     #[error("{0}")]
-    IdMap(String),
+    IdMap(userns::MapsError),
     /// A bad `-o modcaps` list (as given, and why).
     #[error("-o modcaps: invalid value '{0}': {1}")]
     LegacyModcaps(String, ModCapsError),
@@ -213,47 +214,6 @@ fn check_socket_path(path: &Path) -> Result<(), UsageError> {
             Err(UsageError::SocketPathNotASocket(NotASocket::at(path, &m)))
         }
         _ => Ok(()),
-    }
-}
-
-/// Something other than a socket at `--socket-path`: refused when the command line is checked,
-/// and again just before the socket is made (only a socket left there is replaced).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "--socket-path: '{}' exists and is {kind}, not a socket; expected the path of a socket to \
-     create (only a socket left there is replaced)",
-    .path.display()
-)]
-pub struct NotASocket {
-    pub path: PathBuf,
-    /// What it is ("a regular file", "a symbolic link", ...).
-    pub kind: &'static str,
-}
-
-impl NotASocket {
-    /// What is at `path`, whose metadata (not following a symbolic link) is `m`.
-    pub fn at(path: &Path, m: &std::fs::Metadata) -> NotASocket {
-        NotASocket {
-            path: path.to_path_buf(),
-            kind: file_kind(&m.file_type()),
-        }
-    }
-}
-
-/// What a file that is not a socket is, for a message.
-fn file_kind(t: &std::fs::FileType) -> &'static str {
-    if t.is_symlink() {
-        "a symbolic link"
-    } else if t.is_dir() {
-        "a directory"
-    } else if t.is_file() {
-        "a regular file"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_char_device() || t.is_block_device() {
-        "a device node"
-    } else {
-        "another kind of file"
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Every struct here is plain old data. The [`Pod`] trait marks them so that the server can read
 //! them from and write them to raw bytes; the layout of each is proven at compile time by the
-//! [`wire!`] macro that declares it (the size of the Linux header's struct, and no padding).
+//! `wire!` macro that declares it (the size of the Linux header's struct, and no padding).
 //! Nothing here knows about virtio.
 
 /// Protocol major version spoken by this server.

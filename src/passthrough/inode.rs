@@ -671,7 +671,7 @@ pub fn freed(bytes: usize) {
 }
 
 /// Makes the allocator give memory back as the guest forgets (the nodes are not the
-/// allocator's: see [`slab`]; the tables, listings and names are):
+/// allocator's: see `passthrough::slab`; the tables, listings and names are):
 /// - glibc raises its thresholds each time a large block is freed (the node tables,
 ///   reallocated as they grow, are such blocks), up to 32 MiB for what it maps on its own and
 ///   64 MiB for the free room it keeps at the top of a heap. Fixed thresholds end that: blocks

@@ -446,7 +446,7 @@ pub fn install(action: Action) -> Result<(), Error> {
     seccompiler::apply_filter_all_threads(&prog).map_err(Error::Install)
 }
 
-/// Installs [`sigsys_handler`] for `SIGSYS`. The handler resets itself on entry
+/// Installs `sigsys_handler` for `SIGSYS`. The handler resets itself on entry
 /// (`SA_RESETHAND`) and does not block `SIGSYS` (`SA_NODEFER`), so the signal it raises, or a
 /// refused call inside it, kills the process.
 pub fn install_sigsys_handler() -> io::Result<()> {

@@ -39,12 +39,13 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::str::FromStr;
 
 use nix::errno::Errno;
 use nix::sched::CloneFlags;
 use nix::sys::socket::MsgFlags;
+use nix::sys::wait::WaitStatus;
 use nix::unistd::{ForkResult, Gid, Pid, Uid};
 
 use super::process::{self, ForkError};
@@ -55,8 +56,8 @@ pub enum Error {
     #[error("cannot enter a user namespace")]
     NotAlone(#[source] ForkError),
     /// A map the kernel would refuse (the message names the flag).
-    #[error("{0}")]
-    InvalidMap(String),
+    #[error(transparent)]
+    InvalidMap(MapsError),
     #[error("cannot create a socket pair")]
     SocketPair(#[source] io::Error),
     #[error("cannot fork the map writer")]
@@ -70,17 +71,33 @@ pub enum Error {
     },
     #[error("cannot signal the map writer")]
     Go(#[source] Errno),
-    /// The map writer's report of what it could not write (the message names the file).
+    /// The map writer's report of what it could not write (the message names the file): the
+    /// text of its `WriteError`, as the forked process sent it.
     #[error("{0}")]
     WriteMaps(String),
     #[error("writing the user namespace's id maps failed: {0}")]
-    MapWriterVanished(String),
+    MapWriterVanished(Vanished),
     #[error("cannot become {id} 0 inside the user namespace")]
     BecomeRoot {
         id: &'static str,
         #[source]
         source: Errno,
     },
+}
+
+/// How the map writer ended without a report (the message follows the one saying the maps
+/// were not written).
+#[derive(Debug, thiserror::Error)]
+pub enum Vanished {
+    /// Its end of the socket could not be read.
+    #[error("cannot read its report: {0}")]
+    Read(io::Error),
+    /// It exited, or was killed, without writing.
+    #[error("it ended without a report ({})", process::describe(*.0))]
+    Ended(WaitStatus),
+    /// Nothing came, and waiting for it failed too.
+    #[error("it ended without a report (wait failed: {0})")]
+    Wait(Errno),
 }
 
 /// One range of a uid or gid map: `count` ids starting at `ns_id` inside the namespace are the
@@ -115,6 +132,55 @@ const MAX_RANGES: usize = 340;
 
 fn expected(flag: &str) -> String {
     format!("expected {flag}=:namespace_id:host_id:count: (for example {flag}=:0:100000:65536:)")
+}
+
+/// The `/proc/PID` file a flag's map is written to.
+fn map_file(flag: &str) -> &'static str {
+    if flag.contains("gid") {
+        "gid_map"
+    } else {
+        "uid_map"
+    }
+}
+
+/// Why a whole `--uid-map` or `--gid-map` (all the values of the flag) was refused, as the
+/// kernel would refuse it. Each message starts with the flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MapsError {
+    /// A range of no ids, or one that reaches `u32::MAX` inside the namespace or on the host.
+    #[error(
+        "{flag}: invalid range {range}: the count must be at least 1 and neither range may \
+         reach {max}; {expected}",
+        max = u32::MAX,
+        expected = expected(.flag)
+    )]
+    InvalidRange {
+        flag: &'static str,
+        range: IdMapRange,
+    },
+    /// More ranges than the kernel takes in one map.
+    #[error("{flag}: {ranges} ranges given; the kernel accepts at most {max}", max = MAX_RANGES)]
+    TooMany { flag: &'static str, ranges: usize },
+    /// The map's text is longer than the one page the kernel reads.
+    #[error(
+        "{flag}: the {ranges} ranges do not fit in one page of /proc/PID/{file}; use fewer ranges",
+        file = map_file(.flag)
+    )]
+    TooLong { flag: &'static str, ranges: usize },
+    /// Two ranges share ids `side` ("inside the namespace" or "on the host").
+    #[error("{flag}: ranges {first} and {second} overlap {side}")]
+    Overlap {
+        flag: &'static str,
+        side: &'static str,
+        first: IdMapRange,
+        second: IdMapRange,
+    },
+    /// No range covers namespace id 0, the id the daemon runs as inside.
+    #[error(
+        "{flag}: no range maps namespace id 0; the daemon runs as id 0 inside the namespace, so \
+         one range must cover it (for example {flag}=:0:100000:65536:)"
+    )]
+    NoRoot { flag: &'static str },
 }
 
 /// Why a `--uid-map` or `--gid-map` value was refused.
@@ -241,39 +307,29 @@ fn parse_u32(field: &'static str, text: &str) -> Result<u32, MapError> {
 /// Checks a whole map (all values of one flag) the way the kernel will: each range valid, at
 /// most 340 ranges, no two ranges overlapping inside the namespace or on the host, and one range
 /// covering namespace id 0 (the daemon runs as id 0 inside). An empty map is accepted (see
-/// [`enter_user_namespace`]). Errors start with `flag`.
-pub fn check_maps(flag: &str, maps: &[IdMapRange]) -> Result<(), String> {
+/// [`enter_user_namespace`]). The error's message starts with `flag`.
+pub fn check_maps(flag: &'static str, maps: &[IdMapRange]) -> Result<(), MapsError> {
     if maps.is_empty() {
         return Ok(());
     }
-    for r in maps {
-        let fits =
-            r.ns_id.checked_add(r.count).is_some() && r.host_id.checked_add(r.count).is_some();
-        if r.count == 0 || !fits {
-            return Err(format!(
-                "{flag}: invalid range {r}: the count must be at least 1 and neither range may \
-                 reach {}; {}",
-                u32::MAX,
-                expected(flag)
-            ));
+    for &range in maps {
+        let fits = range.ns_id.checked_add(range.count).is_some()
+            && range.host_id.checked_add(range.count).is_some();
+        if range.count == 0 || !fits {
+            return Err(MapsError::InvalidRange { flag, range });
         }
     }
     if maps.len() > MAX_RANGES {
-        return Err(format!(
-            "{flag}: {} ranges given; the kernel accepts at most {MAX_RANGES}",
-            maps.len()
-        ));
+        return Err(MapsError::TooMany {
+            flag,
+            ranges: maps.len(),
+        });
     }
     if map_text(maps).len() >= page_size() {
-        return Err(format!(
-            "{flag}: the {} ranges do not fit in one page of /proc/PID/{}; use fewer ranges",
-            maps.len(),
-            if flag.contains("gid") {
-                "gid_map"
-            } else {
-                "uid_map"
-            }
-        ));
+        return Err(MapsError::TooLong {
+            flag,
+            ranges: maps.len(),
+        });
     }
     for (side, key) in [
         (
@@ -286,18 +342,17 @@ pub fn check_maps(flag: &str, maps: &[IdMapRange]) -> Result<(), String> {
         sorted.sort_by_key(|r| key(r));
         for pair in sorted.windows(2) {
             if u64::from(key(pair[0])) + u64::from(pair[0].count) > u64::from(key(pair[1])) {
-                return Err(format!(
-                    "{flag}: ranges {} and {} overlap {side}",
-                    pair[0], pair[1]
-                ));
+                return Err(MapsError::Overlap {
+                    flag,
+                    side,
+                    first: *pair[0],
+                    second: *pair[1],
+                });
             }
         }
     }
     if !maps.iter().any(|r| r.maps_ns_id(0)) {
-        return Err(format!(
-            "{flag}: no range maps namespace id 0; the daemon runs as id 0 inside the \
-             namespace, so one range must cover it (for example {flag}=:0:100000:65536:)"
-        ));
+        return Err(MapsError::NoRoot { flag });
     }
     Ok(())
 }
@@ -319,7 +374,7 @@ fn map_text(maps: &[IdMapRange]) -> String {
 }
 
 /// Which of the two maps.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Uid,
     Gid,
@@ -435,9 +490,9 @@ pub fn enter_user_namespace(uid_maps: &[IdMapRange], gid_maps: &[IdMapRange]) ->
         Some((_, msg)) => return Err(Error::WriteMaps(String::from_utf8_lossy(msg).into_owned())),
         None => {
             let why = match (read, status) {
-                (Err(e), _) => format!("cannot read its report: {e}"),
-                (_, Ok(s)) => format!("it ended without a report ({})", process::describe(s)),
-                (_, Err(e)) => format!("it ended without a report (wait failed: {e})"),
+                (Err(e), _) => Vanished::Read(e),
+                (_, Ok(s)) => Vanished::Ended(s),
+                (_, Err(e)) => Vanished::Wait(e),
             };
             return Err(Error::MapWriterVanished(why));
         }
@@ -505,9 +560,57 @@ fn map_writer(mut sock: UnixStream, pid: Pid, plans: &[Plan]) -> bool {
     result.is_ok()
 }
 
+/// Why the map writer could not write a map. The writer is a forked process that sends this
+/// to the daemon as text ([`Error::WriteMaps`]), so each message carries its cause.
+#[derive(Debug, thiserror::Error)]
+enum WriteError {
+    /// Writing the map file failed, and not for want of privilege.
+    #[error("cannot write {path}: {error}")]
+    Direct { path: String, error: io::Error },
+    /// Denying `setgroups`, or the gid map after it, failed.
+    #[error("cannot write {path} (with {setgroups} set to deny): {error}")]
+    Setgroups {
+        path: String,
+        setgroups: String,
+        error: io::Error,
+    },
+    /// Writing the map file was refused (`EPERM`) and the setuid helper did not write it.
+    #[error(
+        "cannot write {path}: {direct}; mapping {name}s other than one's own needs root \
+         (CAP_SET{upper}) or {helper} (package uidmap) with a matching range in /etc/sub{name}\
+         {failure}",
+        name = .kind.name(),
+        upper = .kind.name().to_uppercase(),
+        helper = .kind.helper()
+    )]
+    Helper {
+        path: String,
+        kind: Kind,
+        /// Why the direct write failed.
+        direct: io::Error,
+        failure: HelperFailure,
+    },
+}
+
+/// Why `newuidmap` or `newgidmap` did not write a map (the message follows the one that says
+/// it was needed).
+#[derive(Debug, thiserror::Error)]
+enum HelperFailure {
+    #[error(", and {0} is not in PATH")]
+    NotInPath(&'static str),
+    #[error("; {} failed ({status}): {stderr}", .program.display())]
+    Failed {
+        program: PathBuf,
+        status: ExitStatus,
+        stderr: String,
+    },
+    #[error("; cannot run {}: {error}", .program.display())]
+    CannotRun { program: PathBuf, error: io::Error },
+}
+
 /// Writes one map of process `pid`, directly if the kernel lets this process do it, through
 /// `newuidmap`/`newgidmap` otherwise.
-fn write_map(pid: Pid, plan: &Plan) -> Result<(), String> {
+fn write_map(pid: Pid, plan: &Plan) -> Result<(), WriteError> {
     let kind = plan.kind.name();
     let path = format!("/proc/{pid}/{kind}_map");
     let text = map_text(&plan.maps);
@@ -516,7 +619,10 @@ fn write_map(pid: Pid, plan: &Plan) -> Result<(), String> {
         Err(e) => e,
     };
     if direct.raw_os_error() != Some(libc::EPERM) {
-        return Err(format!("cannot write {path}: {direct}"));
+        return Err(WriteError::Direct {
+            path,
+            error: direct,
+        });
     }
     if plan.kind == Kind::Gid && plan.maps_only_own_id() {
         // Without CAP_SETGID in the original namespace, the kernel accepts a gid map only once
@@ -525,16 +631,21 @@ fn write_map(pid: Pid, plan: &Plan) -> Result<(), String> {
         let setgroups = format!("/proc/{pid}/setgroups");
         return write_once(&setgroups, "deny")
             .and_then(|()| write_once(&path, &text))
-            .map_err(|e| format!("cannot write {path} (with {setgroups} set to deny): {e}"));
+            .map_err(|error| WriteError::Setgroups {
+                path,
+                setgroups,
+                error,
+            });
     }
     let helper = plan.kind.helper();
-    let why = format!(
-        "cannot write {path}: {direct}; mapping {kind}s other than one's own needs root \
-         (CAP_SET{}) or {helper} (package uidmap) with a matching range in /etc/sub{kind}",
-        kind.to_uppercase()
-    );
+    let failed = move |failure| WriteError::Helper {
+        path,
+        kind: plan.kind,
+        direct,
+        failure,
+    };
     let Some(program) = find_in_path(helper) else {
-        return Err(format!("{why}, and {helper} is not in PATH"));
+        return Err(failed(HelperFailure::NotInPath(helper)));
     };
     let mut cmd = Command::new(&program);
     cmd.arg(pid.to_string());
@@ -547,13 +658,12 @@ fn write_map(pid: Pid, plan: &Plan) -> Result<(), String> {
     }
     match cmd.stdin(Stdio::null()).output() {
         Ok(out) if out.status.success() => Ok(()),
-        Ok(out) => Err(format!(
-            "{why}; {} failed ({}): {}",
-            program.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-        Err(e) => Err(format!("{why}; cannot run {}: {e}", program.display())),
+        Ok(out) => Err(failed(HelperFailure::Failed {
+            program,
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })),
+        Err(error) => Err(failed(HelperFailure::CannotRun { program, error })),
     }
 }
 
@@ -736,23 +846,32 @@ mod tests {
         assert!(check_maps("--uid-map", &[]).is_ok());
         assert!(check_maps("--uid-map", &[r(0, 100000, 65536)]).is_ok());
         assert!(check_maps("--uid-map", &[r(1, 2000, 10), r(0, 1000, 1)]).is_ok());
-        let e = check_maps("--uid-map", &[r(0, 1000, 10), r(5, 2000, 10)]).unwrap_err();
+        let e = check_maps("--uid-map", &[r(0, 1000, 10), r(5, 2000, 10)])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("--uid-map:") && e.contains("overlap inside"),
             "{e}"
         );
-        let e = check_maps("--gid-map", &[r(0, 1000, 10), r(10, 1005, 10)]).unwrap_err();
+        let e = check_maps("--gid-map", &[r(0, 1000, 10), r(10, 1005, 10)])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("--gid-map:") && e.contains("overlap on the host"),
             "{e}"
         );
-        let e = check_maps("--uid-map", &[r(1000, 1000, 1)]).unwrap_err();
+        let e = check_maps("--uid-map", &[r(1000, 1000, 1)])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("namespace id 0"), "{e}");
-        let e = check_maps("--uid-map", &[r(0, 1000, 0)]).unwrap_err();
+        let e = check_maps("--uid-map", &[r(0, 1000, 0)])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("invalid range"), "{e}");
         let many: Vec<_> = (0..341).map(|i| r(i, 1000 + i, 1)).collect();
         assert!(check_maps("--uid-map", &many)
             .unwrap_err()
+            .to_string()
             .contains("at most 340"));
     }
 
@@ -761,6 +880,73 @@ mod tests {
         assert_eq!(
             map_text(&[r(0, 100000, 65536), r(65536, 1000, 1)]),
             "0 100000 65536\n65536 1000 1\n"
+        );
+    }
+
+    #[test]
+    fn whole_map_refusals_name_the_flag_the_ranges_and_the_limit() {
+        let msg = |flag, maps: &[IdMapRange]| check_maps(flag, maps).unwrap_err().to_string();
+        assert_eq!(
+            msg("--uid-map", &[r(0, 1000, 0)]),
+            "--uid-map: invalid range :0:1000:0:: the count must be at least 1 and neither range \
+             may reach 4294967295; expected --uid-map=:namespace_id:host_id:count: (for example \
+             --uid-map=:0:100000:65536:)"
+        );
+        let many: Vec<_> = (0..341).map(|i| r(i, 1000 + i, 1)).collect();
+        assert_eq!(
+            msg("--uid-map", &many),
+            "--uid-map: 341 ranges given; the kernel accepts at most 340"
+        );
+        let long: Vec<_> = (0..300).map(|i| r(i, 4_000_000_000 + i, 1)).collect();
+        assert_eq!(
+            msg("--gid-map", &long),
+            "--gid-map: the 300 ranges do not fit in one page of /proc/PID/gid_map; use fewer \
+             ranges"
+        );
+        assert_eq!(
+            msg("--uid-map", &[r(0, 1000, 10), r(5, 2000, 10)]),
+            "--uid-map: ranges :0:1000:10: and :5:2000:10: overlap inside the namespace"
+        );
+        assert_eq!(
+            msg("--gid-map", &[r(1000, 1000, 1)]),
+            "--gid-map: no range maps namespace id 0; the daemon runs as id 0 inside the \
+             namespace, so one range must cover it (for example --gid-map=:0:100000:65536:)"
+        );
+    }
+
+    #[test]
+    fn map_writer_reports_say_what_failed_and_why() {
+        let eperm = || io::Error::from_raw_os_error(libc::EPERM);
+        let helper = |failure| WriteError::Helper {
+            path: "/proc/7/uid_map".into(),
+            kind: Kind::Uid,
+            direct: eperm(),
+            failure,
+        };
+        let why = "cannot write /proc/7/uid_map: Operation not permitted (os error 1); mapping \
+                   uids other than one's own needs root (CAP_SETUID) or newuidmap (package \
+                   uidmap) with a matching range in /etc/subuid";
+        assert_eq!(
+            helper(HelperFailure::NotInPath("newuidmap")).to_string(),
+            format!("{why}, and newuidmap is not in PATH")
+        );
+        assert_eq!(
+            helper(HelperFailure::CannotRun {
+                program: "/usr/bin/newuidmap".into(),
+                error: eperm(),
+            })
+            .to_string(),
+            format!("{why}; cannot run /usr/bin/newuidmap: Operation not permitted (os error 1)")
+        );
+        assert_eq!(
+            WriteError::Setgroups {
+                path: "/proc/7/gid_map".into(),
+                setgroups: "/proc/7/setgroups".into(),
+                error: eperm(),
+            }
+            .to_string(),
+            "cannot write /proc/7/gid_map (with /proc/7/setgroups set to deny): Operation not \
+             permitted (os error 1)"
         );
     }
 

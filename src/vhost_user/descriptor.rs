@@ -107,7 +107,7 @@ where
 /// more descriptors (or memory regions) than this, so most requests allocate nothing here.
 const INLINE_SLICES: usize = 8;
 
-/// A list of guest memory slices that lives on the stack up to [`INLINE_SLICES`] entries.
+/// A list of guest memory slices that lives on the stack up to `INLINE_SLICES` entries.
 pub struct SliceVec<'a> {
     inline: [MaybeUninit<VolatileSlice<'a>>; INLINE_SLICES],
     /// Entries in `inline` (when not spilled).

@@ -4,7 +4,7 @@
 //!
 //! For each round and each daemon in turn (ours, reference, ours, reference, ...) the daemon is
 //! spawned on a fresh socket, the frontend connects (one request queue) and sends FUSE_INIT,
-//! every selected workload runs (see [`workloads`]) while the daemon's CPU time is read from
+//! every selected workload runs (see `workloads.rs`) while the daemon's CPU time is read from
 //! `/proc/PID/stat` before and after, then the frontend disconnects and the daemon must exit.
 //! The report gives, per workload, the median over rounds of ops/s and of daemon CPU seconds,
 //! and the ratios ours/reference.
