@@ -219,16 +219,12 @@ impl Record {
 
 type Key = (u64, u64, LockKind);
 
-/// A lock one owner holds, as a migration saves it.
-#[allow(dead_code)] // saved by the migration (its own step)
+/// The locks one owner holds on one node, as a migration sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
     pub node: u64,
     pub owner: u64,
     pub kind: LockKind,
-    pub fh: u64,
-    pub pid: u32,
-    pub writable: bool,
     /// POSIX ranges; for flock one range `0..=TO_EOF` of the flock's type.
     pub segs: Vec<Seg>,
 }
@@ -594,7 +590,6 @@ impl Locks {
     }
 
     /// Every lock held, for a migration.
-    #[allow(dead_code)] // saved by the migration (its own step)
     pub fn held(&self) -> Vec<Held> {
         let t = self.table();
         let mut v: Vec<Held> = t
@@ -605,9 +600,6 @@ impl Locks {
                     node: *node,
                     owner: *owner,
                     kind: *kind,
-                    fh: r.fh,
-                    pid: r.pid,
-                    writable: r.fd.writable,
                     segs: match r.flock {
                         Some(typ) => vec![Seg {
                             start: 0,
