@@ -305,6 +305,8 @@ fn write_locks_need_a_handle_that_may_write() {
         libc::EBADF
     );
     d.c.setlk(n, &lk(ro, 1, R, 0, EOF)).unwrap();
+    // Testing for a write lock needs no write access.
+    assert_eq!(d.c.getlk(n, &lk(ro, 2, W, 0, EOF)).unwrap().typ, R);
     // A handle of another node, or none at all.
     let m = d.file("g", b"data");
     let other = d.open(m, libc::O_RDWR);

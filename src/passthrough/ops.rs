@@ -907,7 +907,11 @@ impl FileSystem for PassthroughFs {
         owner: u64,
         lock: FileLock,
     ) -> io::Result<FileLock> {
-        let req = self.lock_req(inode, handle, owner, &lock, LockKind::Posix)?;
+        // A test needs no write access (F_GETLK for a write lock on a read-only descriptor
+        // is fine): only the handle is checked.
+        self.locks_on(LockKind::Posix)?;
+        self.handle_writable(inode, handle)?;
+        let req = locks::Req::new(inode, owner, handle, &lock, LockKind::Posix)?;
         let conflict = self.locks.get(&req, || Ok(self.lock_fd(inode, 0)?.0))?;
         Ok(conflict.unwrap_or(FileLock {
             typ: libc::F_UNLCK as u32,
