@@ -532,3 +532,36 @@ fn lock_round_trips_against_getattr() {
     );
     d.finish();
 }
+
+#[test]
+fn two_daemons_on_one_directory_exclude_each_other() {
+    // Two guests, each with its own daemon, sharing one host directory.
+    let mut a = Daemon::start();
+    let mut b = Daemon::with(Options::default().share_at(&a.share));
+    let na = a.file("f", b"data");
+    let nb = b.node("f");
+    let fa = a.open(na, libc::O_RDWR);
+    let fb = b.open(nb, libc::O_RDWR);
+    a.c.setlk(na, &lk(fa, 1, W, 0, 9)).unwrap();
+    assert_eq!(
+        b.c.setlk(nb, &lk(fb, 1, R, 5, 5)).unwrap_err(),
+        libc::EAGAIN
+    );
+    b.c.setlk(nb, &lk(fb, 1, W, 10, 19)).unwrap();
+    let got = b.c.getlk(nb, &lk(fb, 1, W, 0, EOF)).unwrap();
+    assert_eq!((got.typ, got.start, got.end, got.pid), (W, 0, 9, 0));
+    a.c.setlk(na, &flk(fa, 2, W)).unwrap();
+    assert_eq!(b.c.setlk(nb, &flk(fb, 2, R)).unwrap_err(), libc::EAGAIN);
+    // B waits; A's close (FLUSH, RELEASE) lets it in.
+    let t = b.c.submit_setlkw(nb, &lk(fb, 1, W, 0, 9)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    a.c.flush(na, fa, 1).unwrap();
+    let released = Instant::now();
+    assert_eq!(b.c.wait(t).unwrap().errno(), None);
+    assert!(released.elapsed() < Duration::from_millis(500));
+    a.c.release(na, fa, libc::O_RDWR as u32).unwrap();
+    b.c.setlk(nb, &flk(fb, 2, W)).unwrap();
+    assert_eq!(a.c.setlk(na, &lk(0, 3, R, 0, 0)).unwrap_err(), libc::EAGAIN);
+    b.finish();
+    a.finish();
+}
