@@ -240,8 +240,13 @@ fn the_guest_keeps_its_nodes_handles_and_listing_with_cache_always() {
 
 #[test]
 fn handle_less_io_of_cache_always_goes_on() {
-    // `--cache=always` with a guest offering no-open: files are used with handle 0.
-    let opts = Options::default().cache(CacheMode::Always);
+    // `--cache=always` with a guest offering no-open (and the guest's locks kept in the guest,
+    // which no-open needs): files are used with handle 0.
+    let opts = Options {
+        posix_lock: false,
+        flock: false,
+        ..Options::default().cache(CacheMode::Always)
+    };
     let mut src = source(opts.clone());
     let a = src.file("a", b"abc");
     let o = src.c.kernel_open(a, libc::O_RDWR as u32).unwrap().unwrap();

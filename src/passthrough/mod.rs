@@ -1204,6 +1204,22 @@ impl PassthroughFs {
         Ok((self.open_node(&data, flags | libc::O_RDONLY)?, false))
     }
 
+    /// A read-only description of `inode` to test for a lock through (GETLK of an owner that
+    /// holds nothing), closed after the test.
+    fn lock_test_fd(&self, inode: u64) -> io::Result<OwnedFd> {
+        let data = self.inode(inode)?;
+        let kind = data.key.kind();
+        check_openable(kind)?;
+        let dir = match kind {
+            libc::S_IFDIR => libc::O_DIRECTORY,
+            _ => 0,
+        };
+        self.open_node(
+            &data,
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | dir,
+        )
+    }
+
     /// Whether locks of `kind` were agreed with the guest (`ENOSYS` otherwise: the guest keeps
     /// them itself and never sends them).
     fn locks_on(&self, kind: LockKind) -> io::Result<()> {

@@ -912,7 +912,7 @@ impl FileSystem for PassthroughFs {
         self.locks_on(LockKind::Posix)?;
         self.handle_writable(inode, handle)?;
         let req = locks::Req::new(inode, owner, handle, &lock, LockKind::Posix)?;
-        let conflict = self.locks.get(&req, || Ok(self.lock_fd(inode, 0)?.0))?;
+        let conflict = self.locks.get(&req, || self.lock_test_fd(inode))?;
         Ok(conflict.unwrap_or(FileLock {
             typ: libc::F_UNLCK as u32,
             ..lock
