@@ -562,6 +562,9 @@ impl Locks {
     /// RELEASE: the guest's open file `fh` of `node` is gone: the OFD and flock locks taken
     /// through it go (record locks went at FLUSH already).
     pub fn release(&self, node: u64, fh: u64) {
+        // A waiter holds its open file, so none waits through `fh` (but a guest that says
+        // otherwise gets ENOLCK rather than a lock that outlives its file).
+        self.cancel(|r| r.node == node && r.fh == fh);
         let gone = self.table().remove_where(node, |_, _, r| r.fh == fh);
         self.dropped(node, gone);
     }
@@ -961,6 +964,25 @@ mod tests {
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 0);
         assert_eq!(locks.held().len(), 1);
         assert_eq!(locks.held()[0].owner, 2);
+    }
+
+    #[test]
+    fn a_waiter_is_answered_enolck_when_its_open_file_is_released() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        locks.set(&req(1, W, 0, TO_EOF), opener(&p)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reply = LateReply::new(move |e| tx.send(e).unwrap());
+        let mut r = req(2, W, 0, 0);
+        r.fh = 9;
+        locks.wait(r, opener(&p), reply).unwrap();
+        locks.release(7, 9);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            libc::ENOLCK
+        );
+        // Owner 1 (handle 1) keeps its lock.
+        assert_eq!(locks.held().len(), 1);
     }
 
     #[test]
