@@ -9,12 +9,13 @@
 //! file: conflicts with every other description (host processes' POSIX, OFD and flock locks,
 //! other owners of this guest, other daemons), and for one owner upgrade, downgrade, split and
 //! merge. The record keeps a copy of the ranges its owner holds, to know when it holds nothing
-//! (the record and its descriptor go at once) and what a migration must take again.
+//! and what a migration would have to take again.
 //!
-//! A record goes, and its locks with it (closing the description drops them), when its owner
-//! unlocks everything, at FLUSH for its owner (the guest process closed the file), at RELEASE
-//! of the handle it came through (the guest's open file is gone: OFD and flock locks), when the
-//! node is forgotten, and at DESTROY or disconnect.
+//! A record goes, and its locks with it (they are dropped, and its description closed), at
+//! FLUSH for its owner (the guest process closed the file), at RELEASE of the handle it came
+//! through (the guest's open file is gone: OFD and flock locks), when the node is forgotten,
+//! and at DESTROY or disconnect. A record whose owner unlocked everything stays, idle, until
+//! then (its owner's next lock needs no open), or until a new owner needs its descriptor.
 //!
 //! A SETLKW whose lock is taken waits here, not on a queue: the [`LateReply`] it got is tried
 //! again by one waiter thread with a back-off (1 ms doubling to [`MAX_BACKOFF`]), and at once
@@ -382,13 +383,16 @@ impl Locks {
         open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
     ) -> io::Result<Arc<LockFd>> {
         let max = self.max_fds.load(Ordering::Relaxed);
-        if self
-            .fds
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_err()
-        {
+        let take = || {
+            self.fds
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                    (n < max).then_some(n + 1)
+                })
+                .is_ok()
+        };
+        // Past the bound, an idle description makes room.
+        let room = take() || (self.evict_idle() && take());
+        if !room {
             log::warn!("lock refused: {max} lock descriptors are held already (ENOLCK)");
             return Err(error(libc::ENOLCK));
         }
@@ -403,6 +407,26 @@ impl Locks {
                 Err(e)
             }
         }
+    }
+
+    /// Closes the description of one record that holds nothing (and that no waiter uses), to
+    /// make room for a new one; whether there was one.
+    fn evict_idle(&self) -> bool {
+        let mut t = self.table();
+        let found = t.nodes.iter().find_map(|(node, list)| {
+            list.iter()
+                .position(|(_, _, r)| r.is_empty() && Arc::strong_count(&r.fd) == 1)
+                .map(|i| (*node, i))
+        });
+        let Some((node, i)) = found else {
+            return false;
+        };
+        let gone = t.nodes.get_mut(&node).map(|list| list.swap_remove(i));
+        if t.nodes.get(&node).is_some_and(|l| l.is_empty()) {
+            t.nodes.remove(&node);
+        }
+        drop(t);
+        gone.is_some()
     }
 
     /// The descriptor `req`'s owner takes its locks on: its record's, or a new one from `open`
@@ -472,15 +496,15 @@ impl Locks {
             || flock.is_some_and(|f| f != req.typ)
             || (req.typ == libc::F_RDLCK && segs.iter().any(|s| s.typ == libc::F_WRLCK));
         let key = req.key();
-        let gone = match t.get_mut(key) {
+        // A record that holds nothing now stays, idle, with its description: its owner's next
+        // lock needs no new open. It goes at FLUSH, RELEASE or FORGET, or when a new owner
+        // needs its descriptor (`evict_idle`).
+        match t.get_mut(key) {
             Some(r) => {
                 let (before, after) = (r.segs.len(), new_segs.len());
                 r.segs = new_segs;
                 r.flock = new_flock;
                 t.ranges = t.ranges + after - before;
-                let owner = req.owner;
-                let kind = req.kind;
-                t.remove_where(req.node, |o, k, r| o == owner && k == kind && r.is_empty())
             }
             None => {
                 let r = Record {
@@ -493,11 +517,9 @@ impl Locks {
                 if !r.is_empty() {
                     t.insert(key, r);
                 }
-                Vec::new()
             }
-        };
+        }
         drop(t);
-        drop(gone);
         if released {
             self.poke(req.node);
         }
@@ -599,19 +621,21 @@ impl Locks {
             .nodes
             .iter()
             .flat_map(|(node, list)| {
-                list.iter().map(move |(owner, kind, r)| Held {
-                    node: *node,
-                    owner: *owner,
-                    kind: *kind,
-                    segs: match r.flock {
-                        Some(typ) => vec![Seg {
-                            start: 0,
-                            end: TO_EOF,
-                            typ,
-                        }],
-                        None => r.segs.clone(),
-                    },
-                })
+                list.iter()
+                    .filter(|(_, _, r)| !r.is_empty())
+                    .map(move |(owner, kind, r)| Held {
+                        node: *node,
+                        owner: *owner,
+                        kind: *kind,
+                        segs: match r.flock {
+                            Some(typ) => vec![Seg {
+                                start: 0,
+                                end: TO_EOF,
+                                typ,
+                            }],
+                            None => r.segs.clone(),
+                        },
+                    })
             })
             .collect();
         v.sort_by_key(|h| (h.node, h.owner, h.kind == LockKind::Flock));
@@ -924,9 +948,11 @@ mod tests {
             })
         );
         locks.set(&req(1, U, 0, TO_EOF), opener(&p)).unwrap();
-        assert_eq!(locks.fds(), 1);
-        assert_eq!(locks.ranges(), 1);
+        // Owner 1 holds nothing: its description stays, idle, until its FLUSH.
+        assert_eq!((locks.fds(), locks.ranges()), (2, 1));
+        assert!(locks.held().iter().all(|h| h.owner == 2));
         locks.flush(7, 2);
+        locks.flush(7, 1);
         assert_eq!((locks.fds(), locks.ranges()), (0, 0));
     }
 
@@ -948,6 +974,36 @@ mod tests {
         assert_eq!(locks.ranges(), 2);
         locks.clear();
         assert_eq!((locks.fds(), locks.ranges()), (0, 0));
+    }
+
+    #[test]
+    fn an_idle_description_makes_room_for_a_new_owner() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        locks.set_max_fds(2);
+        locks.set(&req(1, W, 0, 0), opener(&p)).unwrap();
+        locks.set(&req(2, W, 1, 1), opener(&p)).unwrap();
+        assert_eq!(
+            locks
+                .set(&req(3, W, 2, 2), opener(&p))
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::ENOLCK)
+        );
+        locks.set(&req(1, U, 0, TO_EOF), opener(&p)).unwrap();
+        // Owner 1's idle description goes; owner 2 keeps its lock.
+        locks.set(&req(3, W, 2, 2), opener(&p)).unwrap();
+        assert_eq!(locks.fds(), 2);
+        let owners: Vec<u64> = locks.held().iter().map(|h| h.owner).collect();
+        assert_eq!(owners, [2, 3]);
+        // No idle one left: a fourth owner is refused.
+        assert_eq!(
+            locks
+                .set(&req(4, R, 5, 5), opener(&p))
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::ENOLCK)
+        );
     }
 
     #[test]
