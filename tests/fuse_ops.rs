@@ -49,15 +49,12 @@ fn init_7_38_with_flags2_negotiates_a_subset_and_the_limits() {
         init::READDIRPLUS_AUTO,
         init::AUTO_INVAL_DATA,
         init::INIT_EXT,
+        init::POSIX_LOCKS,
+        init::FLOCK_LOCKS,
     ] {
         assert_ne!(agreed & want, 0, "flag {want:#x} not enabled: {agreed:#x}");
     }
-    for off in [
-        init::WRITEBACK_CACHE,
-        init::POSIX_LOCKS,
-        init::FLOCK_LOCKS,
-        init::SECURITY_CTX,
-    ] {
+    for off in [init::WRITEBACK_CACHE, init::SECURITY_CTX] {
         assert_eq!(agreed & off, 0, "flag {off:#x} enabled: {agreed:#x}");
     }
     assert_eq!(out.max_write, 1 << 20);
@@ -1827,9 +1824,6 @@ fn unknown_and_unimplemented_opcodes_get_enosys() {
         0,
         7,
         19,
-        opcode::GETLK,
-        opcode::SETLK,
-        opcode::SETLKW,
         opcode::BMAP,
         opcode::IOCTL,
         opcode::POLL,

@@ -13,7 +13,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 
 use common::*;
-use virtiofsd::fuse::abi::ROOT_ID;
+use virtiofsd::fuse::abi::{self, ROOT_ID};
 use virtiofsd::migration::{Mode, OnError, Options as Migration};
 use virtiofsd::passthrough::CacheMode;
 use virtiofsd_frontend::fuse_client::DirEntry;
@@ -240,8 +240,13 @@ fn the_guest_keeps_its_nodes_handles_and_listing_with_cache_always() {
 
 #[test]
 fn handle_less_io_of_cache_always_goes_on() {
-    // `--cache=always` with a guest offering no-open: files are used with handle 0.
-    let opts = Options::default().cache(CacheMode::Always);
+    // `--cache=always` with a guest offering no-open (and the guest's locks kept in the guest,
+    // which no-open needs): files are used with handle 0.
+    let opts = Options {
+        posix_lock: false,
+        flock: false,
+        ..Options::default().cache(CacheMode::Always)
+    };
     let mut src = source(opts.clone());
     let a = src.file("a", b"abc");
     let o = src.c.kernel_open(a, libc::O_RDWR as u32).unwrap().unwrap();
@@ -1454,4 +1459,68 @@ fn a_sandboxed_destination_serves_the_bottom_of_a_deep_chain() {
     let (status, err) = exit_of(child, dir.path());
     assert_eq!(status.code(), Some(0), "{err}");
     remove_chain(&src.share);
+}
+
+fn lock_all(fh: u64, owner: u64) -> abi::LkIn {
+    abi::LkIn {
+        fh,
+        owner,
+        lk: abi::FileLock {
+            start: 0,
+            end: i64::MAX as u64,
+            typ: libc::F_WRLCK as u32,
+            pid: 1,
+        },
+        lk_flags: 0,
+        padding: 0,
+    }
+}
+
+#[test]
+fn with_abort_a_held_lock_fails_the_save_and_stays_held() {
+    let opts = Options::default();
+    let mut src = source(opts);
+    let a = src.file("db", b"data");
+    let fh = src.open(a, libc::O_RDWR);
+    src.c.setlk(a, &lock_all(fh, 7)).unwrap();
+    src.fe.stop_queues().unwrap();
+    assert!(
+        src.fe.save_state().is_err(),
+        "a state was sent without the guest's lock"
+    );
+    let host = fs::OpenOptions::new()
+        .write(true)
+        .open(src.host("db"))
+        .unwrap();
+    // SAFETY: plain flock on an open descriptor.
+    let r = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&host), libc::LOCK_EX) };
+    assert_eq!(r, 0, "flock and record locks do not conflict");
+    let fl = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    // SAFETY: `fl` lives across the call.
+    let r = unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&host),
+            libc::F_OFD_SETLK,
+            &fl,
+        )
+    };
+    assert_eq!(r, -1, "the guest's lock is still held at the source");
+}
+
+#[test]
+fn with_guest_error_a_held_lock_is_saved_without_it() {
+    let opts = Options::default().migration(guest_error(Migration::default()));
+    let mut src = source(opts.clone());
+    let a = src.file("db", b"data");
+    let fh = src.open(a, libc::O_RDWR);
+    src.c.setlk(a, &lock_all(fh, 7)).unwrap();
+    let (mut dst, loaded) = migrate(&mut src, opts);
+    loaded.unwrap();
+    assert_eq!(dst.c.read(a, fh, 0, 4).unwrap(), b"data");
 }

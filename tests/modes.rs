@@ -249,7 +249,7 @@ fn cache_never_uses_direct_io_and_zero_timeouts() {
     check_cache_mode(
         CacheMode::Never,
         Expect {
-            open_flags: fopen::DIRECT_IO | fopen::NOFLUSH,
+            open_flags: fopen::DIRECT_IO,
             dir_flags: 0,
             timeout: Duration::ZERO,
             init_on: 0,
@@ -264,7 +264,7 @@ fn cache_metadata_uses_direct_io_and_long_timeouts() {
     check_cache_mode(
         CacheMode::Metadata,
         Expect {
-            open_flags: fopen::DIRECT_IO | fopen::NOFLUSH,
+            open_flags: fopen::DIRECT_IO,
             // Listings are cached, and kept while unchanged (as in `auto`).
             dir_flags: fopen::CACHE_DIR,
             timeout: Duration::from_secs(86400),
@@ -282,7 +282,7 @@ fn cache_auto_uses_one_second_timeouts_and_auto_invalidation() {
         CacheMode::Auto,
         Expect {
             // Pages are kept only when the file is unchanged since a settled earlier open.
-            open_flags: fopen::NOFLUSH,
+            open_flags: 0,
             dir_flags: fopen::CACHE_DIR,
             timeout: Duration::from_secs(1),
             init_on: init::AUTO_INVAL_DATA,
@@ -296,7 +296,7 @@ fn cache_always_keeps_pages_and_directory_listings_for_a_day() {
     check_cache_mode(
         CacheMode::Always,
         Expect {
-            open_flags: fopen::KEEP_CACHE | fopen::NOFLUSH,
+            open_flags: fopen::KEEP_CACHE,
             dir_flags: fopen::CACHE_DIR,
             timeout: Duration::from_secs(86400),
             init_on: init::CACHE_SYMLINKS,

@@ -1,7 +1,8 @@
 //! No-open mode: with `--cache=always` and a guest offering `FUSE_NO_OPEN_SUPPORT` /
 //! `FUSE_NO_OPENDIR_SUPPORT` at INIT, OPEN, OPENDIR and FLUSH are answered with `ENOSYS` and
 //! files and directories are then used with handle 0 (the Linux client sends no RELEASE).
-//! Without those INIT flags, or in any other cache mode, nothing changes.
+//! Without those INIT flags, in any other cache mode, or with the guest's locks held on the host
+//! (the default), nothing changes.
 
 mod common;
 
@@ -14,8 +15,26 @@ use virtiofsd::passthrough::CacheMode;
 use virtiofsd_frontend::fuse_client::DEFAULT_INIT_FLAGS;
 use virtiofsd_frontend::KernelState;
 
+/// `--cache=always` with the guest's locks kept in the guest (`-o no_posix_lock,no_flock`): the
+/// locks held on the host need OPEN, FLUSH and RELEASE.
 fn always() -> Daemon {
-    Daemon::with(Options::default().cache(CacheMode::Always))
+    Daemon::with(Options {
+        posix_lock: false,
+        flock: false,
+        ..Options::default().cache(CacheMode::Always)
+    })
+}
+
+#[test]
+fn cache_always_with_host_locks_serves_open_flush_and_release() {
+    let mut d = Daemon::with(Options::default().cache(CacheMode::Always));
+    let n = d.file("f", b"x");
+    let o = d.c.open(n, libc::O_RDWR as u32).unwrap();
+    assert_ne!(o.fh, 0);
+    d.c.flush(n, o.fh, 1).unwrap();
+    d.c.release(n, o.fh, 0).unwrap();
+    assert!(d.c.opendir(ROOT_ID, 0).is_ok());
+    d.finish();
 }
 
 fn agreed(d: &Daemon) -> u64 {
@@ -271,7 +290,11 @@ fn a_directory_the_host_renames_another_over_stays_usable_until_forget() {
 
 #[test]
 fn readonly_share_refuses_handle_less_writes() {
-    let mut d = Daemon::with(Options::default().cache(CacheMode::Always).readonly());
+    let mut d = Daemon::with(Options {
+        posix_lock: false,
+        flock: false,
+        ..Options::default().cache(CacheMode::Always).readonly()
+    });
     let n = d.file("f", b"ro");
     fs::set_permissions(d.host("f"), fs::Permissions::from_mode(0o666)).unwrap();
     assert_eq!(d.c.write(n, 0, 0, b"x").unwrap_err(), libc::EROFS);

@@ -242,6 +242,39 @@ fn exercise(c: &mut FuseClient, share: &Path) {
     // Open the file again read-only, and sync the whole filesystem.
     let fh = c.open(f.nodeid, libc::O_RDONLY as u32).unwrap().fh;
     assert_eq!(c.read(f.nodeid, fh, 0, 10).unwrap(), &data[..10]);
+    // Locks held on the host: a record lock, GETLK, a flock lock, a SETLKW that waits for
+    // another owner (the waiter thread starts under the filter), FLUSH and RELEASE.
+    let lk = |owner: u64, typ: i32, flags: u32| abi::LkIn {
+        fh,
+        owner,
+        lk: abi::FileLock {
+            start: 0,
+            end: i64::MAX as u64,
+            typ: typ as u32,
+            pid: 1,
+        },
+        lk_flags: flags,
+        padding: 0,
+    };
+    c.setlk(f.nodeid, &lk(1, libc::F_RDLCK, 0)).unwrap();
+    let held = c.getlk(f.nodeid, &lk(2, libc::F_WRLCK, 0)).unwrap();
+    assert_eq!(held.typ, libc::F_RDLCK as u32);
+    c.setlk(f.nodeid, &lk(3, libc::F_WRLCK, abi::LK_FLOCK))
+        .unwrap();
+    // (A write lock through no handle: the read-only one would be EBADF.)
+    let t = c
+        .submit_setlkw(
+            f.nodeid,
+            &abi::LkIn {
+                fh: 0,
+                ..lk(2, libc::F_WRLCK, 0)
+            },
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    c.flush(f.nodeid, fh, 1).unwrap();
+    assert_eq!(c.wait(t).unwrap().errno(), None);
+    c.flush(f.nodeid, fh, 2).unwrap();
     c.release(f.nodeid, fh, 0).unwrap();
     c.syncfs().unwrap();
 }

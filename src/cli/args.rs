@@ -19,6 +19,19 @@ use crate::sandbox::seccomp;
 use crate::sandbox::userns::IdMapRange;
 use crate::sandbox::SandboxMode;
 
+/// A feature turned on or off (`--posix-lock`, `--flock`; the names are the flags' values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+impl Switch {
+    pub fn is_on(self) -> bool {
+        self == Switch::On
+    }
+}
+
 /// vhost-user virtio-fs daemon: serves a host directory to a guest.
 // The doc comments below are the `--help` text, verbatim: its `[default]` and `[deprecated]`
 // are the reference's words, not links.
@@ -230,6 +243,12 @@ pub struct Args {
     #[arg(long = "max-data-fds", value_name = "N", value_parser = max_data_fds)]
     pub max_data_fds: Option<usize>,
 
+    /// Descriptors held for the guest's locks, one per lock owner (a guest process, or an
+    /// open file for OFD and flock locks) and file; past it a lock is refused with ENOLCK.
+    /// Never more than a quarter of the open-files limit [default: 1024]
+    #[arg(long = "max-lock-fds", value_name = "N", value_parser = max_data_fds)]
+    pub max_lock_fds: Option<usize>,
+
     /// After serving a queue, keep looking for the guest's next request for up to USEC
     /// microseconds before sleeping, the guest told not to notify meanwhile; the window tunes
     /// itself to the gaps between requests, and an idle guest costs nothing. 0 never polls
@@ -258,6 +277,38 @@ pub struct Args {
     /// No effect: the daemon always runs in the foreground [deprecated]
     #[arg(short = 'f')]
     pub compat_foreground: bool,
+
+    /// Hold the guest's fcntl record and OFD locks as real locks on the host files (on, off;
+    /// alone: on), so that they exclude host processes and other guests [default: on]
+    ///
+    /// Off (-o no_posix_lock), the guest kernel keeps them to itself, as the reference
+    /// virtiofsd does: they exclude only processes of that guest. See doc/locks.md.
+    #[arg(
+        long = "posix-lock",
+        value_name = "on|off",
+        require_equals = true,
+        num_args = 0..=1,
+        default_value = "on",
+        default_missing_value = "on",
+        hide_possible_values = true
+    )]
+    pub posix_lock: Switch,
+
+    /// Hold the guest's flock locks as real flock locks on the host files (on, off; alone:
+    /// on) [default: on]
+    ///
+    /// Off (-o no_flock), the guest kernel keeps them to itself, as the reference virtiofsd
+    /// does. See doc/locks.md.
+    #[arg(
+        long = "flock",
+        value_name = "on|off",
+        require_equals = true,
+        num_args = 0..=1,
+        default_value = "on",
+        default_missing_value = "on",
+        hide_possible_values = true
+    )]
+    pub flock: Switch,
 
     /// Security labels (never, auto, always; alone: always); implies --xattr
     ///

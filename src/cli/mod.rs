@@ -149,8 +149,8 @@ pub enum UsageError {
         "{0}: unknown legacy option; expected source=DIR, cache=MODE, loglevel=LEVEL, \
          sandbox=KIND, modcaps=CAPS, announce_submounts, xattr, no_xattr, readdirplus, \
          no_readdirplus, writeback, no_writeback, allow_direct_io, no_allow_direct_io, \
-         [no_]killpriv_v2, [no_]posix_acl, [no_]security_label, xattrmap=RULES, no_posix_lock or \
-         no_flock"
+         [no_]killpriv_v2, [no_]posix_acl, [no_]security_label, xattrmap=RULES, [no_]posix_lock or \
+         [no_]flock"
     )]
     UnknownLegacy(String),
     #[error("--print-capabilities: prints the capabilities; there is nothing to serve")]
@@ -214,14 +214,6 @@ fn check_socket_path(path: &Path) -> Result<(), UsageError> {
             Err(UsageError::SocketPathNotASocket(NotASocket::at(path, &m)))
         }
         _ => Ok(()),
-    }
-}
-
-/// The refusal of a flag (or flag value) this version does not implement.
-fn not_yet(what: &str, hint: &'static str) -> UsageError {
-    UsageError::NotImplemented {
-        what: what.to_owned(),
-        hint,
     }
 }
 
@@ -403,6 +395,11 @@ impl Args {
         if let Some(n) = self.max_data_fds {
             fs.max_data_fds = n;
         }
+        if let Some(n) = self.max_lock_fds {
+            fs.max_lock_fds = n;
+        }
+        fs.posix_lock = self.posix_lock.is_on();
+        fs.flock = self.flock.is_on();
         fs.writeback = self.writeback;
         // On unless turned off (clap keeps only the last of the pair).
         fs.announce_submounts = !self.no_announce_submounts;

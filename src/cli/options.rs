@@ -7,8 +7,9 @@ use std::str::FromStr;
 use clap::ValueEnum;
 use log::LevelFilter;
 
+use super::args::Switch;
 use super::args::LOG_LEVELS;
-use super::{not_yet, Args, UsageError};
+use super::{Args, UsageError};
 use crate::passthrough::Negotiate;
 
 /// Parses the value of a legacy `-o` option (`flag`, e.g. `-o sandbox`) that names one of the
@@ -157,13 +158,15 @@ impl Args {
                 "no_posix_acl" => self.posix_acl = Negotiate::Never,
                 "security_label" => self.security_label = Negotiate::Always,
                 "no_security_label" => self.security_label = Negotiate::Never,
-                // No locks are offered to the guest: these ask for what already happens.
-                "no_posix_lock" | "no_flock" => {}
+                // The reference's spellings: locks kept in the guest, or held on the host.
+                "posix_lock" => self.posix_lock = Switch::On,
+                "no_posix_lock" => self.posix_lock = Switch::Off,
+                "flock" => self.flock = Switch::On,
+                "no_flock" => self.flock = Switch::Off,
                 "announce_submounts" => {
                     self.announce_submounts = true;
                     self.no_announce_submounts = false;
                 }
-                "posix_lock" | "flock" => return Err(not_yet(&flag, "")),
                 "norace" => return Err(UsageError::LegacyUnsupported(flag)),
                 _ => return Err(UsageError::UnknownLegacy(flag)),
             },

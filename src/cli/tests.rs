@@ -403,8 +403,6 @@ fn legacy_options_map_to_the_flags() {
 #[test]
 fn unsupported_legacy_options_are_refused_naming_them() {
     for (opt, says) in [
-        ("flock", "not implemented yet"),
-        ("posix_lock", "not implemented yet"),
         ("xattrmap=:map::a.", "incomplete"),
         ("sandbox=jail", "invalid value 'jail'"),
         ("modcaps=+nonsense", "unknown capability 'nonsense'"),
@@ -605,5 +603,31 @@ fn tag_and_fd_are_refused_by_clap_saying_what_is_expected() {
             )),
             "{e}"
         );
+    }
+}
+
+#[test]
+fn locks_are_on_by_default_and_each_kind_turns_off() {
+    let c = config(&[]).unwrap();
+    assert!(c.fs.posix_lock && c.fs.flock);
+    assert_eq!(
+        c.fs.max_lock_fds,
+        crate::passthrough::config::DEFAULT_MAX_LOCK_FDS
+    );
+    let c = config(&["-o", "no_posix_lock"]).unwrap();
+    assert!(!c.fs.posix_lock && c.fs.flock);
+    let c = config(&["-o", "no_flock"]).unwrap();
+    assert!(c.fs.posix_lock && !c.fs.flock);
+    let c = config(&["-o", "no_posix_lock,no_flock,posix_lock,flock"]).unwrap();
+    assert!(c.fs.posix_lock && c.fs.flock);
+    let c = config(&["--posix-lock=off", "--flock=off"]).unwrap();
+    assert!(!c.fs.posix_lock && !c.fs.flock);
+    let c = config(&["--posix-lock=off", "--posix-lock", "--flock=on"]).unwrap();
+    assert!(c.fs.posix_lock && c.fs.flock);
+    let c = config(&["--max-lock-fds=8"]).unwrap();
+    assert_eq!(c.fs.max_lock_fds, 8);
+    for bad in ["--posix-lock=maybe", "--flock=", "--max-lock-fds=0"] {
+        let v = ["virtiofsd", "--shared-dir=/tmp", "--socket-path=/s", bad];
+        assert!(Args::try_parse_from(v).is_err(), "{bad}");
     }
 }

@@ -167,6 +167,131 @@ pub enum XattrReply {
     Data(Vec<u8>),
 }
 
+/// A byte-range lock as FUSE carries it (`fuse_file_lock`): `typ` is `F_RDLCK`, `F_WRLCK` or
+/// `F_UNLCK`, `start..=end` the bytes (an `end` of `i64::MAX` or more: to the end of the file,
+/// however far it grows), `pid` the holder's process in the guest (0: none the guest knows).
+/// The values are the guest's, unchecked: the filesystem refuses what it cannot take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FileLock {
+    pub typ: u32,
+    pub start: u64,
+    pub end: u64,
+    pub pid: u32,
+}
+
+/// What a lock request is about: a `fcntl` record lock (or an OFD lock: the guest kernel sends
+/// those with its open file as the owner), or a `flock` lock (`FUSE_LK_FLOCK`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LockKind {
+    Posix,
+    Flock,
+}
+
+/// How a late answer is given: with 0 (success) or a positive `errno`.
+type Answer = Box<dyn FnOnce(i32) + Send>;
+
+struct AnswerSlot(std::sync::Mutex<Option<Answer>>);
+
+impl AnswerSlot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Answer>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Drop for AnswerSlot {
+    /// A request nobody answered is answered `ENOLCK` when the last holder lets it go: the
+    /// guest never waits for a reply that cannot come.
+    fn drop(&mut self) {
+        let answer = self
+            .0
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(a) = answer {
+            a(libc::ENOLCK);
+        }
+    }
+}
+
+/// The reply owed for a request that is answered after its handler returned (a SETLKW that
+/// waits for its lock). It is answered once, by whoever comes first: the filesystem once the
+/// lock is taken or refused, the transport when its queue stops; clones share it.
+#[derive(Clone)]
+pub struct LateReply(std::sync::Arc<AnswerSlot>);
+
+/// How [`LateReply::attempt`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The attempt gave an answer, which was sent.
+    Answered,
+    /// The attempt gave none: try again later.
+    Waiting,
+    /// Answered already by someone else: the attempt did not run.
+    Gone,
+}
+
+impl LateReply {
+    /// A reply sent by `answer` (with 0 or a positive `errno`).
+    pub fn new(answer: impl FnOnce(i32) + Send + 'static) -> Self {
+        LateReply(std::sync::Arc::new(AnswerSlot(std::sync::Mutex::new(
+            Some(Box::new(answer)),
+        ))))
+    }
+
+    /// Answers with `errno` (0: success) unless answered already; whether this call did.
+    pub fn answer(&self, errno: i32) -> bool {
+        let answer = self.0.lock().take();
+        match answer {
+            Some(a) => {
+                a(errno);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Runs `attempt` unless answered already, with no one else able to answer meanwhile, and
+    /// answers with what it returns (`Some`). What the attempt did (a lock taken) is therefore
+    /// always what the guest hears.
+    pub fn attempt(&self, attempt: impl FnOnce() -> Option<i32>) -> Attempt {
+        let mut slot = self.0.lock();
+        if slot.is_none() {
+            return Attempt::Gone;
+        }
+        match attempt() {
+            None => Attempt::Waiting,
+            Some(errno) => {
+                let a = slot.take();
+                drop(slot);
+                if let Some(a) = a {
+                    a(errno);
+                }
+                Attempt::Answered
+            }
+        }
+    }
+
+    /// Whether `other` is a clone of this reply.
+    pub fn is(&self, other: &LateReply) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Whether it was answered.
+    pub fn is_answered(&self) -> bool {
+        self.0.lock().is_none()
+    }
+}
+
+impl std::fmt::Debug for LateReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LateReply")
+            .field("answered", &self.is_answered())
+            .finish()
+    }
+}
+
 fn enosys<T>() -> io::Result<T> {
     Err(io::Error::from_raw_os_error(libc::ENOSYS))
 }
@@ -508,6 +633,49 @@ pub trait FileSystem: Send + Sync {
     }
 
     fn syncfs(&self, ctx: &Context, inode: u64) -> io::Result<()> {
+        enosys()
+    }
+
+    /// The first lock held by another owner that conflicts with `lock` (GETLK), or `lock`
+    /// with type `F_UNLCK` when there is none. `owner` is the guest's lock owner.
+    fn getlk(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+    ) -> io::Result<FileLock> {
+        enosys()
+    }
+
+    /// Takes, changes or (with `F_UNLCK`) drops `owner`'s lock without waiting (SETLK, and
+    /// the first try of SETLKW): `EAGAIN` when another owner holds a conflicting lock.
+    fn setlk(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        kind: LockKind,
+    ) -> io::Result<()> {
+        enosys()
+    }
+
+    /// Waits for the lock a [`FileSystem::setlk`] found taken (SETLKW) and answers `reply` once
+    /// it is taken or refused; returns at once. An error means the wait was not taken on: the
+    /// caller answers with it.
+    fn setlk_wait(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        kind: LockKind,
+        reply: LateReply,
+    ) -> io::Result<()> {
         enosys()
     }
 }

@@ -244,6 +244,10 @@ pub const OPEN_KILL_SUIDGID: u32 = 1 << 0;
 pub const FSYNC_FDATASYNC: u32 = 1 << 0;
 /// `fuse_release_in::release_flags`: flush before release.
 pub const RELEASE_FLUSH: u32 = 1 << 0;
+/// `fuse_release_in::release_flags`: drop the file's `flock` lock (`lock_owner` names it).
+pub const RELEASE_FLOCK_UNLOCK: u32 = 1 << 1;
+/// `fuse_lk_in::lk_flags`: a `flock(2)` lock, not a `fcntl` record lock.
+pub const LK_FLOCK: u32 = 1 << 0;
 /// `fuse_setxattr_in::setxattr_flags`: clear SGID when system.posix_acl_access is set.
 pub const SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
 
@@ -558,6 +562,40 @@ wire! {
         pub unused: u32,
         pub padding: u32,
         pub lock_owner: u64,
+    }
+}
+
+wire! {
+    /// `struct fuse_file_lock`: `end` is inclusive, `type` is `F_RDLCK`, `F_WRLCK` or `F_UNLCK`.
+    size 24;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct FileLock {
+        pub start: u64,
+        pub end: u64,
+        pub typ: u32,
+        pub pid: u32,
+    }
+}
+
+wire! {
+    /// `struct fuse_lk_in` (GETLK, SETLK, SETLKW).
+    size 48;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct LkIn {
+        pub fh: u64,
+        pub owner: u64,
+        pub lk: FileLock,
+        pub lk_flags: u32,
+        pub padding: u32,
+    }
+}
+
+wire! {
+    /// `struct fuse_lk_out` (GETLK).
+    size 24;
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct LkOut {
+        pub lk: FileLock,
     }
 }
 

@@ -23,7 +23,8 @@ use log::debug;
 use super::abi::{self, Opcode, OpcodeName, Pod, UnknownOpcode};
 use super::io::{Reader, Writer};
 use crate::filesystem::{
-    errno, Context, DirEntry, Entry, FileSystem, SecCtx, SetAttr, SetTime, XattrReply,
+    errno, Context, DirEntry, Entry, FileLock, FileSystem, LateReply, LockKind, SecCtx, SetAttr,
+    SetTime, XattrReply,
 };
 use crate::logging::warn_throttled;
 use crate::migration::{self, Decoder, Encoder, StateError};
@@ -42,7 +43,8 @@ const PATH_MAX: usize = 4096;
 /// Largest extended attribute value (`XATTR_SIZE_MAX`).
 const XATTR_SIZE_MAX: u32 = 65536;
 
-const OUT_HEADER_SIZE: usize = size_of::<abi::OutHeader>();
+/// Size of a reply header (and of a reply that carries no data).
+pub const OUT_HEADER_SIZE: usize = size_of::<abi::OutHeader>();
 
 /// Why a request could not even be answered.
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +113,32 @@ impl<'a> Body<'a> {
     }
 }
 
+/// What a transport gives the server to answer a request later: called with the request's
+/// `unique`, it takes the request's reply buffer over and returns the [`LateReply`] that
+/// answers it, or `None` when this transport cannot answer later.
+pub type Defer<'a> = &'a mut dyn FnMut(u64) -> Option<LateReply>;
+
+/// How [`Server::handle_request`] left a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// Answered with this many reply bytes (0: the request takes no reply).
+    Reply(usize),
+    /// To be answered later, through the [`LateReply`] the transport gave.
+    Deferred,
+}
+
+/// The reply of a request that carries no data: success (`errno` 0) or the error `errno`.
+pub fn status_reply(unique: u64, errno: i32) -> [u8; OUT_HEADER_SIZE] {
+    let out = abi::OutHeader {
+        len: OUT_HEADER_SIZE as u32,
+        error: -errno,
+        unique,
+    };
+    let mut b = [0u8; OUT_HEADER_SIZE];
+    b.copy_from_slice(out.as_bytes());
+    b
+}
+
 /// A request on its way to its handler, its body read.
 struct Request<'a> {
     /// The caller: with idmapped mounts, no ids unless the request creates an inode.
@@ -121,6 +149,8 @@ struct Request<'a> {
     body: Body<'a>,
     /// The security contexts to give a new inode (none unless agreed in INIT).
     secctx: &'a [SecCtx<'a>],
+    /// How to answer later (SETLKW), when the transport can.
+    defer: Option<Defer<'a>>,
 }
 
 fn timeout_parts(d: Duration) -> (u64, u32) {
@@ -259,10 +289,32 @@ fn fsync_args(a: &mut Body<'_>) -> io::Result<(bool, u64)> {
     Ok((f.fsync_flags & abi::FSYNC_FDATASYNC != 0, f.fh))
 }
 
-/// What a handler produced: a reply to send, or nothing (FORGET, BATCH_FORGET).
+/// What a handler produced: a reply to send, nothing (FORGET, BATCH_FORGET), or a reply that
+/// comes later (a SETLKW that waits).
 enum Outcome {
     Reply(usize),
     NoReply,
+    Deferred,
+}
+
+/// The wire form of a lock the filesystem gives.
+fn wire_lock(l: &FileLock) -> abi::FileLock {
+    abi::FileLock {
+        start: l.start,
+        end: l.end,
+        typ: l.typ,
+        pid: l.pid,
+    }
+}
+
+/// A lock as the guest sent it (checked by the filesystem).
+fn file_lock(l: &abi::FileLock) -> FileLock {
+    FileLock {
+        typ: l.typ,
+        start: l.start,
+        end: l.end,
+        pid: l.pid,
+    }
 }
 
 /// Serves FUSE requests on a filesystem. Shared by every queue worker: it takes `&self`, keeps
@@ -413,8 +465,24 @@ impl<F: FileSystem> Server<F> {
     }
 
     /// Handles one request. Returns the number of reply bytes written to `w` (0 when the
-    /// request takes no reply).
-    pub fn handle_message<R: Reader, W: Writer>(&self, mut r: R, mut w: W) -> Result<usize> {
+    /// request takes no reply). A SETLKW that waits holds this thread until it is answered:
+    /// transports that can answer later use [`Server::handle_request`].
+    pub fn handle_message<R: Reader, W: Writer>(&self, r: R, w: W) -> Result<usize> {
+        match self.handle_request(r, w, &mut |_| None)? {
+            Handled::Reply(n) => Ok(n),
+            Handled::Deferred => Ok(0),
+        }
+    }
+
+    /// Handles one request, as [`Server::handle_message`]; a request that cannot be answered
+    /// now (a SETLKW whose lock is taken) is left to the [`LateReply`] `defer` gives, and
+    /// [`Handled::Deferred`] returned: nothing was written to `w`.
+    pub fn handle_request<R: Reader, W: Writer>(
+        &self,
+        mut r: R,
+        mut w: W,
+        defer: Defer<'_>,
+    ) -> Result<Handled> {
         let mut hb = [0u8; size_of::<abi::InHeader>()];
         r.read_exact(&mut hb)
             .map_err(|_| ServerError::ShortHeader)?;
@@ -458,7 +526,9 @@ impl<F: FileSystem> Server<F> {
                     h.len,
                     r.remaining() + size_of::<abi::InHeader>()
                 );
-                return self.reply_error(&mut w, h.unique, einval());
+                return self
+                    .reply_error(&mut w, h.unique, einval())
+                    .map(Handled::Reply);
             }
         };
 
@@ -467,7 +537,9 @@ impl<F: FileSystem> Server<F> {
                 "request opcode {} before FUSE_INIT refused",
                 OpcodeName(h.opcode)
             );
-            return self.reply_error(&mut w, h.unique, errno(libc::EIO));
+            return self
+                .reply_error(&mut w, h.unique, errno(libc::EIO))
+                .map(Handled::Reply);
         }
 
         let result = match op {
@@ -484,16 +556,17 @@ impl<F: FileSystem> Server<F> {
                 );
                 Err(errno(libc::E2BIG))
             }
-            _ => self.with_body(ctx, &h, body_len, &mut r, |rq| match op {
+            _ => self.with_body(ctx, &h, body_len, &mut r, defer, |rq| match op {
                 Ok(op) => self.dispatch(op, rq, &mut w),
                 Err(UnknownOpcode(n)) => unsupported(n),
             }),
         };
 
         match result {
-            Ok(Outcome::Reply(n)) => Ok(n),
-            Ok(Outcome::NoReply) => Ok(0),
-            Err(e) => self.reply_error(&mut w, h.unique, e),
+            Ok(Outcome::Reply(n)) => Ok(Handled::Reply(n)),
+            Ok(Outcome::NoReply) => Ok(Handled::Reply(0)),
+            Ok(Outcome::Deferred) => Ok(Handled::Deferred),
+            Err(e) => self.reply_error(&mut w, h.unique, e).map(Handled::Reply),
         }
     }
 
@@ -506,6 +579,7 @@ impl<F: FileSystem> Server<F> {
         h: &abi::InHeader,
         body_len: usize,
         r: &mut R,
+        defer: Defer<'_>,
         f: impl FnOnce(Request<'_>) -> io::Result<T>,
     ) -> io::Result<T> {
         BODY.with(|cell| {
@@ -531,6 +605,7 @@ impl<F: FileSystem> Server<F> {
                     rest: &buf[..args_len],
                 },
                 secctx,
+                defer: Some(defer),
             })
         })
     }
@@ -569,7 +644,8 @@ impl<F: FileSystem> Server<F> {
             Opcode::Fsyncdir => self.fsyncdir(rq, w),
             Opcode::Access => self.access(rq, w),
             Opcode::Create => self.create(rq, w),
-            // Requests are answered synchronously; there is nothing to interrupt.
+            // The Linux virtio-fs client never sends one (it drops interrupts); a SETLKW that
+            // waits ends when its lock is taken or refused (doc/locks.md).
             Opcode::Interrupt => Ok(Outcome::NoReply),
             Opcode::Destroy => self.destroy(rq, w),
             Opcode::BatchForget => self.batch_forget(rq),
@@ -580,10 +656,10 @@ impl<F: FileSystem> Server<F> {
             Opcode::CopyFileRange => self.copy_file_range(rq, w),
             Opcode::Syncfs => self.syncfs(rq, w),
             Opcode::Tmpfile => self.tmpfile(rq, w),
-            Opcode::Getlk
-            | Opcode::Setlk
-            | Opcode::Setlkw
-            | Opcode::Bmap
+            Opcode::Getlk => self.getlk(rq, w),
+            Opcode::Setlk => self.setlk(rq, w, false),
+            Opcode::Setlkw => self.setlk(rq, w, true),
+            Opcode::Bmap
             | Opcode::Ioctl
             | Opcode::Poll
             | Opcode::NotifyReply
@@ -794,6 +870,58 @@ impl<F: FileSystem> Server<F> {
         let r: abi::ReleaseIn = rq.body.take()?;
         self.fs.release(rq.ctx, rq.h.nodeid, r.flags, r.fh)?;
         self.ok(w, rq.h, &[])
+    }
+
+    fn getlk<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {
+        let l: abi::LkIn = rq.body.take()?;
+        let got = self
+            .fs
+            .getlk(rq.ctx, rq.h.nodeid, l.fh, l.owner, file_lock(&l.lk))?;
+        let out = abi::LkOut {
+            lk: wire_lock(&got),
+        };
+        self.ok(w, rq.h, &[out.as_bytes()])
+    }
+
+    /// SETLK, and SETLKW (`sleep`): tried at once; a SETLKW whose lock is taken is handed to
+    /// the filesystem to wait, and answered later when the transport can (the queue goes on),
+    /// or by this thread once the wait ends.
+    fn setlk<W: Writer>(&self, mut rq: Request<'_>, w: &mut W, sleep: bool) -> io::Result<Outcome> {
+        let l: abi::LkIn = rq.body.take()?;
+        let kind = match l.lk_flags & abi::LK_FLOCK {
+            0 => LockKind::Posix,
+            _ => LockKind::Flock,
+        };
+        let lock = file_lock(&l.lk);
+        let (node, ctx) = (rq.h.nodeid, rq.ctx);
+        match self.fs.setlk(ctx, node, l.fh, l.owner, lock, kind) {
+            Err(e) if sleep && e.raw_os_error() == Some(libc::EAGAIN) => {}
+            r => {
+                r?;
+                return self.ok(w, rq.h, &[]);
+            }
+        }
+        let unique = rq.h.unique;
+        if let Some(reply) = rq.defer.as_mut().and_then(|d| d(unique)) {
+            if let Err(e) = self
+                .fs
+                .setlk_wait(ctx, node, l.fh, l.owner, lock, kind, reply.clone())
+            {
+                reply.answer(e.raw_os_error().unwrap_or(libc::EIO));
+            }
+            return Ok(Outcome::Deferred);
+        }
+        // A transport that cannot answer later: this thread waits for the answer.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reply = LateReply::new(move |e| {
+            let _ = tx.send(e);
+        });
+        self.fs
+            .setlk_wait(ctx, node, l.fh, l.owner, lock, kind, reply)?;
+        match rx.recv().unwrap_or(libc::ENOLCK) {
+            0 => self.ok(w, rq.h, &[]),
+            e => Err(errno(e)),
+        }
     }
 
     fn fsync<W: Writer>(&self, mut rq: Request<'_>, w: &mut W) -> io::Result<Outcome> {

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use super::Translation;
 use crate::filesystem::{
-    errno, Context, DirEntry, Entry, FileSystem, Opened, SecCtx, SetAttr, XattrReply,
-    ZeroCopyReader, ZeroCopyWriter,
+    errno, Context, DirEntry, Entry, FileLock, FileSystem, LateReply, LockKind, Opened, SecCtx,
+    SetAttr, XattrReply, ZeroCopyReader, ZeroCopyWriter,
 };
 use crate::fuse::abi::init;
 use crate::migration::{Decoder, Encoder, StateError};
@@ -366,6 +366,44 @@ impl<F: FileSystem> FileSystem for MappedFs<F> {
 
     fn release(&self, ctx: &Context, inode: u64, flags: u32, handle: u64) -> io::Result<()> {
         self.inner.release(&self.ctx(ctx), inode, flags, handle)
+    }
+
+    fn getlk(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+    ) -> io::Result<FileLock> {
+        self.inner.getlk(&self.ctx(ctx), inode, handle, owner, lock)
+    }
+
+    fn setlk(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        kind: LockKind,
+    ) -> io::Result<()> {
+        self.inner
+            .setlk(&self.ctx(ctx), inode, handle, owner, lock, kind)
+    }
+
+    fn setlk_wait(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        kind: LockKind,
+        reply: LateReply,
+    ) -> io::Result<()> {
+        self.inner
+            .setlk_wait(&self.ctx(ctx), inode, handle, owner, lock, kind, reply)
     }
 
     fn fsync(&self, ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {

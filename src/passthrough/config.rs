@@ -72,6 +72,10 @@ pub const DEFAULT_LISTING_MEMORY: usize = 64 << 20;
 /// file that lost its descriptor costs one `open`.
 pub const DEFAULT_MAX_DATA_FDS: usize = 1024;
 
+/// The default of [`Config::max_lock_fds`]: descriptors held for the guest's locks, one per
+/// lock owner and file.
+pub const DEFAULT_MAX_LOCK_FDS: usize = 1024;
+
 /// Bytes of the host's memory per node [`default_max_nodes`] allows: ten times the worst a
 /// guest can make a node cost, so that the nodes together take less than a tenth of the memory.
 /// A node of a walk costs some 135 bytes; the worst is a file the guest has just created with
@@ -137,6 +141,15 @@ pub struct Config {
     /// mode of `--cache=always`), least recently used closed first; never more than half the
     /// open-files limit.
     pub max_data_fds: usize,
+    /// Serve the guest's `fcntl` record and OFD locks with real host locks (`FUSE_POSIX_LOCKS`;
+    /// off with `-o no_posix_lock` / `--posix-lock=off`: the guest keeps them to itself).
+    pub posix_lock: bool,
+    /// Serve the guest's `flock` locks with real host locks (`FUSE_FLOCK_LOCKS`; off with
+    /// `-o no_flock` / `--flock=off`).
+    pub flock: bool,
+    /// Most descriptors held for the guest's locks (one per lock owner and file); a lock past
+    /// it gets `ENOLCK`. Never more than a quarter of the open-files limit.
+    pub max_lock_fds: usize,
     /// Entry timeout; defaults from `cache`.
     pub entry_timeout: Duration,
     /// Attribute timeout; defaults from `cache`.
@@ -167,6 +180,9 @@ impl Config {
             listing_memory: DEFAULT_LISTING_MEMORY,
             max_nodes: default_max_nodes(),
             max_data_fds: DEFAULT_MAX_DATA_FDS,
+            posix_lock: true,
+            flock: true,
+            max_lock_fds: DEFAULT_MAX_LOCK_FDS,
             entry_timeout: cache.timeout(),
             attr_timeout: cache.timeout(),
             migration: crate::migration::Options::default(),

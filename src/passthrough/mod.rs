@@ -23,7 +23,7 @@
 //!   `dircache`: directory snapshots shared between handles, under one memory budget;
 //! - `inode`: node id ↔ host file table with lookup counts;
 //! - `handle`: open files and directories; `io_fds`: per-inode descriptors for requests
-//!   without a handle (no-open mode); `file_handle`: file handles, kept instead of descriptors
+//!   without a handle (no-open mode); `locks`: the guest's locks, held on the host; `file_handle`: file handles, kept instead of descriptors
 //!   with `--inode-file-handles`;
 //! - `dir`: directory snapshots and streamed listings served by READDIR / READDIRPLUS; `key`:
 //!   what identifies a host file or a directory's state; `config`: the settings; `xattr`:
@@ -44,6 +44,7 @@ mod identity;
 mod inode;
 mod io_fds;
 mod key;
+mod locks;
 mod migration;
 mod ops;
 mod slab;
@@ -66,8 +67,8 @@ pub use credentials::drop_supplementary_groups;
 pub use inode::allocator_gives_memory_back;
 
 use crate::filesystem::{
-    Context, DirEntry, Entry, FileSystem, Opened, SecCtx, SetAttr, SetTime, XattrReply,
-    ZeroCopyReader, ZeroCopyWriter,
+    Context, DirEntry, Entry, FileLock, FileSystem, LateReply, LockKind, Opened, SecCtx, SetAttr,
+    SetTime, XattrReply, ZeroCopyReader, ZeroCopyWriter,
 };
 use crate::fuse::abi::{fopen, init, ROOT_ID};
 use crate::os::open_path_dir;
@@ -119,6 +120,12 @@ pub struct PassthroughFs {
     no_open: AtomicBool,
     /// OPENDIR is answered with `ENOSYS` (`FUSE_NO_OPENDIR_SUPPORT`), likewise for directories.
     no_opendir: AtomicBool,
+    /// The guest's locks, held on host files (`locks`).
+    locks: Arc<locks::Locks>,
+    /// `FUSE_POSIX_LOCKS` agreed in this session.
+    posix_locks_on: AtomicBool,
+    /// `FUSE_FLOCK_LOCKS` agreed in this session.
+    flock_on: AtomicBool,
 }
 
 /// A descriptor a file request is served with: its handle's, or the inode's own.
@@ -250,6 +257,9 @@ impl PassthroughFs {
             io_fds: IoFds::default(),
             no_open: AtomicBool::new(false),
             no_opendir: AtomicBool::new(false),
+            locks: locks::Locks::new(),
+            posix_locks_on: AtomicBool::new(false),
+            flock_on: AtomicBool::new(false),
             cfg,
         })
     }
@@ -708,11 +718,18 @@ impl PassthroughFs {
 
     /// OPEN and CREATE flags of a file. `keep`: the guest's cached pages of the file are still
     /// the file's (see [`Self::keep_file_pages`]); only `auto` uses it, `always` keeps them
-    /// anyway. FLUSH is never asked for (`FOPEN_NOFLUSH`, ignored by the guest under its
-    /// writeback cache, which needs FLUSH): the daemon takes no locks, writes reach the host at
-    /// WRITE, and RELEASE closes the host file.
+    /// anyway. FLUSH is asked for only when the guest's record locks are held on the host (it
+    /// drops the closing process's locks); otherwise `FOPEN_NOFLUSH` (ignored by the guest
+    /// under its writeback cache, which needs FLUSH): writes reach the host at WRITE, and
+    /// RELEASE closes the host file.
     fn file_open_flags(&self, keep: bool) -> u32 {
-        fopen::NOFLUSH
+        // With record locks held on the host, FLUSH tells which guest process closed the file:
+        // its locks go then (`locks`).
+        let noflush = match self.posix_locks_on.load(Ordering::Relaxed) {
+            true => 0,
+            false => fopen::NOFLUSH,
+        };
+        noflush
             | match self.cfg.cache {
                 CacheMode::Never | CacheMode::Metadata => fopen::DIRECT_IO,
                 CacheMode::Auto if keep => fopen::KEEP_CACHE,
@@ -1256,6 +1273,96 @@ impl PassthroughFs {
             node.handles.fetch_sub(1, Ordering::SeqCst);
         }
         r
+    }
+
+    /// Whether the guest's handle `fh` of `inode` may write (the kernel's rule for a write
+    /// lock); a handle of 0 names none and may. `EBADF` for a handle not open on `inode`.
+    fn handle_writable(&self, inode: u64, fh: u64) -> io::Result<bool> {
+        if fh == 0 {
+            return Ok(true);
+        }
+        let h = self.handles.get(fh, inode)?;
+        Ok(sys::fd_access_mode(h.fd())? != libc::O_RDONLY)
+    }
+
+    /// A descriptor of `inode` for one lock owner's locks (`locks`): read-write when the
+    /// handle `fh` the owner came through may write and the daemon may write the file,
+    /// read-only otherwise (a write lock on it then gets `EBADF`). A new open file description
+    /// each time, opened without waiting for a lease to break (`O_NONBLOCK`); only regular files
+    /// and directories.
+    fn lock_fd(&self, inode: u64, fh: u64) -> io::Result<(OwnedFd, bool)> {
+        let data = self.inode(inode)?;
+        let kind = data.key.kind();
+        check_openable(kind)?;
+        let flags = libc::O_NONBLOCK | libc::O_NOCTTY;
+        if kind == libc::S_IFDIR {
+            return Ok((
+                self.open_node(&data, flags | libc::O_RDONLY | libc::O_DIRECTORY)?,
+                false,
+            ));
+        }
+        if !self.cfg.readonly && self.handle_writable(inode, fh)? {
+            match self.open_node(&data, flags | libc::O_RDWR) {
+                Ok(fd) => return Ok((fd, true)),
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::ETXTBSY)
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((self.open_node(&data, flags | libc::O_RDONLY)?, false))
+    }
+
+    /// A read-only description of `inode` to test for a lock through (GETLK of an owner that
+    /// holds nothing), closed after the test.
+    fn lock_test_fd(&self, inode: u64) -> io::Result<OwnedFd> {
+        let data = self.inode(inode)?;
+        let kind = data.key.kind();
+        check_openable(kind)?;
+        let dir = match kind {
+            libc::S_IFDIR => libc::O_DIRECTORY,
+            _ => 0,
+        };
+        self.open_node(
+            &data,
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | dir,
+        )
+    }
+
+    /// Whether locks of `kind` were agreed with the guest (`ENOSYS` otherwise: the guest keeps
+    /// them itself and never sends them).
+    fn locks_on(&self, kind: LockKind) -> io::Result<()> {
+        let on = match kind {
+            LockKind::Posix => &self.posix_locks_on,
+            LockKind::Flock => &self.flock_on,
+        };
+        match on.load(Ordering::Relaxed) {
+            true => Ok(()),
+            false => Err(error(libc::ENOSYS)),
+        }
+    }
+
+    /// A checked lock request of `owner` on `inode` through `fh`; a write record lock through
+    /// a handle that may not write is `EBADF`, as the kernel answers it.
+    fn lock_req(
+        &self,
+        inode: u64,
+        fh: u64,
+        owner: u64,
+        lock: &FileLock,
+        kind: LockKind,
+    ) -> io::Result<locks::Req> {
+        self.locks_on(kind)?;
+        let req = locks::Req::new(inode, owner, fh, lock, kind)?;
+        if kind == LockKind::Posix
+            && req.typ == libc::F_WRLCK
+            && !self.handle_writable(inode, fh)?
+        {
+            return Err(error(libc::EBADF));
+        }
+        Ok(req)
     }
 
     /// Counts the release of an open handle of `inode` (see [`InodeData::handles`]).

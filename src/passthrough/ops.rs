@@ -31,12 +31,24 @@ impl FileSystem for PassthroughFs {
         if self.cfg.writeback {
             want |= init::WRITEBACK_CACHE;
         }
+        if self.cfg.posix_lock {
+            want |= init::POSIX_LOCKS;
+        }
+        if self.cfg.flock {
+            want |= init::FLOCK_LOCKS;
+        }
+        let locks = want & capable & (init::POSIX_LOCKS | init::FLOCK_LOCKS);
+        self.posix_locks_on
+            .store(locks & init::POSIX_LOCKS != 0, Ordering::Relaxed);
+        self.flock_on
+            .store(locks & init::FLOCK_LOCKS != 0, Ordering::Relaxed);
+        self.locks
+            .set_max_fds(self.cfg.max_lock_fds.min(IoFds::capacity_from_rlimit() / 2));
         // No-open mode: with `--cache=always` the kernel's defaults for a file it did not open
         // (FOPEN_KEEP_CACHE; CACHE_DIR for directories) are what OPEN would answer anyway, so
-        // OPEN / OPENDIR / FLUSH / RELEASE round trips are skipped. Not with locks: they are
-        // bound to handles.
-        let always = self.cfg.cache == CacheMode::Always
-            && want & (init::POSIX_LOCKS | init::FLOCK_LOCKS) == 0;
+        // OPEN / OPENDIR / FLUSH / RELEASE round trips are skipped. Not with locks held on the
+        // host: they are dropped at FLUSH and RELEASE, which the guest would no longer send.
+        let always = self.cfg.cache == CacheMode::Always && locks == 0;
         let no_open = always && capable & init::NO_OPEN_SUPPORT != 0;
         let no_opendir = always && capable & init::NO_OPENDIR_SUPPORT != 0;
         self.no_open.store(no_open, Ordering::Relaxed);
@@ -85,6 +97,9 @@ impl FileSystem for PassthroughFs {
     }
 
     fn destroy(&self) {
+        self.locks.clear();
+        self.posix_locks_on.store(false, Ordering::Relaxed);
+        self.flock_on.store(false, Ordering::Relaxed);
         self.posix_acl_on.store(false, Ordering::Relaxed);
         self.security_ctx_on.store(false, Ordering::Relaxed);
         self.io_fds.clear();
@@ -128,8 +143,11 @@ impl FileSystem for PassthroughFs {
         let f = self.inodes.forget_deferred(inode, count);
         // Node ids are never reused: once gone, the inode's descriptors can go too (first, so
         // that the cached listing below is the last holder of a no-opendir listing).
-        if (self.no_open() || self.no_opendir()) && self.inodes.get(inode).is_none() {
-            self.io_fds.remove(inode);
+        if self.inodes.get(inode).is_none() {
+            if self.no_open() || self.no_opendir() {
+                self.io_fds.remove(inode);
+            }
+            self.locks.forget(inode);
         }
         if let Some(dir) = f.dir {
             self.dircache.forget(&dir);
@@ -559,11 +577,13 @@ impl FileSystem for PassthroughFs {
         r.write_to_file_at(h.fd(), size as usize, offset)
     }
 
-    fn flush(&self, _ctx: &Context, inode: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
+    fn flush(&self, _ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
         if self.no_open() {
             // The kernel stops sending FLUSH (writes went to the host file already).
             return Err(error(libc::ENOSYS));
         }
+        // The guest process closed the file: its record locks on it go, as on a local file.
+        self.locks.flush(inode, lock_owner);
         let h = self.handles.get(handle, inode)?;
         // Closing a duplicate gives the host file system the close(2) of the guest process
         // (for example NFS flushes on close) while the handle stays open.
@@ -578,6 +598,8 @@ impl FileSystem for PassthroughFs {
         }
         self.handles.remove(handle, inode)?;
         self.released(inode);
+        // The guest's open file is gone: its OFD and flock locks go.
+        self.locks.release(inode, handle);
         Ok(())
     }
 
@@ -718,6 +740,8 @@ impl FileSystem for PassthroughFs {
         }
         self.handles.remove(handle, inode)?;
         self.released(inode);
+        // The guest's open file is gone: its OFD and flock locks go.
+        self.locks.release(inode, handle);
         Ok(())
     }
 
@@ -873,6 +897,53 @@ impl FileSystem for PassthroughFs {
         let hout = self.file_ref(inode_out, handle_out, Access::Write)?;
         self.xattrs().modifying(hout.fd(), kill_priv)?;
         sys::copy_file_range(hin.fd(), offset_in, hout.fd(), offset_out, len, flags)
+    }
+
+    fn getlk(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+    ) -> io::Result<FileLock> {
+        // A test needs no write access (F_GETLK for a write lock on a read-only descriptor
+        // is fine): only the handle is checked.
+        self.locks_on(LockKind::Posix)?;
+        self.handle_writable(inode, handle)?;
+        let req = locks::Req::new(inode, owner, handle, &lock, LockKind::Posix)?;
+        let conflict = self.locks.get(&req, || self.lock_test_fd(inode))?;
+        Ok(conflict.unwrap_or(FileLock {
+            typ: libc::F_UNLCK as u32,
+            ..lock
+        }))
+    }
+
+    fn setlk(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        kind: LockKind,
+    ) -> io::Result<()> {
+        let req = self.lock_req(inode, handle, owner, &lock, kind)?;
+        self.locks.set(&req, || self.lock_fd(inode, handle))
+    }
+
+    fn setlk_wait(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        kind: LockKind,
+        reply: LateReply,
+    ) -> io::Result<()> {
+        let req = self.lock_req(inode, handle, owner, &lock, kind)?;
+        self.locks.wait(req, || self.lock_fd(inode, handle), reply)
     }
 
     fn syncfs(&self, _ctx: &Context, inode: u64) -> io::Result<()> {

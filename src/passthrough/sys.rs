@@ -398,6 +398,74 @@ pub fn fd_access_mode(fd: BorrowedFd<'_>) -> io::Result<i32> {
     Ok(fd_status_flags(fd)? & libc::O_ACCMODE)
 }
 
+/// A byte-range lock as `fcntl(2)` sees it: `F_RDLCK`, `F_WRLCK` or `F_UNLCK`, from `start`
+/// for `len` bytes (0: to the end of the file, however far it grows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeLock {
+    pub typ: i32,
+    pub start: i64,
+    pub len: i64,
+}
+
+fn flock64(l: &RangeLock) -> libc::flock64 {
+    // SAFETY: `flock64` is plain integers; all zero is a valid value (l_pid must be 0 for OFD
+    // locks).
+    let mut f: libc::flock64 = unsafe { std::mem::zeroed() };
+    f.l_type = l.typ as libc::c_short;
+    f.l_whence = libc::SEEK_SET as libc::c_short;
+    f.l_start = l.start;
+    f.l_len = l.len;
+    f
+}
+
+/// Sets (or, with `F_UNLCK`, removes) an open-file-description lock on `fd`, without waiting:
+/// `EAGAIN` when another description holds a conflicting lock.
+pub fn ofd_setlk(fd: BorrowedFd<'_>, l: &RangeLock) -> io::Result<()> {
+    let f = flock64(l);
+    // SAFETY: F_OFD_SETLK reads the `flock64` the pointer names, which lives across the call.
+    check(unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_OFD_SETLK,
+            &f as *const libc::flock64,
+        )
+    })
+    .map(drop)
+}
+
+/// The first lock another open file description holds on `fd`'s file that conflicts with `l`
+/// (`F_OFD_GETLK`), and the pid the host reports for its holder (-1 for an OFD lock); `None`
+/// when `l` could be taken.
+pub fn ofd_getlk(fd: BorrowedFd<'_>, l: &RangeLock) -> io::Result<Option<(RangeLock, i32)>> {
+    let mut f = flock64(l);
+    // SAFETY: F_OFD_GETLK reads and rewrites the `flock64` the pointer names, which lives
+    // across the call.
+    check(unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_OFD_GETLK,
+            &mut f as *mut libc::flock64,
+        )
+    })?;
+    if i32::from(f.l_type) == libc::F_UNLCK {
+        return Ok(None);
+    }
+    Ok(Some((
+        RangeLock {
+            typ: i32::from(f.l_type),
+            start: f.l_start,
+            len: f.l_len,
+        },
+        f.l_pid,
+    )))
+}
+
+/// `flock(2)` with `op` (`LOCK_SH`, `LOCK_EX`, `LOCK_UN`, with `LOCK_NB`).
+pub fn flock(fd: BorrowedFd<'_>, op: i32) -> io::Result<()> {
+    // SAFETY: plain syscall on a borrowed descriptor; the result is checked.
+    check(unsafe { libc::flock(fd.as_raw_fd(), op) }).map(drop)
+}
+
 /// Adds `O_DIRECT` to an open file's status flags.
 pub fn set_direct(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: plain fcntl calls on a borrowed descriptor; the results are checked.

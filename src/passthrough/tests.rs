@@ -1729,10 +1729,13 @@ fn mount_points_are_announced_only_when_asked() {
 
 // ---- no-open mode (--cache=always, FUSE_NO_OPEN_SUPPORT) ---------------------------------------
 
-/// A filesystem in `--cache=always` whose guest offered no-open support at INIT.
+/// A filesystem in `--cache=always` whose guest offered no-open support at INIT (locks off:
+/// with the guest's locks held on the host, OPEN, FLUSH and RELEASE are served).
 fn no_open_fs(dir: &Path, f: impl FnOnce(&mut Config)) -> PassthroughFs {
     let fs = fs_with(dir, |c| {
         c.cache = CacheMode::Always;
+        c.posix_lock = false;
+        c.flock = false;
         f(c);
     });
     let agreed = fs.init(u64::MAX).unwrap();
@@ -1771,8 +1774,17 @@ fn no_open_is_agreed_only_in_cache_always_with_a_capable_guest() {
         assert_eq!(errno(try_read(&fs, f.inode, 0, 1, 0)), libc::EBADF);
         assert!(fs.opendir(&ctx(), ROOT_ID, 0).is_ok());
     }
-    // A guest without NO_OPEN_SUPPORT / NO_OPENDIR_SUPPORT: the old behaviour.
+    // Locks held on the host need OPEN, FLUSH and RELEASE: no no-open mode with them.
     let fs = fs_with(tmp.path(), |c| c.cache = CacheMode::Always);
+    assert_ne!(fs.init(u64::MAX).unwrap() & init::ATOMIC_O_TRUNC, 0);
+    let f = lookup(&fs, "f");
+    assert!(fs.open(&ctx(), f.inode, 0, 0).unwrap().handle.unwrap() != 0);
+    // A guest without NO_OPEN_SUPPORT / NO_OPENDIR_SUPPORT: the old behaviour.
+    let fs = fs_with(tmp.path(), |c| {
+        c.cache = CacheMode::Always;
+        c.posix_lock = false;
+        c.flock = false;
+    });
     let agreed = fs.init(!(init::NO_OPEN_SUPPORT | init::NO_OPENDIR_SUPPORT));
     assert_ne!(agreed.unwrap() & init::ATOMIC_O_TRUNC, 0);
     let f = lookup(&fs, "f");

@@ -130,6 +130,11 @@ pub const ALLOWED: &[Group] = &[
         ],
     },
     // Extended attributes (--xattr): src/passthrough, on /proc/self/fd paths or descriptors.
+    // The guest's locks held on host files: flock(2) (record and OFD locks are fcntl, above).
+    Group {
+        made_by: "the guest's locks (src/passthrough/locks.rs)",
+        syscalls: &[libc::SYS_flock],
+    },
     Group {
         made_by: "extended attributes (src/passthrough, --xattr)",
         syscalls: &[

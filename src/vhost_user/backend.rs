@@ -37,8 +37,9 @@ use super::descriptor::{split_chain, DirtyLog, GuestMem, GuestMemory};
 use super::poll::{Poll, Polled};
 pub use super::vring::Vring;
 use crate::error::Chain;
-use crate::filesystem::FileSystem;
-use crate::fuse::server::Server;
+use crate::filesystem::{FileSystem, LateReply};
+use crate::fuse::io::Writer as _;
+use crate::fuse::server::{status_reply, Handled, Server};
 use crate::logging::warn_throttled;
 use crate::migration;
 use crate::sandbox::caps::Keeper;
@@ -148,6 +149,55 @@ impl<'a> Counted<'a> {
 
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
+        self.in_flight.leave(self.queue);
+    }
+}
+
+/// Chains answered later (SETLKW requests waiting for their lock), with the queue each came
+/// from: a queue that stops answers its own (`ENOLCK`) rather than wait for them.
+type Deferrals = Arc<Mutex<Vec<(usize, LateReply)>>>;
+
+/// What answering a chain later needs besides the chain: where it goes back to.
+struct Late<'a> {
+    vring: &'a Vring,
+    event_idx: bool,
+    queue: usize,
+    in_flight: &'a Arc<InFlight>,
+    deferrals: &'a Deferrals,
+}
+
+/// A chain whose request is answered after its handler returned; it stays in flight until then.
+struct DeferredChain {
+    mem: GuestMem,
+    chain: DescriptorChain<GuestMem>,
+    vring: Vring,
+    event_idx: bool,
+    queue: usize,
+    in_flight: Arc<InFlight>,
+}
+
+impl DeferredChain {
+    /// Writes the reply of request `unique` (success, or the error `errno`) and returns the
+    /// chain to the guest.
+    fn finish(self, unique: u64, errno: i32) {
+        let head = self.chain.head_index();
+        let reply = status_reply(unique, errno);
+        let len = match split_chain(&self.mem, self.chain) {
+            Ok((_, mut w)) => match w.write_all(&reply) {
+                Ok(()) => reply.len() as u32,
+                Err(e) => {
+                    warn_throttled!("late reply to chain {head} could not be written: {e}");
+                    0
+                }
+            },
+            Err(e) => {
+                warn_throttled!("descriptor chain {head} refused: {e}");
+                0
+            }
+        };
+        if let Err(e) = complete(&self.vring, head, len, self.event_idx) {
+            error!("failed to return chain {head}: {e}");
+        }
         self.in_flight.leave(self.queue);
     }
 }
@@ -294,6 +344,8 @@ pub struct FsBackend<F: FileSystem + 'static> {
     num_queues: usize,
     pool: Option<Pool>,
     in_flight: Arc<InFlight>,
+    /// Chains to be answered later.
+    deferrals: Deferrals,
     /// The state transfer under way (`SET_DEVICE_STATE_FD`), whose result
     /// `CHECK_DEVICE_STATE` reports.
     transfer: Mutex<Option<Transfer>>,
@@ -325,6 +377,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         let server = Arc::new(Server::new(fs));
         let num_queues = 1 + MAX_REQUEST_QUEUES;
         let in_flight = Arc::new(InFlight::new(num_queues));
+        let deferrals = Deferrals::default();
         let pool = if pool_size > 0 {
             let limit = pool_size.saturating_mul(POOL_BACKLOG);
             let backlog = Arc::new(Mutex::new(Backlog {
@@ -336,6 +389,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                     server.clone(),
                     backlog.clone(),
                     in_flight.clone(),
+                    deferrals.clone(),
                     pool_size,
                 )?),
                 backlog,
@@ -353,6 +407,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             num_queues,
             pool,
             in_flight,
+            deferrals,
             transfer: Mutex::new(None),
             keeper: None,
             poll: Poll::new(Duration::ZERO, num_queues),
@@ -444,6 +499,26 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     pub fn with_stop_wait(mut self, wait: Duration) -> Self {
         self.stop_wait = wait;
         self
+    }
+
+    /// Answers `queue`'s requests that wait to be answered later (SETLKWs waiting for their
+    /// lock) with `ENOLCK`: a stopped queue (a migration, a reset) answers nothing later.
+    fn answer_deferred(&self, queue: usize) {
+        let mine: Vec<LateReply> = {
+            let mut list = self
+                .deferrals
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut *list)
+                .into_iter()
+                .partition(|(q, _)| *q == queue);
+            *list = rest;
+            mine.into_iter().map(|(_, r)| r).collect()
+        };
+        let answered = mine.iter().filter(|r| r.answer(libc::ENOLCK)).count();
+        if answered > 0 {
+            warn!("queue {queue} stopped: {answered} waiting lock request(s) answered ENOLCK");
+        }
     }
 
     /// Starts the thread that saves the state to `file` or loads it from there; its result
@@ -583,7 +658,17 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 }
                 continue;
             }
-            let len = serve_chain(&self.server, &mem, chain);
+            let late = Late {
+                vring,
+                event_idx,
+                queue,
+                in_flight: &self.in_flight,
+                deferrals: &self.deferrals,
+            };
+            let Some(len) = serve_chain(&self.server, &mem, chain, &late) else {
+                // Answered later; in flight until then.
+                continue;
+            };
             let used = vring.add_used(head, len);
             self.in_flight.leave(queue);
             match used {
@@ -604,24 +689,47 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     }
 }
 
-/// Runs one chain through the server; returns the reply length (0 when refused).
+/// Runs one chain through the server; returns the reply length (0 when refused), or `None`
+/// when the request is answered later (it is then returned, and leaves `late.in_flight`, by
+/// its [`DeferredChain`]).
 fn serve_chain<F: FileSystem>(
     server: &Server<F>,
     mem: &GuestMem,
     chain: DescriptorChain<GuestMem>,
-) -> u32 {
+    late: &Late<'_>,
+) -> Option<u32> {
     let head = chain.head_index();
+    let mut kept = Some(chain.clone());
+    let mut defer = |unique: u64| {
+        let d = DeferredChain {
+            mem: mem.clone(),
+            chain: kept.take()?,
+            vring: late.vring.clone(),
+            event_idx: late.event_idx,
+            queue: late.queue,
+            in_flight: late.in_flight.clone(),
+        };
+        let reply = LateReply::new(move |e| d.finish(unique, e));
+        let mut list = late
+            .deferrals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        list.retain(|(_, r)| !r.is_answered());
+        list.push((late.queue, reply.clone()));
+        Some(reply)
+    };
     match split_chain(mem, chain) {
-        Ok((r, w)) => match server.handle_message(r, w) {
-            Ok(n) => n as u32,
+        Ok((r, w)) => match server.handle_request(r, w, &mut defer) {
+            Ok(Handled::Reply(n)) => Some(n as u32),
+            Ok(Handled::Deferred) => None,
             Err(e) => {
                 warn_throttled!("request in chain {head} refused: {e}");
-                0
+                Some(0)
             }
         },
         Err(e) => {
             warn_throttled!("descriptor chain {head} refused: {e}");
-            0
+            Some(0)
         }
     }
 }
@@ -714,6 +822,7 @@ fn start_pool<F: FileSystem + 'static>(
     server: Arc<Server<F>>,
     backlog: Arc<Mutex<Backlog>>,
     in_flight: Arc<InFlight>,
+    deferrals: Deferrals,
     size: usize,
 ) -> io::Result<std::sync::mpsc::Sender<Job>> {
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
@@ -723,6 +832,7 @@ fn start_pool<F: FileSystem + 'static>(
         let server = server.clone();
         let backlog = backlog.clone();
         let in_flight = in_flight.clone();
+        let deferrals = deferrals.clone();
         thread::Builder::new()
             .name(format!("virtiofsd-pool-{i}"))
             .spawn(move || loop {
@@ -730,11 +840,21 @@ fn start_pool<F: FileSystem + 'static>(
                     Ok(job) => job,
                     Err(_) => return,
                 };
-                let len = serve_chain(&server, &job.mem, job.chain);
-                if let Err(e) = complete(&job.vring, job.head, len, job.event_idx) {
-                    error!("failed to return chain {}: {e}", job.head);
+                let late = Late {
+                    vring: &job.vring,
+                    event_idx: job.event_idx,
+                    queue: job.queue,
+                    in_flight: &in_flight,
+                    deferrals: &deferrals,
+                };
+                // A chain answered later frees its pool slot now: a waiting lock does not
+                // hold up the pool.
+                if let Some(len) = serve_chain(&server, &job.mem, job.chain, &late) {
+                    if let Err(e) = complete(&job.vring, job.head, len, job.event_idx) {
+                        error!("failed to return chain {}: {e}", job.head);
+                    }
+                    in_flight.leave(job.queue);
                 }
-                in_flight.leave(job.queue);
                 give_slot(&backlog);
             })?;
     }
@@ -845,6 +965,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             Some(t) if t.elapsed() < self.stop_wait => Duration::ZERO,
             _ => self.stop_wait,
         };
+        self.answer_deferred(queue);
         let idle = self.in_flight.wait_idle(queue, limit);
         if let Some(late) = self.in_flight.stopped_late.get(queue) {
             late.store(!idle, Ordering::Release);

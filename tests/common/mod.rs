@@ -83,6 +83,11 @@ pub struct Options {
     pub share_at: Option<PathBuf>,
     /// `--migration-*`.
     pub migration: virtiofsd::migration::Options,
+    /// Host locks for the guest's `fcntl` locks (`--posix-lock`) and `flock` locks (`--flock`).
+    pub posix_lock: bool,
+    pub flock: bool,
+    /// `Config::max_lock_fds` (`None`: the default).
+    pub max_lock_fds: Option<usize>,
 }
 
 impl Default for Options {
@@ -115,6 +120,9 @@ impl Default for Options {
             inode_file_handles: InodeFileHandles::default(),
             share_at: None,
             migration: virtiofsd::migration::Options::default(),
+            posix_lock: true,
+            flock: true,
+            max_lock_fds: None,
         }
     }
 }
@@ -337,6 +345,11 @@ impl Daemon {
         }
         fs_cfg.inode_file_handles = opts.inode_file_handles;
         fs_cfg.migration = opts.migration;
+        fs_cfg.posix_lock = opts.posix_lock;
+        fs_cfg.flock = opts.flock;
+        if let Some(n) = opts.max_lock_fds {
+            fs_cfg.max_lock_fds = n;
+        }
         let cfg = DaemonConfig {
             fs: fs_cfg,
             socket: SocketSpec::Path(socket.clone()),

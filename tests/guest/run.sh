@@ -18,9 +18,16 @@
 #                             escape      escape attempts from the guest against a canary
 #                                         outside the share, daemon --xattr
 #                             always      the main suite, daemon --xattr --cache always
+#                                         --posix-lock=off --flock=off (no-open mode)
+#                             locks       the locks suite (host, guest and its processes lock
+#                                         one another's files), daemon --cache auto
+#                             locks-always  the locks suite, daemon --cache always
+#                             locks-never the locks suite, daemon --cache never, with SQLite
+#                                         writers in the host and the guest on one database
 #                             noshare     QEMU without share=on (-m 256M, no memory backend):
 #                                         the daemon must say guest memory is not shared
-#                             all = main,readonly,xattr,escape,always,noshare; full = all eight
+#                             all = main,readonly,xattr,escape,always,locks,locks-always,
+#                             locks-never,noshare; full = all eleven
 #   --timeout SECONDS       kill a guest that has not powered off after this long (default 300)
 #   --accel auto|tcg|kvm    auto (default) uses KVM only if a short probe boot proves it works;
 #                           kvm uses it without a probe
@@ -38,7 +45,7 @@ set -uo pipefail
 OUT="$ROOT/target/guest-tests"
 
 KERNELS="6.12"
-SUITES="main readonly xattr escape always noshare"
+SUITES="main readonly xattr escape always locks locks-always locks-never noshare"
 TIMEOUT=300
 ACCEL=auto
 while [ $# -gt 0 ]; do
@@ -56,16 +63,16 @@ while [ $# -gt 0 ]; do
 done
 [ "$KERNELS" = all ] && KERNELS="6.12 6.1"
 SUITES="${SUITES//,/ }"
-SUITES="${SUITES//full/main readonly cache-never writeback xattr escape always noshare}"
-SUITES="${SUITES//all/main readonly xattr escape always noshare}"
+SUITES="${SUITES//full/main readonly cache-never writeback xattr escape always locks locks-always locks-never noshare}"
+SUITES="${SUITES//all/main readonly xattr escape always locks locks-always locks-never noshare}"
 for k in $KERNELS; do
     case "$k" in 6.12|6.1) ;; *) bad_usage "--kernel must be 6.12, 6.1 or all" ;; esac
 done
 case "$ACCEL" in auto|tcg|kvm) ;; *) bad_usage "--accel takes auto, tcg or kvm" ;; esac
 for s in $SUITES; do
     case "$s" in
-        main|readonly|cache-never|writeback|xattr|escape|always|noshare) ;;
-        *) bad_usage "--suite takes main, readonly, cache-never, writeback, xattr, escape, always, noshare, all or full" ;;
+        main|readonly|cache-never|writeback|xattr|escape|always|locks|locks-always|locks-never|noshare) ;;
+        *) bad_usage "--suite takes main, readonly, cache-never, writeback, xattr, escape, always, locks, locks-always, locks-never, noshare, all or full" ;;
     esac
 done
 need_root "the daemon has to chown and mknod for the guest"
@@ -77,14 +84,17 @@ mkdir -p "$OUT"
 # --- prerequisites -----------------------------------------------------------------------------
 # GNU find and strace go into the guest (/usr/bin/find, /usr/bin/strace; busybox's find stays
 # the one on PATH).
-ensure_kit "$OUT/install.log" "$KERNELS" /usr/bin/find /usr/bin/strace
+ensure_kit "$OUT/install.log" "$KERNELS" /usr/bin/find /usr/bin/strace /usr/bin/sqlite3
 prepare_daemon "$OUT/build.log"
 
 # Static helpers for the guest (and getdents for the host).
 build_helpers "$WORK/helpers"
 
-# build_initramfs KERNEL OUTFILE: the kit's initramfs for KERNEL, with GNU find and strace.
-build_initramfs() { kit_initramfs "$2" "$1" "$WORK/helpers" /usr/bin/find /usr/bin/strace; }
+# build_initramfs KERNEL OUTFILE: the kit's initramfs for KERNEL, with GNU find, strace and
+# sqlite3.
+build_initramfs() {
+    kit_initramfs "$2" "$1" "$WORK/helpers" /usr/bin/find /usr/bin/strace /usr/bin/sqlite3
+}
 
 # --- accelerator -------------------------------------------------------------------------------
 first_kernel="${KERNELS%% *}"
@@ -295,9 +305,69 @@ snapshot() {
     done > "$2"
 }
 
+# prepare_locks SHARE: the files of the locks suite, in SHARE/locks.
+prepare_locks() {
+    local f
+    mkdir -p "$1/locks"
+    for f in flock posix ofd g-flock g-posix g-ofd range ofd2 kill; do
+        head -c 4096 /dev/zero > "$1/locks/$f.f"
+    done
+    # The database two writers share (locks suite under --cache never): rollback journal.
+    sqlite3 "$1/locks/db.sqlite" \
+        'PRAGMA journal_mode=DELETE; CREATE TABLE t (who TEXT, i INTEGER);' > /dev/null
+    chmod -R a+rwX "$1/locks"
+}
+
+# Transactions each SQLite writer makes (locks suite, --cache never).
+SQLITE_ROWS=1000
+
+# sqlite_writer DB WHO: SQLITE_ROWS inserts, each its own transaction, waiting for the
+# database's locks as long as it takes (60 s at most each).
+sqlite_writer() {
+    { echo ".timeout 60000"; seq 1 "$SQLITE_ROWS" | sed "s/.*/INSERT INTO t VALUES ('$2', &);/"; } |
+        sqlite3 "$1"
+}
+
+# host_try SHARE OUT: the host tries the locks the guest holds at the locks-guest-* marks
+# (one line "NAME RESULT" each), with the static helper also used in the guest.
+host_try() {
+    local l="$1/locks" h="$WORK/helpers/locks"
+    {
+        echo "flock $("$h" try flock-ex "$l/g-flock.f" 0 0)"
+        echo "posix $("$h" try posix-rd "$l/g-posix.f" 50 1)"
+        echo "posix-after $("$h" try posix-wr "$l/g-posix.f" 100 10)"
+        echo "ofd $("$h" try ofd-rd "$l/g-ofd.f" 0 0)"
+        echo "getlk $("$h" getlk "$l/g-posix.f" 0 0 | cut -d' ' -f1-3)"
+    } > "$2"
+}
+
+# locks_mark MARK SHARE LOGS: the host's side of the locks suite at its marks.
+locks_mark() {
+    local l="$2/locks"
+    case "$1" in
+        locks-host-hold)
+            # Holds a flock, a POSIX lock on bytes 10-29 and an OFD lock until the guest makes
+            # host-release.
+            "$WORK/helpers/locks" hold "$l/host-holds" "$l/host-release" \
+                flock-ex "$l/flock.f" 0 0 posix-wr "$l/posix.f" 10 20 ofd-wr "$l/ofd.f" 0 0 \
+                > "$3/host-hold.txt" 2>&1 &
+            track $!
+            ;;
+        locks-sqlite)
+            # The host's writer, at the same time as the guest's; its exit status, then done.
+            ( sqlite_writer "$l/db.sqlite" host > "$3/host-sqlite.txt" 2>&1
+              echo "exit $?" >> "$3/host-sqlite.txt"; : > "$l/host-sqlite-done" ) &
+            track $!
+            ;;
+        locks-guest-hold) host_try "$2" "$3/host-try-held.txt" ;;
+        locks-guest-released) host_try "$2" "$3/host-try-released.txt" ;;
+    esac
+}
+
 # boot_mark MARK (watch_guest's handler in boot, whose dpid, logs and share it uses): a
 # snapshot of the daemon's threads and descriptors, and how far its request log had got.
 boot_mark() {
+    case "$1" in locks-*) locks_mark "$1" "$share" "$logs"; return 0 ;; esac
     snapshot "$dpid" "$logs/threads-$1.txt"
     fds "$dpid" > "$logs/fds-$1.txt"
     # how far the daemon's request log had got (requests between two marks)
@@ -321,6 +391,7 @@ boot() {
     else
         prepare_share "$share"
         [ "$suite" = main ] && prepare_tree "$share/fixtures/tree30k"
+        [ "$suite" = locks ] && prepare_locks "$share"
         prepare_nofiletype "$share/fixtures/nofiletype"
     fi
     [ "$suite" = readonly ] && fingerprint "$share" > "$dir/before.txt"
@@ -670,6 +741,34 @@ $(head -n 5 "$withids")"
     fi
 }
 
+host_checks_locks() {
+    local k="$1" dir="$2" logs="$3" prefix="$4" con="$3/console.log" f
+    f="$logs/host-try-held.txt"
+    check "${prefix}the host is refused the guest's flock, POSIX and OFD locks" \
+        "$(tr '\n' ' ' < "$f" 2>/dev/null)" \
+        "flock EAGAIN posix EAGAIN posix-after ok ofd EAGAIN getlk W 0 100 " "host attempts"
+    f="$logs/host-try-released.txt"
+    check "${prefix}the host gets them once the guest process exited" \
+        "$(tr '\n' ' ' < "$f" 2>/dev/null)" \
+        "flock ok posix ok posix-after ok ofd ok getlk unlocked " "host attempts"
+    check "${prefix}the host's holder took its locks" "$(cat "$logs/host-hold.txt" 2>/dev/null)" "" \
+        "host holder output"
+    local w
+    for w in posix flock ofd; do
+        echo "# ${prefix}SETLKW ($w) woke $(data_of "$con" "setlkw-wait-$w-ms") ms after it began waiting (about 1 s of it before the release)"
+    done
+    echo "# ${prefix}a killed waiter was in state $(data_of "$con" killed-waiter-state) and was gone $(data_of "$con" killed-waiter-gone-ms) ms after the holder's release"
+    if [ -f "$logs/host-sqlite.txt" ]; then
+        check "${prefix}SQLite: the host's writer committed every transaction" \
+            "$(cat "$logs/host-sqlite.txt")" "exit 0" "host writer output"
+        check "${prefix}SQLite: the database the host reads after both writers" \
+            "$(sqlite3 "$dir/share/locks/db.sqlite" 'PRAGMA integrity_check;' \
+                "SELECT who || ' ' || count(*) || ' ' || count(DISTINCT i) FROM t GROUP BY who ORDER BY who;" 2>&1 | tr '\n' ' ')" \
+            "ok guest $SQLITE_ROWS $SQLITE_ROWS host $SQLITE_ROWS $SQLITE_ROWS " "integrity, rows per writer"
+        echo "# ${prefix}SQLite: the guest's $SQLITE_ROWS transactions took $(data_of "$con" sqlite-guest-s) s beside the host's"
+    fi
+}
+
 host_checks_readonly() {
     local k="$1" dir="$2" logs="$3" prefix="${4}host: "
     fingerprint "$dir/share" > "$dir/after.txt"
@@ -785,7 +884,10 @@ for k in $KERNELS; do
             xattr) boot "$k" xattr xattr --posix-acl --security-label=auto --killpriv-v2 \
                 "--xattrmap=$XATTR_MAP" ;;
             escape) boot "$k" escape escape --xattr ;;
-            always) boot "$k" always main --xattr --cache always ;;
+            always) boot "$k" always main --xattr --cache always --posix-lock=off --flock=off ;;
+            locks) boot "$k" locks locks --cache auto ;;
+            locks-always) boot "$k" locks-always locks --cache always ;;
+            locks-never) boot "$k" locks-never locks --cache never ;;
             noshare) boot_noshare "$k" ;;
         esac
     done

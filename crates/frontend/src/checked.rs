@@ -570,6 +570,20 @@ impl FuseClient {
         self.try_call_empty(op, nodeid, &[arg.as_bytes()])
     }
 
+    /// FUSE_GETLK: the conflicting lock, or `lk` with type `F_UNLCK`.
+    pub fn try_getlk(&mut self, nodeid: u64, lk: &abi::LkIn) -> FuseResult<abi::FileLock> {
+        match self.try_call_obj::<abi::LkOut>(opcode::GETLK, nodeid, &[lk.as_bytes()])? {
+            Ok(out) => Ok(Ok(out.lk)),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    /// FUSE_SETLK, or FUSE_SETLKW (`wait`), waiting for the reply.
+    pub fn try_setlk(&mut self, nodeid: u64, lk: &abi::LkIn, wait: bool) -> FuseResult<()> {
+        let op = if wait { opcode::SETLKW } else { opcode::SETLK };
+        self.try_call_empty(op, nodeid, &[lk.as_bytes()])
+    }
+
     /// FUSE_FSYNC.
     pub fn try_fsync(&mut self, nodeid: u64, fh: u64, datasync: bool) -> FuseResult<()> {
         self.try_fsync_like(opcode::FSYNC, nodeid, fh, datasync)

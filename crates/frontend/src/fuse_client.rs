@@ -1212,6 +1212,30 @@ impl FuseClient {
         settle(op, self.try_release_with(op, nodeid, arg))
     }
 
+    /// FUSE_GETLK.
+    pub fn getlk(
+        &mut self,
+        nodeid: u64,
+        lk: &abi::LkIn,
+    ) -> std::result::Result<abi::FileLock, i32> {
+        settle(opcode::GETLK, self.try_getlk(nodeid, lk))
+    }
+
+    /// FUSE_SETLK.
+    pub fn setlk(&mut self, nodeid: u64, lk: &abi::LkIn) -> std::result::Result<(), i32> {
+        settle(opcode::SETLK, self.try_setlk(nodeid, lk, false))
+    }
+
+    /// FUSE_SETLKW, waiting for the reply.
+    pub fn setlkw(&mut self, nodeid: u64, lk: &abi::LkIn) -> std::result::Result<(), i32> {
+        settle(opcode::SETLKW, self.try_setlk(nodeid, lk, true))
+    }
+
+    /// FUSE_SETLKW, submitted without waiting: its reply comes through [`FuseClient::wait`].
+    pub fn submit_setlkw(&mut self, nodeid: u64, lk: &abi::LkIn) -> Result<Ticket> {
+        self.submit(opcode::SETLKW, nodeid, &[lk.as_bytes()], 0)
+    }
+
     /// FUSE_FSYNC.
     pub fn fsync(&mut self, nodeid: u64, fh: u64, datasync: bool) -> std::result::Result<(), i32> {
         settle(opcode::FSYNC, self.try_fsync(nodeid, fh, datasync))

@@ -1,0 +1,1069 @@
+//! Locks the guest takes (GETLK, SETLK, SETLKW), held as real locks on the host file, so that
+//! they exclude host processes and other guests as they exclude processes of one guest.
+//!
+//! Each lock owner the guest names on a node gets a record with a descriptor of its own: an
+//! open file description of the host file, opened by the daemon for that owner. A `fcntl`
+//! record lock (and an OFD lock, which the guest kernel sends with its open file as the owner)
+//! is an OFD lock (`F_OFD_SETLK`) on that description; a `flock` lock is `flock(2)` on the
+//! description of its own record. The host kernel then does the rest exactly as for a local
+//! file: conflicts with every other description (host processes' POSIX, OFD and flock locks,
+//! other owners of this guest, other daemons), and for one owner upgrade, downgrade, split and
+//! merge. The record keeps a copy of the ranges its owner holds, to know when it holds nothing
+//! and what a migration would have to take again.
+//!
+//! A record goes, and its locks with it (they are dropped, and its description closed), at
+//! FLUSH for its owner (the guest process closed the file), at RELEASE of the handle it came
+//! through (the guest's open file is gone: OFD and flock locks), when the node is forgotten,
+//! and at DESTROY or disconnect. A record whose owner unlocked everything stays, idle, until
+//! then (its owner's next lock needs no open), or until a new owner needs its descriptor.
+//!
+//! A SETLKW whose lock is taken waits here, not on a queue: the [`LateReply`] it got is tried
+//! again by one waiter thread with a back-off (1 ms doubling to [`MAX_BACKOFF`]), and at once
+//! when an owner of this daemon releases something on the node. Everything a guest can make the
+//! daemon hold is bounded: descriptors ([`Locks::set_max_fds`]), ranges ([`MAX_RANGES`]) and
+//! waiters ([`MAX_WAITERS`]); past a bound the request gets `ENOLCK`. See doc/locks.md.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use super::sys::{self, error, RangeLock};
+use crate::filesystem::{Attempt, FileLock, LateReply, LockKind};
+
+/// The end of a range that runs to the end of the file (`OFFSET_MAX`).
+pub const TO_EOF: u64 = i64::MAX as u64;
+/// Ranges all owners may hold together (each costs the host kernel a lock structure).
+pub const MAX_RANGES: usize = 65536;
+/// SETLKW requests waiting at once.
+pub const MAX_WAITERS: usize = 256;
+/// Longest pause between two tries of a waiting SETLKW.
+pub const MAX_BACKOFF: Duration = Duration::from_millis(32);
+/// First pause of a waiting SETLKW.
+const FIRST_BACKOFF: Duration = Duration::from_millis(1);
+/// Lock descriptors when nothing else is said.
+pub const DEFAULT_MAX_FDS: usize = super::config::DEFAULT_MAX_LOCK_FDS;
+
+/// A lock request checked: the range is `start..=end` with `end` at most [`TO_EOF`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Req {
+    pub node: u64,
+    pub owner: u64,
+    pub kind: LockKind,
+    /// `F_RDLCK`, `F_WRLCK` or `F_UNLCK`.
+    pub typ: i32,
+    pub start: u64,
+    pub end: u64,
+    /// The guest's pid of the caller, reported to another owner's GETLK.
+    pub pid: u32,
+    /// The handle the request came through (0: none).
+    pub fh: u64,
+}
+
+impl Req {
+    /// Checks what the guest sent: a known type, `start <= end`, a start a file offset can
+    /// hold; an end past `OFFSET_MAX` means to the end of the file. `EINVAL` otherwise.
+    pub fn new(node: u64, owner: u64, fh: u64, lock: &FileLock, kind: LockKind) -> io::Result<Req> {
+        let typ = match i32::try_from(lock.typ) {
+            Ok(t @ (libc::F_RDLCK | libc::F_WRLCK | libc::F_UNLCK)) => t,
+            _ => return Err(error(libc::EINVAL)),
+        };
+        if lock.start > TO_EOF || lock.start > lock.end {
+            return Err(error(libc::EINVAL));
+        }
+        Ok(Req {
+            node,
+            owner,
+            kind,
+            typ,
+            start: lock.start,
+            end: lock.end.min(TO_EOF),
+            pid: lock.pid,
+            fh,
+        })
+    }
+
+    fn key(&self) -> Key {
+        (self.node, self.owner, self.kind)
+    }
+
+    fn range(&self) -> RangeLock {
+        range_lock(self.typ, self.start, self.end)
+    }
+}
+
+fn range_lock(typ: i32, start: u64, end: u64) -> RangeLock {
+    // Both at most TO_EOF (checked by `Req::new`).
+    let len = match end {
+        TO_EOF => 0,
+        _ => (end - start + 1) as i64,
+    };
+    RangeLock {
+        typ,
+        start: start as i64,
+        len,
+    }
+}
+
+/// One range an owner holds, `start..=end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seg {
+    pub start: u64,
+    pub end: u64,
+    /// `F_RDLCK` or `F_WRLCK`.
+    pub typ: i32,
+}
+
+/// The ranges of one owner after it sets `typ` on `start..=end`, as POSIX has them: what it
+/// held there is replaced (split where the new range cuts it), and neighbouring or overlapping
+/// ranges of one type are merged.
+pub fn apply(segs: &[Seg], start: u64, end: u64, typ: i32) -> Vec<Seg> {
+    let mut out: Vec<Seg> = Vec::with_capacity(segs.len() + 2);
+    let push = |s: Seg, out: &mut Vec<Seg>| {
+        if let Some(last) = out.last_mut() {
+            if last.typ == s.typ && last.end.checked_add(1).is_some_and(|n| n >= s.start) {
+                last.end = last.end.max(s.end);
+                return;
+            }
+        }
+        out.push(s);
+    };
+    let new = (typ != libc::F_UNLCK).then_some(Seg { start, end, typ });
+    let mut placed = false;
+    for s in segs {
+        if s.end < start {
+            push(*s, &mut out);
+            continue;
+        }
+        if s.start < start {
+            push(
+                Seg {
+                    start: s.start,
+                    end: start - 1,
+                    typ: s.typ,
+                },
+                &mut out,
+            );
+        }
+        if !placed && s.start > end {
+            if let Some(n) = new {
+                push(n, &mut out);
+            }
+            placed = true;
+        }
+        if !placed && s.end >= start {
+            // Overlaps: the new range goes here once.
+            if let Some(n) = new {
+                push(n, &mut out);
+            }
+            placed = true;
+        }
+        if s.end > end {
+            push(
+                Seg {
+                    start: s.start.max(end + 1),
+                    end: s.end,
+                    typ: s.typ,
+                },
+                &mut out,
+            );
+        }
+    }
+    if !placed {
+        if let Some(n) = new {
+            push(n, &mut out);
+        }
+    }
+    out
+}
+
+/// A descriptor held for locks, counted while it is open.
+#[derive(Debug)]
+pub struct LockFd {
+    fd: OwnedFd,
+    writable: bool,
+    count: Arc<AtomicUsize>,
+}
+
+impl LockFd {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Drop for LockFd {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The locks of one owner on one node (of one kind).
+#[derive(Debug)]
+struct Record {
+    fd: Arc<LockFd>,
+    /// The handle the record was made through: its RELEASE ends the record.
+    fh: u64,
+    pid: u32,
+    /// POSIX: the ranges held.
+    segs: Vec<Seg>,
+    /// flock: the lock held (`F_RDLCK` shared, `F_WRLCK` exclusive).
+    flock: Option<i32>,
+}
+
+impl Record {
+    fn is_empty(&self) -> bool {
+        self.segs.is_empty() && self.flock.is_none()
+    }
+}
+
+type Key = (u64, u64, LockKind);
+
+/// The locks one owner holds on one node, as a migration sees them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub node: u64,
+    pub owner: u64,
+    pub kind: LockKind,
+    /// POSIX ranges; for flock one range `0..=TO_EOF` of the flock's type.
+    pub segs: Vec<Seg>,
+}
+
+#[derive(Default)]
+struct Table {
+    /// node → its records.
+    nodes: HashMap<u64, Vec<(u64, LockKind, Record)>>,
+    /// Ranges held by all records.
+    ranges: usize,
+}
+
+impl Table {
+    fn get_mut(&mut self, key: Key) -> Option<&mut Record> {
+        self.nodes
+            .get_mut(&key.0)?
+            .iter_mut()
+            .find(|(o, k, _)| *o == key.1 && *k == key.2)
+            .map(|(_, _, r)| r)
+    }
+
+    fn get(&self, key: Key) -> Option<&Record> {
+        self.nodes
+            .get(&key.0)?
+            .iter()
+            .find(|(o, k, _)| *o == key.1 && *k == key.2)
+            .map(|(_, _, r)| r)
+    }
+
+    fn insert(&mut self, key: Key, r: Record) {
+        self.ranges += r.segs.len();
+        self.nodes.entry(key.0).or_default().push((key.1, key.2, r));
+    }
+
+    /// Removes the records of `node` that `drop` picks; what they were (to close outside).
+    fn remove_where(
+        &mut self,
+        node: u64,
+        mut drop: impl FnMut(u64, LockKind, &Record) -> bool,
+    ) -> Vec<Record> {
+        let Some(list) = self.nodes.get_mut(&node) else {
+            return Vec::new();
+        };
+        let mut gone = Vec::new();
+        let mut i = 0;
+        while i < list.len() {
+            let (o, k, r) = &list[i];
+            if drop(*o, *k, r) {
+                gone.push(list.swap_remove(i).2);
+            } else {
+                i += 1;
+            }
+        }
+        if list.is_empty() {
+            self.nodes.remove(&node);
+        }
+        for r in &gone {
+            self.ranges -= r.segs.len();
+        }
+        gone
+    }
+}
+
+/// A SETLKW waiting for its lock.
+struct Waiter {
+    req: Req,
+    /// The descriptor the lock is taken on when the owner has no record yet.
+    fd: Arc<LockFd>,
+    reply: LateReply,
+    next: Instant,
+    backoff: Duration,
+}
+
+#[derive(Default)]
+struct WaitList {
+    list: Vec<Waiter>,
+    /// The waiter thread runs.
+    running: bool,
+}
+
+/// The locks the guest holds on host files, and its waiting SETLKWs.
+pub struct Locks {
+    table: Mutex<Table>,
+    /// Lock descriptors open (records' and waiters').
+    fds: Arc<AtomicUsize>,
+    max_fds: AtomicUsize,
+    max_ranges: AtomicUsize,
+    waiting: Mutex<WaitList>,
+    /// Waiters (read without the lock, so that an unlock with none waiting costs no lock).
+    waiter_count: AtomicUsize,
+    wake: Condvar,
+    /// Itself, for the waiter thread.
+    me: Weak<Locks>,
+}
+
+fn would_block(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES))
+}
+
+impl Locks {
+    pub fn new() -> Arc<Locks> {
+        Arc::new_cyclic(|me| Locks {
+            table: Mutex::new(Table::default()),
+            fds: Arc::new(AtomicUsize::new(0)),
+            max_fds: AtomicUsize::new(DEFAULT_MAX_FDS),
+            max_ranges: AtomicUsize::new(MAX_RANGES),
+            waiting: Mutex::new(WaitList::default()),
+            waiter_count: AtomicUsize::new(0),
+            wake: Condvar::new(),
+            me: me.clone(),
+        })
+    }
+
+    /// Most lock descriptors held at once.
+    pub fn set_max_fds(&self, n: usize) {
+        self.max_fds.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// Most ranges held at once (tests lower it).
+    #[cfg(test)]
+    pub fn set_max_ranges(&self, n: usize) {
+        self.max_ranges.store(n, Ordering::Relaxed);
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn waiting(&self) -> MutexGuard<'_, WaitList> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Lock descriptors open now.
+    #[cfg(test)]
+    pub fn fds(&self) -> usize {
+        self.fds.load(Ordering::Acquire)
+    }
+
+    /// Ranges held now.
+    #[cfg(test)]
+    pub fn ranges(&self) -> usize {
+        self.table().ranges
+    }
+
+    /// SETLKWs waiting now.
+    #[cfg(test)]
+    pub fn waiters(&self) -> usize {
+        self.waiter_count.load(Ordering::Acquire)
+    }
+
+    /// Counts `fd` (opened by `open`, writable or not) as a lock descriptor, if one more fits:
+    /// `ENOLCK` past the bound.
+    fn new_fd(
+        &self,
+        open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
+    ) -> io::Result<Arc<LockFd>> {
+        let max = self.max_fds.load(Ordering::Relaxed);
+        let take = || {
+            self.fds
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                    (n < max).then_some(n + 1)
+                })
+                .is_ok()
+        };
+        // Past the bound, an idle description makes room.
+        let room = take() || (self.evict_idle() && take());
+        if !room {
+            log::warn!("lock refused: {max} lock descriptors are held already (ENOLCK)");
+            return Err(error(libc::ENOLCK));
+        }
+        match open() {
+            Ok((fd, writable)) => Ok(Arc::new(LockFd {
+                fd,
+                writable,
+                count: self.fds.clone(),
+            })),
+            Err(e) => {
+                self.fds.fetch_sub(1, Ordering::AcqRel);
+                Err(e)
+            }
+        }
+    }
+
+    /// Closes the description of one record that holds nothing (and that no waiter uses), to
+    /// make room for a new one; whether there was one.
+    fn evict_idle(&self) -> bool {
+        let mut t = self.table();
+        let found = t.nodes.iter().find_map(|(node, list)| {
+            list.iter()
+                .position(|(_, _, r)| r.is_empty() && Arc::strong_count(&r.fd) == 1)
+                .map(|i| (*node, i))
+        });
+        let Some((node, i)) = found else {
+            return false;
+        };
+        let gone = t.nodes.get_mut(&node).map(|list| list.swap_remove(i));
+        if t.nodes.get(&node).is_some_and(|l| l.is_empty()) {
+            t.nodes.remove(&node);
+        }
+        drop(t);
+        gone.is_some()
+    }
+
+    /// The descriptor `req`'s owner takes its locks on: its record's, or a new one from `open`
+    /// (none for an unlock of an owner that holds nothing).
+    fn owner_fd(
+        &self,
+        req: &Req,
+        open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
+    ) -> io::Result<Option<Arc<LockFd>>> {
+        if let Some(r) = self.table().get(req.key()) {
+            return Ok(Some(r.fd.clone()));
+        }
+        if req.typ == libc::F_UNLCK {
+            return Ok(None);
+        }
+        self.new_fd(open).map(Some)
+    }
+
+    /// Takes, changes or drops `req`'s lock without waiting (`EAGAIN` when taken); `open`
+    /// opens a descriptor of the node for an owner that has none (and says whether it is
+    /// writable).
+    pub fn set(
+        &self,
+        req: &Req,
+        open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
+    ) -> io::Result<()> {
+        let Some(fd) = self.owner_fd(req, open)? else {
+            return Ok(());
+        };
+        self.set_on(req, &fd)
+    }
+
+    /// As [`Locks::set`], with `fd` for an owner that has no record.
+    fn set_on(&self, req: &Req, fd: &Arc<LockFd>) -> io::Result<()> {
+        let mut t = self.table();
+        let max_ranges = self.max_ranges.load(Ordering::Relaxed);
+        let ranges = t.ranges;
+        let (segs, flock, fd) = match t.get(req.key()) {
+            Some(r) => (r.segs.clone(), r.flock, r.fd.clone()),
+            None => (Vec::new(), None, fd.clone()),
+        };
+        let (new_segs, new_flock) = match req.kind {
+            LockKind::Posix => {
+                let new = apply(&segs, req.start, req.end, req.typ);
+                if new.len() > segs.len() && ranges + (new.len() - segs.len()) > max_ranges {
+                    log::warn!("lock refused: {max_ranges} ranges are held already (ENOLCK)");
+                    return Err(error(libc::ENOLCK));
+                }
+                if req.typ == libc::F_WRLCK && !fd.writable {
+                    // As the kernel answers a write lock on a file not open for writing.
+                    return Err(error(libc::EBADF));
+                }
+                sys::ofd_setlk(fd.fd(), &req.range())?;
+                (new, None)
+            }
+            LockKind::Flock => {
+                let op = match req.typ {
+                    libc::F_RDLCK => libc::LOCK_SH,
+                    libc::F_WRLCK => libc::LOCK_EX,
+                    _ => libc::LOCK_UN,
+                };
+                sys::flock(fd.fd(), op | libc::LOCK_NB)?;
+                (Vec::new(), (req.typ != libc::F_UNLCK).then_some(req.typ))
+            }
+        };
+        let released = req.typ == libc::F_UNLCK
+            || flock.is_some_and(|f| f != req.typ)
+            || (req.typ == libc::F_RDLCK && segs.iter().any(|s| s.typ == libc::F_WRLCK));
+        let key = req.key();
+        // A record that holds nothing now stays, idle, with its description: its owner's next
+        // lock needs no new open. It goes at FLUSH, RELEASE or FORGET, or when a new owner
+        // needs its descriptor (`evict_idle`).
+        match t.get_mut(key) {
+            Some(r) => {
+                let (before, after) = (r.segs.len(), new_segs.len());
+                r.segs = new_segs;
+                r.flock = new_flock;
+                t.ranges = t.ranges + after - before;
+            }
+            None => {
+                let r = Record {
+                    fd,
+                    fh: req.fh,
+                    pid: req.pid,
+                    segs: new_segs,
+                    flock: new_flock,
+                };
+                if !r.is_empty() {
+                    t.insert(key, r);
+                }
+            }
+        }
+        drop(t);
+        if released {
+            self.poke(req.node);
+        }
+        Ok(())
+    }
+
+    /// The first lock of another owner that conflicts with `req` (type, range, and the guest
+    /// pid of its holder when it is an owner of this daemon, 0 otherwise); `None` when there is
+    /// none. `open` opens a read-only descriptor of the node for an owner that has none.
+    pub fn get(
+        &self,
+        req: &Req,
+        open: impl FnOnce() -> io::Result<OwnedFd>,
+    ) -> io::Result<Option<FileLock>> {
+        if req.typ == libc::F_UNLCK {
+            return Err(error(libc::EINVAL));
+        }
+        let own = self.table().get(req.key()).map(|r| r.fd.clone());
+        let conflict = match &own {
+            Some(fd) => sys::ofd_getlk(fd.fd(), &req.range())?,
+            None => sys::ofd_getlk(open()?.as_fd(), &req.range())?,
+        };
+        let Some((l, _host_pid)) = conflict else {
+            return Ok(None);
+        };
+        let start = l.start.max(0) as u64;
+        let end = match l.len {
+            0 => TO_EOF,
+            n => start.saturating_add(n.max(1) as u64 - 1).min(TO_EOF),
+        };
+        // The host's pid names no guest process: report the holder's guest pid when the lock
+        // is one of this daemon's owners', 0 (no process the guest knows) otherwise.
+        let t = self.table();
+        let pid = t
+            .nodes
+            .get(&req.node)
+            .into_iter()
+            .flatten()
+            .filter(|(o, k, _)| *k == LockKind::Posix && *o != req.owner)
+            .find(|(_, _, r)| {
+                r.segs
+                    .iter()
+                    .any(|s| s.typ == l.typ && s.start <= start && s.end >= end)
+            })
+            .map_or(0, |(_, _, r)| r.pid);
+        Ok(Some(FileLock {
+            typ: l.typ as u32,
+            start,
+            end,
+            pid,
+        }))
+    }
+
+    /// FLUSH: the guest process `owner` closed a file of `node`: its record locks there go.
+    pub fn flush(&self, node: u64, owner: u64) {
+        let gone = self
+            .table()
+            .remove_where(node, |o, k, _| o == owner && k == LockKind::Posix);
+        self.dropped(node, gone);
+    }
+
+    /// RELEASE: the guest's open file `fh` of `node` is gone: the OFD and flock locks taken
+    /// through it go (record locks went at FLUSH already).
+    pub fn release(&self, node: u64, fh: u64) {
+        // A waiter holds its open file, so none waits through `fh` (but a guest that says
+        // otherwise gets ENOLCK rather than a lock that outlives its file).
+        self.cancel(|r| r.node == node && r.fh == fh);
+        let gone = self.table().remove_where(node, |_, _, r| r.fh == fh);
+        self.dropped(node, gone);
+    }
+
+    /// The guest forgot `node`: whatever is left of it goes.
+    pub fn forget(&self, node: u64) {
+        // Waiters first: one woken by the locks going would take a lock nobody drops.
+        self.cancel(|r| r.node == node);
+        let gone = self.table().remove_where(node, |_, _, _| true);
+        self.dropped(node, gone);
+    }
+
+    /// DESTROY or disconnect: every lock goes, and every waiter is answered `ENOLCK`.
+    pub fn clear(&self) {
+        self.cancel(|_| true);
+        let all = std::mem::take(&mut *self.table());
+        unlock_all(all.nodes.into_values().flatten().map(|(_, _, r)| r));
+    }
+
+    fn dropped(&self, node: u64, gone: Vec<Record>) {
+        if gone.is_empty() {
+            return;
+        }
+        unlock_all(gone);
+        self.poke(node);
+    }
+
+    /// Every lock held, for a migration.
+    pub fn held(&self) -> Vec<Held> {
+        let t = self.table();
+        let mut v: Vec<Held> = t
+            .nodes
+            .iter()
+            .flat_map(|(node, list)| {
+                list.iter()
+                    .filter(|(_, _, r)| !r.is_empty())
+                    .map(move |(owner, kind, r)| Held {
+                        node: *node,
+                        owner: *owner,
+                        kind: *kind,
+                        segs: match r.flock {
+                            Some(typ) => vec![Seg {
+                                start: 0,
+                                end: TO_EOF,
+                                typ,
+                            }],
+                            None => r.segs.clone(),
+                        },
+                    })
+            })
+            .collect();
+        v.sort_by_key(|h| (h.node, h.owner, h.kind == LockKind::Flock));
+        v
+    }
+
+    /// Queues `reply` to be answered once `req` can be taken (on `fd` when its owner has no
+    /// record yet). `ENOLCK` past [`MAX_WAITERS`].
+    pub fn wait(
+        &self,
+        req: Req,
+        open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
+        reply: LateReply,
+    ) -> io::Result<()> {
+        if self.waiter_count.load(Ordering::Acquire) >= MAX_WAITERS {
+            log::warn!("SETLKW refused: {MAX_WAITERS} requests are waiting already (ENOLCK)");
+            return Err(error(libc::ENOLCK));
+        }
+        let Some(fd) = self.owner_fd(&req, open)? else {
+            // An unlock never waits.
+            return Err(error(libc::EINVAL));
+        };
+        let mut w = self.waiting();
+        if w.list.len() >= MAX_WAITERS {
+            return Err(error(libc::ENOLCK));
+        }
+        w.list.push(Waiter {
+            req,
+            fd,
+            reply,
+            next: Instant::now() + FIRST_BACKOFF,
+            backoff: FIRST_BACKOFF,
+        });
+        self.waiter_count.store(w.list.len(), Ordering::Release);
+        if !w.running {
+            let me = self.me.clone();
+            let started = std::thread::Builder::new()
+                .name("virtiofsd-locks".into())
+                .spawn(move || wait_loop(me));
+            match started {
+                Ok(_) => w.running = true,
+                Err(e) => {
+                    let gone = w.list.pop();
+                    self.waiter_count.store(w.list.len(), Ordering::Release);
+                    drop(w);
+                    drop(gone);
+                    return Err(e);
+                }
+            }
+        } else {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Something was released on `node`: its waiters try again now.
+    fn poke(&self, node: u64) {
+        if self.waiter_count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut w = self.waiting();
+        let now = Instant::now();
+        let mut any = false;
+        for waiter in w.list.iter_mut().filter(|x| x.req.node == node) {
+            waiter.next = now;
+            waiter.backoff = FIRST_BACKOFF;
+            any = true;
+        }
+        if any {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Answers the waiters `pick` chooses with `ENOLCK` and drops them.
+    fn cancel(&self, mut pick: impl FnMut(&Req) -> bool) {
+        if self.waiter_count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let gone: Vec<Waiter> = {
+            let mut w = self.waiting();
+            let (gone, kept) = std::mem::take(&mut w.list)
+                .into_iter()
+                .partition(|x| pick(&x.req));
+            w.list = kept;
+            self.waiter_count.store(w.list.len(), Ordering::Release);
+            self.wake.notify_one();
+            gone
+        };
+        for w in gone {
+            w.reply.answer(libc::ENOLCK);
+        }
+    }
+
+    /// One try of a waiter: `Some(errno)` once it is answered.
+    fn try_waiter(&self, w: &Waiter) -> Attempt {
+        w.reply.attempt(|| match self.set_on(&w.req, &w.fd) {
+            Ok(()) => Some(0),
+            Err(e) if would_block(&e) => None,
+            Err(e) => Some(e.raw_os_error().unwrap_or(libc::EIO)),
+        })
+    }
+}
+
+/// Drops the locks of `records` on the host. Closing a descriptor would do it, unless a
+/// waiter of the same owner still holds the descriptor: unlocked explicitly, then closed.
+fn unlock_all(records: impl IntoIterator<Item = Record>) {
+    for r in records {
+        let done = match r.flock {
+            Some(_) => sys::flock(r.fd.fd(), libc::LOCK_UN),
+            None if r.segs.is_empty() => Ok(()),
+            None => sys::ofd_setlk(r.fd.fd(), &range_lock(libc::F_UNLCK, 0, TO_EOF)),
+        };
+        if let Err(e) = done {
+            log::warn!("dropping a lock failed: {e}");
+        }
+    }
+}
+
+/// The waiter thread: tries each waiting SETLKW when due, until none is left (or the locks
+/// are gone).
+fn wait_loop(me: Weak<Locks>) {
+    loop {
+        let Some(locks) = me.upgrade() else {
+            return;
+        };
+        let mut w = locks.waiting();
+        w.list.retain(|x| !x.reply.is_answered());
+        locks.waiter_count.store(w.list.len(), Ordering::Release);
+        if w.list.is_empty() {
+            w.running = false;
+            return;
+        }
+        let now = Instant::now();
+        let due: Vec<usize> = (0..w.list.len())
+            .filter(|&i| w.list[i].next <= now)
+            .collect();
+        if due.is_empty() {
+            let next = w.list.iter().map(|x| x.next).min().unwrap_or(now);
+            let pause = next.saturating_duration_since(now).min(MAX_BACKOFF);
+            let w = locks
+                .wake
+                .wait_timeout(w, pause)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            drop(w);
+            continue;
+        }
+        // Tried outside the list's lock (a try takes the table's); the list only grows at its
+        // end or is cut by `cancel`, whose waiters are answered and skipped.
+        let tries: Vec<(Req, Arc<LockFd>, LateReply)> = due
+            .iter()
+            .map(|&i| (w.list[i].req, w.list[i].fd.clone(), w.list[i].reply.clone()))
+            .collect();
+        drop(w);
+        let mut waiting = Vec::new();
+        for (req, fd, reply) in tries {
+            let waiter = Waiter {
+                req,
+                fd,
+                reply,
+                next: now,
+                backoff: FIRST_BACKOFF,
+            };
+            if locks.try_waiter(&waiter) == Attempt::Waiting {
+                waiting.push(waiter.reply);
+            }
+        }
+        let mut w = locks.waiting();
+        let now = Instant::now();
+        for x in w.list.iter_mut() {
+            if x.next <= now && waiting.iter().any(|r| same_reply(r, &x.reply)) {
+                x.backoff = (x.backoff * 2).min(MAX_BACKOFF);
+                x.next = now + x.backoff;
+            }
+        }
+    }
+}
+
+fn same_reply(a: &LateReply, b: &LateReply) -> bool {
+    a.is(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const R: i32 = libc::F_RDLCK;
+    const W: i32 = libc::F_WRLCK;
+    const U: i32 = libc::F_UNLCK;
+
+    fn seg(start: u64, end: u64, typ: i32) -> Seg {
+        Seg { start, end, typ }
+    }
+
+    #[test]
+    fn apply_splits_a_range_that_an_unlock_cuts() {
+        let s = apply(&[seg(0, 99, W)], 10, 19, U);
+        assert_eq!(s, [seg(0, 9, W), seg(20, 99, W)]);
+    }
+
+    #[test]
+    fn apply_merges_neighbours_of_one_type() {
+        let s = apply(&[seg(0, 9, R)], 10, 19, R);
+        assert_eq!(s, [seg(0, 19, R)]);
+        let s = apply(&s, 30, 39, R);
+        let s = apply(&s, 20, 29, R);
+        assert_eq!(s, [seg(0, 39, R)]);
+    }
+
+    #[test]
+    fn apply_downgrades_the_middle_of_a_write_lock() {
+        let s = apply(&[seg(0, TO_EOF, W)], 100, 199, R);
+        assert_eq!(s, [seg(0, 99, W), seg(100, 199, R), seg(200, TO_EOF, W)]);
+        let s = apply(&s, 0, TO_EOF, U);
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn apply_upgrades_across_several_ranges() {
+        let s = [seg(0, 9, R), seg(20, 29, R), seg(40, 49, R)];
+        let s = apply(&s, 5, 44, W);
+        assert_eq!(s, [seg(0, 4, R), seg(5, 44, W), seg(45, 49, R)]);
+    }
+
+    #[test]
+    fn apply_keeps_disjoint_ranges_in_order() {
+        let s = apply(&[seg(50, 59, R)], 0, 9, W);
+        assert_eq!(s, [seg(0, 9, W), seg(50, 59, R)]);
+        let s = apply(&s, 100, 109, W);
+        assert_eq!(s, [seg(0, 9, W), seg(50, 59, R), seg(100, 109, W)]);
+    }
+
+    #[test]
+    fn apply_at_the_end_of_offsets_does_not_overflow() {
+        let s = apply(&[], TO_EOF, TO_EOF, W);
+        assert_eq!(s, [seg(TO_EOF, TO_EOF, W)]);
+        let s = apply(&s, 0, TO_EOF, W);
+        assert_eq!(s, [seg(0, TO_EOF, W)]);
+    }
+
+    #[test]
+    fn requests_with_bad_ranges_or_types_are_refused() {
+        let l = |typ, start, end| FileLock {
+            typ,
+            start,
+            end,
+            pid: 1,
+        };
+        let k = LockKind::Posix;
+        assert!(Req::new(1, 1, 0, &l(3, 0, 1), k).is_err());
+        assert!(Req::new(1, 1, 0, &l(u32::MAX, 0, 1), k).is_err());
+        assert!(Req::new(1, 1, 0, &l(0, 5, 4), k).is_err());
+        assert!(Req::new(1, 1, 0, &l(0, u64::MAX, u64::MAX), k).is_err());
+        let r = Req::new(1, 1, 0, &l(1, 0, u64::MAX), k).unwrap();
+        assert_eq!(r.end, TO_EOF);
+        assert_eq!(r.range().len, 0);
+        let r = Req::new(1, 1, 0, &l(0, 10, 19), k).unwrap();
+        assert_eq!((r.range().start, r.range().len), (10, 10));
+    }
+
+    fn tmpfile() -> (tempfile::TempDir, std::path::PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        std::fs::write(&p, b"data").unwrap();
+        (d, p)
+    }
+
+    fn opener(p: &std::path::Path) -> impl Fn() -> io::Result<(OwnedFd, bool)> + '_ {
+        move || {
+            let f = std::fs::OpenOptions::new().read(true).write(true).open(p)?;
+            Ok((f.into(), true))
+        }
+    }
+
+    fn req(owner: u64, typ: i32, start: u64, end: u64) -> Req {
+        Req {
+            node: 7,
+            owner,
+            kind: LockKind::Posix,
+            typ,
+            start,
+            end,
+            pid: owner as u32,
+            fh: 1,
+        }
+    }
+
+    #[test]
+    fn two_owners_conflict_and_an_unlock_frees_the_descriptor() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        locks.set(&req(1, W, 0, 9), opener(&p)).unwrap();
+        assert_eq!(locks.fds(), 1);
+        let e = locks.set(&req(2, W, 5, 5), opener(&p)).unwrap_err();
+        assert!(would_block(&e));
+        // The failed owner keeps nothing.
+        assert_eq!(locks.fds(), 1);
+        locks.set(&req(2, W, 10, 19), opener(&p)).unwrap();
+        assert_eq!(locks.fds(), 2);
+        let c = locks
+            .get(&req(2, R, 0, TO_EOF), || Ok(opener(&p)()?.0))
+            .unwrap();
+        assert_eq!(
+            c,
+            Some(FileLock {
+                typ: W as u32,
+                start: 0,
+                end: 9,
+                pid: 1
+            })
+        );
+        locks.set(&req(1, U, 0, TO_EOF), opener(&p)).unwrap();
+        // Owner 1 holds nothing: its description stays, idle, until its FLUSH.
+        assert_eq!((locks.fds(), locks.ranges()), (2, 1));
+        assert!(locks.held().iter().all(|h| h.owner == 2));
+        locks.flush(7, 2);
+        locks.flush(7, 1);
+        assert_eq!((locks.fds(), locks.ranges()), (0, 0));
+    }
+
+    #[test]
+    fn descriptors_and_ranges_are_bounded() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        locks.set_max_fds(2);
+        locks.set_max_ranges(3);
+        locks.set(&req(1, R, 0, 0), opener(&p)).unwrap();
+        locks.set(&req(2, R, 0, 0), opener(&p)).unwrap();
+        let e = locks.set(&req(3, R, 0, 0), opener(&p)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOLCK));
+        locks.set(&req(1, R, 2, 2), opener(&p)).unwrap();
+        let e = locks.set(&req(1, R, 4, 4), opener(&p)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOLCK));
+        // A change that needs no more ranges still goes through.
+        locks.set(&req(1, R, 1, 1), opener(&p)).unwrap();
+        assert_eq!(locks.ranges(), 2);
+        locks.clear();
+        assert_eq!((locks.fds(), locks.ranges()), (0, 0));
+    }
+
+    #[test]
+    fn an_idle_description_makes_room_for_a_new_owner() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        locks.set_max_fds(2);
+        locks.set(&req(1, W, 0, 0), opener(&p)).unwrap();
+        locks.set(&req(2, W, 1, 1), opener(&p)).unwrap();
+        assert_eq!(
+            locks
+                .set(&req(3, W, 2, 2), opener(&p))
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::ENOLCK)
+        );
+        locks.set(&req(1, U, 0, TO_EOF), opener(&p)).unwrap();
+        // Owner 1's idle description goes; owner 2 keeps its lock.
+        locks.set(&req(3, W, 2, 2), opener(&p)).unwrap();
+        assert_eq!(locks.fds(), 2);
+        let owners: Vec<u64> = locks.held().iter().map(|h| h.owner).collect();
+        assert_eq!(owners, [2, 3]);
+        // No idle one left: a fourth owner is refused.
+        assert_eq!(
+            locks
+                .set(&req(4, R, 5, 5), opener(&p))
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::ENOLCK)
+        );
+    }
+
+    #[test]
+    fn a_waiter_is_answered_when_the_holder_unlocks() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        locks.set(&req(1, W, 0, TO_EOF), opener(&p)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reply = LateReply::new(move |e| tx.send(e).unwrap());
+        locks.wait(req(2, W, 0, 0), opener(&p), reply).unwrap();
+        assert_eq!(locks.waiters(), 1);
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        locks.set(&req(1, U, 0, TO_EOF), opener(&p)).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 0);
+        assert_eq!(locks.held().len(), 1);
+        assert_eq!(locks.held()[0].owner, 2);
+    }
+
+    #[test]
+    fn a_waiter_is_answered_enolck_when_its_open_file_is_released() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        locks.set(&req(1, W, 0, TO_EOF), opener(&p)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reply = LateReply::new(move |e| tx.send(e).unwrap());
+        let mut r = req(2, W, 0, 0);
+        r.fh = 9;
+        locks.wait(r, opener(&p), reply).unwrap();
+        locks.release(7, 9);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            libc::ENOLCK
+        );
+        // Owner 1 (handle 1) keeps its lock.
+        assert_eq!(locks.held().len(), 1);
+    }
+
+    #[test]
+    fn a_waiter_is_answered_enolck_when_its_node_is_forgotten() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        locks.set(&req(1, W, 0, TO_EOF), opener(&p)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reply = LateReply::new(move |e| tx.send(e).unwrap());
+        locks.wait(req(2, W, 0, 0), opener(&p), reply).unwrap();
+        locks.forget(7);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            libc::ENOLCK
+        );
+        assert_eq!(locks.waiters(), 0);
+        // The waiter thread lets its copy of the descriptor go after its pass.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while locks.fds() != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{} descriptors left",
+                locks.fds()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
