@@ -1149,7 +1149,10 @@ fn directories_held_in_no_opendir_mode_past_the_descriptor_limit_are_still_serve
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_virtiofsd"));
     cmd.arg(format!("--socket-path={}", socket.display()))
         .arg(format!("--shared-dir={}", share.display()))
-        .args(["--cache=always", "--rlimit-nofile=128", "--log-level=error"])
+        // No-opendir mode: `--cache=always` with the guest's locks kept in the guest (with
+        // locks on, OPENDIR and RELEASEDIR are served, for the guest's `flock` of a directory).
+        .args(["--cache=always", "--posix-lock=off", "--flock=off"])
+        .args(["--rlimit-nofile=128", "--log-level=error"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(fs::File::create(tmp.path().join("stderr")).unwrap());
