@@ -575,9 +575,7 @@ impl Locks {
 
     /// FLUSH: the guest process `owner` closed a file of `node`: its record locks there go.
     pub fn flush(&self, node: u64, owner: u64) {
-        let gone = self
-            .table()
-            .remove_where(node, |o, k, _| o == owner && k == LockKind::Posix);
+        let gone = self.remove(node, |o, k, _| o == owner && k == LockKind::Posix);
         self.dropped(node, gone);
     }
 
@@ -587,7 +585,7 @@ impl Locks {
         // A waiter holds its open file, so none waits through `fh` (but a guest that says
         // otherwise gets ENOLCK rather than a lock that outlives its file).
         self.cancel(|r| r.node == node && r.fh == fh);
-        let gone = self.table().remove_where(node, |_, _, r| r.fh == fh);
+        let gone = self.remove(node, |_, _, r| r.fh == fh);
         self.dropped(node, gone);
     }
 
@@ -595,22 +593,43 @@ impl Locks {
     pub fn forget(&self, node: u64) {
         // Waiters first: one woken by the locks going would take a lock nobody drops.
         self.cancel(|r| r.node == node);
-        let gone = self.table().remove_where(node, |_, _, _| true);
+        let gone = self.remove(node, |_, _, _| true);
         self.dropped(node, gone);
     }
 
     /// DESTROY or disconnect: every lock goes, and every waiter is answered `ENOLCK`.
     pub fn clear(&self) {
         self.cancel(|_| true);
-        let all = std::mem::take(&mut *self.table());
-        unlock_all(all.nodes.into_values().flatten().map(|(_, _, r)| r));
+        let all = {
+            let mut t = self.table();
+            let all = std::mem::take(&mut *t);
+            unlock_all(all.nodes.values().flatten().map(|(_, _, r)| r));
+            all
+        };
+        // Descriptors closed outside the table's lock.
+        drop(all);
     }
 
+    /// Removes the records of `node` that `pick` chooses and drops their locks on the host,
+    /// both under the table's lock: a SETLK or a waiter of the same owner may reuse a removed
+    /// record's description (it took it before the removal), and its lock, taken and recorded
+    /// under the table's lock too, then comes strictly before the unlock (and goes with the
+    /// record) or strictly after it (and stays, with the new record that says so). The
+    /// records are returned to be closed outside the lock.
+    fn remove(&self, node: u64, pick: impl FnMut(u64, LockKind, &Record) -> bool) -> Vec<Record> {
+        let mut t = self.table();
+        let gone = t.remove_where(node, pick);
+        unlock_all(&gone);
+        gone
+    }
+
+    /// After [`Locks::remove`]: the records' descriptors are closed and the node's waiters
+    /// try again.
     fn dropped(&self, node: u64, gone: Vec<Record>) {
         if gone.is_empty() {
             return;
         }
-        unlock_all(gone);
+        drop(gone);
         self.poke(node);
     }
 
@@ -739,9 +758,10 @@ impl Locks {
     }
 }
 
-/// Drops the locks of `records` on the host. Closing a descriptor would do it, unless a
-/// waiter of the same owner still holds the descriptor: unlocked explicitly, then closed.
-fn unlock_all(records: impl IntoIterator<Item = Record>) {
+/// Drops the locks of `records` on the host (under the table's lock: see [`Locks::remove`]).
+/// Closing a descriptor would do it, unless a waiter or a SETLK of the same owner still holds
+/// the descriptor: unlocked explicitly, closed by the caller.
+fn unlock_all<'a>(records: impl IntoIterator<Item = &'a Record>) {
     for r in records {
         let done = match r.flock {
             Some(_) => sys::flock(r.fd.fd(), libc::LOCK_UN),
@@ -1064,6 +1084,59 @@ mod tests {
                 locks.fds()
             );
             std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Whether a fresh description could take `typ` on `start..start+len` now (the host's
+    /// view, not the table's).
+    fn host_free(p: &std::path::Path, typ: i32, start: i64, len: i64) -> bool {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .unwrap();
+        sys::ofd_getlk(f.as_fd(), &RangeLock { typ, start, len })
+            .unwrap()
+            .is_none()
+    }
+
+    /// FLUSH racing a SETLK of the same owner, replayed step by step in the interleavings two
+    /// queues allow: the SETLK found the owner's record (and its description) before the FLUSH
+    /// removed it, and takes its lock on that description. The FLUSH's unlock of the
+    /// description used to run after the table's lock was let go, so it could come after the
+    /// SETLK's lock and drop it while the table said "held"; it now runs under the table's
+    /// lock, with the removal (`remove`), and the table and the host agree in every order.
+    #[test]
+    fn a_flush_racing_a_setlk_of_its_owner_never_drops_a_lock_the_table_holds() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        let r = req(1, W, 5, 5);
+        for setlk_first in [false, true] {
+            locks.set(&req(1, W, 0, 0), opener(&p)).unwrap();
+            // Queue A, SETLK: `set` → `owner_fd` finds owner 1's record.
+            let fd = locks.owner_fd(&r, opener(&p)).unwrap().unwrap();
+            if setlk_first {
+                locks.set_on(&r, &fd).unwrap();
+            }
+            // Queue B, FLUSH(owner 1): `flush` → `remove` (what runs under the table's lock).
+            let gone = locks.remove(7, |o, k, _| o == 1 && k == LockKind::Posix);
+            if !setlk_first {
+                // Queue A: `set_on` takes 5..=5 on the same description, a new record.
+                locks.set_on(&r, &fd).unwrap();
+            }
+            // Queue B: `dropped` (what runs after the table's lock is let go).
+            locks.dropped(7, gone);
+            drop(fd);
+            let table_says = locks.held().iter().any(|h| h.owner == 1);
+            assert_eq!(
+                table_says,
+                !host_free(&p, W, 5, 1),
+                "SETLK first: {setlk_first}; the table and the host disagree: {:?}",
+                locks.held()
+            );
+            assert!(host_free(&p, W, 0, 1), "the flushed lock on 0 stays");
+            locks.flush(7, 1);
+            assert_eq!((locks.fds(), locks.ranges()), (0, 0));
         }
     }
 }
