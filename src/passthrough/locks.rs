@@ -488,7 +488,18 @@ impl Locks {
                     libc::F_WRLCK => libc::LOCK_EX,
                     _ => libc::LOCK_UN,
                 };
-                sys::flock(fd.fd(), op | libc::LOCK_NB)?;
+                if let Err(e) = sys::flock(fd.fd(), op | libc::LOCK_NB) {
+                    if would_block(&e) && flock.is_some_and(|f| f != req.typ) {
+                        // flock(2) converts a lock by dropping the old one first: refused,
+                        // the owner holds nothing now (its record stays, idle).
+                        if let Some(r) = t.get_mut(req.key()) {
+                            r.flock = None;
+                        }
+                        drop(t);
+                        self.poke(req.node);
+                    }
+                    return Err(e);
+                }
                 (Vec::new(), (req.typ != libc::F_UNLCK).then_some(req.typ))
             }
         };
@@ -1138,5 +1149,34 @@ mod tests {
             locks.flush(7, 1);
             assert_eq!((locks.fds(), locks.ranges()), (0, 0));
         }
+    }
+
+    /// flock(2) drops the old lock before it tries the new one: a refused upgrade (`EAGAIN`)
+    /// leaves the owner with nothing on the host, and its record says so (it used to say
+    /// "shared", and a host process could take `LOCK_EX` meanwhile).
+    #[test]
+    fn a_refused_flock_upgrade_leaves_the_owner_holding_nothing() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        let f = |owner, typ| Req {
+            kind: LockKind::Flock,
+            ..req(owner, typ, 0, TO_EOF)
+        };
+        locks.set(&f(1, R), opener(&p)).unwrap();
+        locks.set(&f(2, R), opener(&p)).unwrap();
+        assert!(would_block(&locks.set(&f(1, W), opener(&p)).unwrap_err()));
+        assert!(
+            locks.held().iter().all(|h| h.owner != 1),
+            "owner 1 still recorded: {:?}",
+            locks.held()
+        );
+        locks.set(&f(2, U), opener(&p)).unwrap();
+        let host = std::fs::File::open(&p).unwrap();
+        sys::flock(host.as_fd(), libc::LOCK_EX | libc::LOCK_NB).unwrap();
+        assert!(locks.held().is_empty(), "{:?}", locks.held());
+        // Owner 1 takes its lock again once the host process lets go.
+        drop(host);
+        locks.set(&f(1, W), opener(&p)).unwrap();
+        assert_eq!(locks.held().len(), 1);
     }
 }
