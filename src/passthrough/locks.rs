@@ -116,10 +116,18 @@ pub struct Seg {
     pub typ: i32,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Owners' ranges worked out on this thread (by [`apply`]), for tests.
+    static APPLIED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// The ranges of one owner after it sets `typ` on `start..=end`, as POSIX has them: what it
 /// held there is replaced (split where the new range cuts it), and neighbouring or overlapping
 /// ranges of one type are merged.
 pub fn apply(segs: &[Seg], start: u64, end: u64, typ: i32) -> Vec<Seg> {
+    #[cfg(test)]
+    APPLIED.with(|n| n.set(n.get() + 1));
     let mut out: Vec<Seg> = Vec::with_capacity(segs.len() + 2);
     let push = |s: Seg, out: &mut Vec<Seg>| {
         if let Some(last) = out.last_mut() {
@@ -462,25 +470,33 @@ impl Locks {
     /// As [`Locks::set`], with `fd` for an owner that has no record.
     fn set_on(&self, req: &Req, fd: &Arc<LockFd>) -> io::Result<()> {
         let mut t = self.table();
-        let max_ranges = self.max_ranges.load(Ordering::Relaxed);
-        let ranges = t.ranges;
-        let (segs, flock, fd) = match t.get(req.key()) {
-            Some(r) => (r.segs.clone(), r.flock, r.fd.clone()),
-            None => (Vec::new(), None, fd.clone()),
+        let key = req.key();
+        let (flock, fd) = match t.get(key) {
+            Some(r) => (r.flock, r.fd.clone()),
+            None => (None, fd.clone()),
         };
-        let (new_segs, new_flock) = match req.kind {
+        // The host is asked first and the owner's ranges worked out only once it took the
+        // lock: a waiter's try that finds it taken (most of them) costs the table's lock one
+        // system call, not a copy of all its owner's ranges.
+        let new_flock = match req.kind {
             LockKind::Posix => {
-                let new = apply(&segs, req.start, req.end, req.typ);
-                if new.len() > segs.len() && ranges + (new.len() - segs.len()) > max_ranges {
-                    log::warn!("lock refused: {max_ranges} ranges are held already (ENOLCK)");
-                    return Err(error(libc::ENOLCK));
+                let max_ranges = self.max_ranges.load(Ordering::Relaxed);
+                // A change adds at most two ranges (the one set, and a range it cuts in two):
+                // the bound is looked at before the host is asked only when that may pass it.
+                if t.ranges.saturating_add(2) > max_ranges {
+                    let segs = t.get(key).map_or(&[][..], |r| &r.segs[..]);
+                    let new = apply(segs, req.start, req.end, req.typ).len();
+                    if new > segs.len() && t.ranges + (new - segs.len()) > max_ranges {
+                        log::warn!("lock refused: {max_ranges} ranges are held already (ENOLCK)");
+                        return Err(error(libc::ENOLCK));
+                    }
                 }
                 if req.typ == libc::F_WRLCK && !fd.writable {
                     // As the kernel answers a write lock on a file not open for writing.
                     return Err(error(libc::EBADF));
                 }
                 sys::ofd_setlk(fd.fd(), &req.range())?;
-                (new, None)
+                None
             }
             LockKind::Flock => {
                 let op = match req.typ {
@@ -492,7 +508,7 @@ impl Locks {
                     if would_block(&e) && flock.is_some_and(|f| f != req.typ) {
                         // flock(2) converts a lock by dropping the old one first: refused,
                         // the owner holds nothing now (its record stays, idle).
-                        if let Some(r) = t.get_mut(req.key()) {
+                        if let Some(r) = t.get_mut(key) {
                             r.flock = None;
                         }
                         drop(t);
@@ -500,13 +516,18 @@ impl Locks {
                     }
                     return Err(e);
                 }
-                (Vec::new(), (req.typ != libc::F_UNLCK).then_some(req.typ))
+                (req.typ != libc::F_UNLCK).then_some(req.typ)
             }
+        };
+        // Taken on the host: the table's copy follows (the host did the same split and merge).
+        let segs = t.get(key).map_or(&[][..], |r| &r.segs[..]);
+        let new_segs = match req.kind {
+            LockKind::Posix => apply(segs, req.start, req.end, req.typ),
+            LockKind::Flock => Vec::new(),
         };
         let released = req.typ == libc::F_UNLCK
             || flock.is_some_and(|f| f != req.typ)
             || (req.typ == libc::F_RDLCK && segs.iter().any(|s| s.typ == libc::F_WRLCK));
-        let key = req.key();
         // A record that holds nothing now stays, idle, with its description: its owner's next
         // lock needs no new open. It goes at FLUSH, RELEASE or FORGET, or when a new owner
         // needs its descriptor (`evict_idle`).
@@ -1178,5 +1199,50 @@ mod tests {
         drop(host);
         locks.set(&f(1, W), opener(&p)).unwrap();
         assert_eq!(locks.held().len(), 1);
+    }
+
+    /// A try that finds the lock taken (a waiter's, every few milliseconds) asks the host and
+    /// nothing more: its owner's ranges, however many, are worked out only once the host took
+    /// the lock (they used to be copied and worked out under the table's lock at every try).
+    #[test]
+    fn a_refused_try_works_out_no_ranges_and_a_granted_one_keeps_the_table_right() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        for i in 0..64 {
+            let typ = if i % 2 == 0 { R } else { W };
+            locks.set(&req(1, typ, i, i), opener(&p)).unwrap();
+        }
+        locks.set(&req(2, W, 1000, 1000), opener(&p)).unwrap();
+        let applied = || APPLIED.with(|n| n.get());
+        let before = applied();
+        let e = locks.set(&req(1, W, 1000, 1000), opener(&p)).unwrap_err();
+        assert!(would_block(&e));
+        assert_eq!(
+            applied(),
+            before,
+            "a refused try worked out its owner's ranges"
+        );
+        assert_eq!(locks.ranges(), 65);
+        // Granted once owner 2 let go: the table's copy follows the host's merge (64..=1000
+        // joins the write lock on 63).
+        locks.set(&req(2, U, 0, TO_EOF), opener(&p)).unwrap();
+        locks.set(&req(1, W, 64, 1000), opener(&p)).unwrap();
+        let held = locks.held();
+        let own: Vec<&Held> = held.iter().filter(|h| h.owner == 1).collect();
+        assert_eq!(own.len(), 1);
+        assert_eq!(own[0].segs.len(), 64);
+        assert_eq!(own[0].segs[63], seg(63, 1000, W));
+        assert!(host_free(&p, W, 1001, 1) && !host_free(&p, W, 1000, 1));
+        // Near the bound the change is looked at first, and refused without asking the host.
+        locks.set_max_ranges(locks.ranges());
+        let e = locks.set(&req(1, R, 2000, 2000), opener(&p));
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOLCK));
+        let e = locks.set(&req(1, R, 500, 500), opener(&p));
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOLCK));
+        assert!(host_free(&p, R, 2000, 1) && !host_free(&p, R, 500, 1));
+        // A change that adds no range still goes through.
+        locks.set(&req(1, W, 1001, 1001), opener(&p)).unwrap();
+        assert_eq!(locks.ranges(), 64);
+        locks.clear();
     }
 }
