@@ -713,6 +713,11 @@ impl Locks {
         if w.list.len() >= MAX_WAITERS {
             return Err(error(libc::ENOLCK));
         }
+        // Checked and queued under the waiters' lock: of two requests that close a cycle
+        // together, the second one sees the first.
+        if would_deadlock(&self.table(), &w.list, &req) {
+            return Err(error(libc::EDEADLK));
+        }
         w.list.push(Waiter {
             req,
             fd,
@@ -788,6 +793,60 @@ impl Locks {
             Err(e) => Some(e.raw_os_error().unwrap_or(libc::EIO)),
         })
     }
+}
+
+/// Most owners' records a deadlock check looks at (past it, no deadlock is reported).
+const MAX_DEADLOCK_STEPS: usize = 4096;
+
+/// Whether `req`, waiting, would close a cycle of owners of this daemon each waiting for
+/// another's record lock, as the Linux kernel's `posix_locks_deadlock` finds for classic
+/// POSIX locks: the owners holding ranges that conflict with `req`, what those owners wait for
+/// themselves, and so on, back to `req`'s owner. Iterative and bounded
+/// ([`MAX_DEADLOCK_STEPS`]). Record (POSIX and OFD: the guest sends both alike) requests only;
+/// `flock` ones never deadlock-check, as in the kernel. A cycle through a host process or
+/// another daemon cannot be seen.
+fn would_deadlock(t: &Table, waiters: &[Waiter], req: &Req) -> bool {
+    if req.kind != LockKind::Posix {
+        return false;
+    }
+    // (node, type, start, end, asking owner) of requests waiting, to follow.
+    let mut todo = vec![(req.node, req.typ, req.start, req.end, req.owner)];
+    let mut seen: Vec<u64> = Vec::new();
+    let mut steps = 0usize;
+    while let Some((node, typ, start, end, asker)) = todo.pop() {
+        for (owner, kind, r) in t.nodes.get(&node).into_iter().flatten() {
+            if *kind != LockKind::Posix || *owner == asker {
+                continue;
+            }
+            steps += 1;
+            if steps > MAX_DEADLOCK_STEPS {
+                return false;
+            }
+            // The ranges are sorted and apart: the first that ends at or after `start` on.
+            let from = r.segs.partition_point(|s| s.end < start);
+            let conflicts = r.segs[from..]
+                .iter()
+                .take_while(|s| s.start <= end)
+                .any(|s| typ == libc::F_WRLCK || s.typ == libc::F_WRLCK);
+            if !conflicts {
+                continue;
+            }
+            if *owner == req.owner {
+                return true;
+            }
+            if seen.contains(owner) {
+                continue;
+            }
+            seen.push(*owner);
+            for w in waiters
+                .iter()
+                .filter(|w| w.req.kind == LockKind::Posix && w.req.owner == *owner)
+            {
+                todo.push((w.req.node, w.req.typ, w.req.start, w.req.end, *owner));
+            }
+        }
+    }
+    false
 }
 
 /// Drops the locks of `records` on the host (under the table's lock: see [`Locks::remove`]).
@@ -1243,6 +1302,57 @@ mod tests {
         // A change that adds no range still goes through.
         locks.set(&req(1, W, 1001, 1001), opener(&p)).unwrap();
         assert_eq!(locks.ranges(), 64);
+        locks.clear();
+    }
+
+    /// Two owners each waiting for the other's range: the second to wait gets `EDEADLK`, as
+    /// POSIX says (both used to wait for ever, in the guest unkillable: virtio-fs has no
+    /// INTERRUPT). A longer cycle, across nodes, too; a chain that is no cycle waits.
+    #[test]
+    fn a_deadlock_between_two_owners_gets_edeadlk() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        locks.set(&req(1, W, 0, 0), opener(&p)).unwrap();
+        locks.set(&req(2, W, 1, 1), opener(&p)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let quiet = || LateReply::new(|_| {});
+        locks
+            .wait(
+                req(1, W, 1, 1),
+                opener(&p),
+                LateReply::new(move |e| tx.send(e).unwrap()),
+            )
+            .unwrap();
+        // (The server answers the refused request's reply with the error.)
+        let second = locks.wait(req(2, W, 0, 0), opener(&p), quiet());
+        assert_eq!(second.unwrap_err().raw_os_error(), Some(libc::EDEADLK));
+        assert_eq!(locks.waiters(), 1);
+        // Owner 2 gives up its lock: owner 1's wait ends with it.
+        locks.set(&req(2, U, 0, TO_EOF), opener(&p)).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 0);
+        locks.clear();
+
+        // 1 → 2 → 3 → 1, one link on another node.
+        let (_d2, p2) = tmpfile();
+        let on8 = |mut r: Req| {
+            r.node = 8;
+            r
+        };
+        locks.set(&req(1, W, 0, 0), opener(&p)).unwrap();
+        locks.set(&req(2, W, 1, 1), opener(&p)).unwrap();
+        locks.set(&on8(req(3, W, 0, 0)), opener(&p2)).unwrap();
+        locks.set(&req(3, R, 5, 5), opener(&p)).unwrap();
+        locks.wait(req(1, W, 1, 1), opener(&p), quiet()).unwrap();
+        locks
+            .wait(on8(req(2, W, 0, 0)), opener(&p2), quiet())
+            .unwrap();
+        // Owner 4 waits behind the chain (1 → 2 → 3, which waits for nothing yet): no cycle.
+        locks.wait(req(4, W, 0, 0), opener(&p), quiet()).unwrap();
+        let e = locks
+            .wait(req(3, W, 0, 0), opener(&p), quiet())
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EDEADLK));
+        assert_eq!(locks.waiters(), 3);
         locks.clear();
     }
 }
