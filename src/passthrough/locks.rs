@@ -467,6 +467,42 @@ impl Locks {
         self.set_on(req, &fd)
     }
 
+    /// As [`Locks::set`], for a node a FORGET served meanwhile on another queue may have
+    /// dropped: `known` says whether the guest still knows the node, asked once the lock is
+    /// recorded. A record inserted after the FORGET dropped the node's records would stay, held
+    /// and counted, until DESTROY (node ids are never given again): it goes, with `ENOLCK`.
+    pub fn set_known(
+        &self,
+        req: &Req,
+        open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
+        known: impl FnOnce() -> bool,
+    ) -> io::Result<()> {
+        self.set(req, open)?;
+        if !known() {
+            self.forget(req.node);
+            return Err(error(libc::ENOLCK));
+        }
+        Ok(())
+    }
+
+    /// As [`Locks::wait`], checked as [`Locks::set_known`]: a waiter queued after a FORGET of
+    /// its node is answered `ENOLCK`.
+    pub fn wait_known(
+        &self,
+        req: Req,
+        open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
+        reply: LateReply,
+        known: impl FnOnce() -> bool,
+    ) -> io::Result<()> {
+        let node = req.node;
+        self.wait(req, open, reply)?;
+        if !known() {
+            // Answers the waiter, and drops a record its owner_fd may have left.
+            self.forget(node);
+        }
+        Ok(())
+    }
+
     /// As [`Locks::set`], with `fd` for an owner that has no record.
     fn set_on(&self, req: &Req, fd: &Arc<LockFd>) -> io::Result<()> {
         let mut t = self.table();
@@ -1354,5 +1390,42 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::EDEADLK));
         assert_eq!(locks.waiters(), 3);
         locks.clear();
+    }
+
+    /// FORGET served on another queue while a SETLK opens its owner's description (a hostile
+    /// guest, two queues): the record inserted after FORGET dropped the node's records would
+    /// stay, held and counted, until DESTROY; asked after, the node is unknown and it goes.
+    #[test]
+    fn a_forget_during_a_setlks_open_leaves_no_orphan_lock() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        let forgotten = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (l2, f2, p2) = (locks.clone(), forgotten.clone(), p.clone());
+        let e = locks.set_known(
+            &req(1, W, 0, TO_EOF),
+            move || {
+                // The FORGET of node 7 is served on another queue meanwhile.
+                f2.store(true, Ordering::SeqCst);
+                l2.forget(7);
+                opener(&p2)()
+            },
+            || !forgotten.load(Ordering::SeqCst),
+        );
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOLCK));
+        assert!(locks.held().is_empty(), "orphan record: {:?}", locks.held());
+        assert!(host_free(&p, W, 0, 0));
+        assert_eq!(locks.fds(), 0);
+        // The same for a SETLKW that waits.
+        locks.set(&req(2, W, 0, 0), opener(&p)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reply = LateReply::new(move |e| tx.send(e).unwrap());
+        locks
+            .wait_known(req(1, W, 0, 0), opener(&p), reply, || false)
+            .unwrap();
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            libc::ENOLCK
+        );
+        assert!(locks.held().is_empty());
     }
 }
