@@ -445,7 +445,12 @@ impl Locks {
         open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
     ) -> io::Result<Option<Arc<LockFd>>> {
         if let Some(r) = self.table().get(req.key()) {
-            return Ok(Some(r.fd.clone()));
+            if !needs_write(req) || r.fd.writable {
+                return Ok(Some(r.fd.clone()));
+            }
+            // A write lock of an owner whose description was opened read-only (its first lock
+            // came through a read-only handle): a new description, read-write if this request's
+            // handle may write, which `set_on` moves the owner to.
         }
         if req.typ == libc::F_UNLCK {
             return Ok(None);
@@ -508,6 +513,16 @@ impl Locks {
         let mut t = self.table();
         let key = req.key();
         let (flock, fd) = match t.get(key) {
+            Some(r) if needs_write(req) && !r.fd.writable && fd.writable => {
+                // Moved to the read-write description `fd` first, with its read locks (a
+                // read-only description holds only those).
+                let segs = r.segs.clone();
+                move_to(&segs, &r.fd, fd)?;
+                if let Some(r) = t.get_mut(key) {
+                    r.fd = fd.clone();
+                }
+                (None, fd.clone())
+            }
             Some(r) => (r.flock, r.fd.clone()),
             None => (None, fd.clone()),
         };
@@ -829,6 +844,29 @@ impl Locks {
             Err(e) => Some(e.raw_os_error().unwrap_or(libc::EIO)),
         })
     }
+}
+
+/// Whether `req` is a record write lock (which a read-only description cannot take).
+fn needs_write(req: &Req) -> bool {
+    req.kind == LockKind::Posix && req.typ == libc::F_WRLCK
+}
+
+/// Takes the read locks `segs` (those of a read-only description, `old`) on `new`, then drops
+/// them on `old`. They never conflict with `old`'s (read locks) nor with anyone else's (whoever
+/// could conflict with them is refused by `old`'s already); on a failure `new` is let go.
+fn move_to(segs: &[Seg], old: &LockFd, new: &LockFd) -> io::Result<()> {
+    for s in segs {
+        if let Err(e) = sys::ofd_setlk(new.fd(), &range_lock(s.typ, s.start, s.end)) {
+            let _ = sys::ofd_setlk(new.fd(), &range_lock(libc::F_UNLCK, 0, TO_EOF));
+            return Err(e);
+        }
+    }
+    if !segs.is_empty() {
+        if let Err(e) = sys::ofd_setlk(old.fd(), &range_lock(libc::F_UNLCK, 0, TO_EOF)) {
+            log::warn!("dropping a lock failed: {e}");
+        }
+    }
+    Ok(())
 }
 
 /// Most owners' records a deadlock check looks at (past it, no deadlock is reported).
