@@ -836,8 +836,27 @@ impl Locks {
         }
     }
 
+    /// Whether a record lock `w` waits for is still taken, asked of the host (`F_OFD_GETLK`)
+    /// without the table's lock: a try that finds it taken, most of them, then holds up no
+    /// other request (the host walks every lock of the file for it). Only when `w`'s
+    /// description is the one its lock would be taken on (its owner's own locks are no
+    /// conflict there); otherwise, and for `flock`, `false`: `set_on` decides.
+    fn still_taken(&self, w: &Waiter) -> bool {
+        if w.req.kind != LockKind::Posix {
+            return false;
+        }
+        let same = self
+            .table()
+            .get(w.req.key())
+            .is_none_or(|r| Arc::ptr_eq(&r.fd, &w.fd));
+        same && matches!(sys::ofd_getlk(w.fd.fd(), &w.req.range()), Ok(Some(_)))
+    }
+
     /// One try of a waiter: `Some(errno)` once it is answered.
     fn try_waiter(&self, w: &Waiter) -> Attempt {
+        if self.still_taken(w) {
+            return Attempt::Waiting;
+        }
         w.reply.attempt(|| match self.set_on(&w.req, &w.fd) {
             Ok(()) => Some(0),
             Err(e) if would_block(&e) => None,
