@@ -19,9 +19,11 @@
 //!
 //! A SETLKW whose lock is taken waits here, not on a queue: the [`LateReply`] it got is tried
 //! again by one waiter thread with a back-off (1 ms doubling to [`MAX_BACKOFF`]), and at once
-//! when an owner of this daemon releases something on the node. Everything a guest can make the
-//! daemon hold is bounded: descriptors ([`Locks::set_max_fds`]), ranges ([`MAX_RANGES`]) and
-//! waiters ([`MAX_WAITERS`]); past a bound the request gets `ENOLCK`. See doc/locks.md.
+//! when an owner of this daemon releases something on the node; one that would close a cycle of
+//! owners of this daemon waiting for each other gets `EDEADLK` instead. Everything a guest can
+//! make the daemon hold is bounded: descriptors ([`Locks::set_max_fds`]), ranges
+//! ([`MAX_RANGES`]) and waiters ([`MAX_WAITERS`]); past a bound the request gets `ENOLCK`. See
+//! doc/locks.md.
 
 use std::collections::HashMap;
 use std::io;
