@@ -578,3 +578,30 @@ fn two_daemons_on_one_directory_exclude_each_other() {
     b.finish();
     a.finish();
 }
+
+/// One guest process (one POSIX owner) with the file open read-only and read-write: its first
+/// lock through the read-only descriptor opened its description read-only, and every later
+/// write lock through the read-write one got `EBADF` (even once it unlocked everything). The
+/// owner now moves to a read-write description, keeping its read locks.
+#[test]
+fn a_write_lock_through_a_rw_handle_after_a_read_lock_through_a_ro_handle() {
+    let mut d = Daemon::start();
+    let n = d.file("f", b"data");
+    let ro = d.open(n, libc::O_RDONLY);
+    let rw = d.open(n, libc::O_RDWR);
+    // Process 1: holds a read lock via its read-only fd, then write-locks another byte via rw.
+    d.c.setlk(n, &lk(ro, 1, R, 0, 0)).unwrap();
+    let a = d.c.setlk(n, &lk(rw, 1, W, 10, 10));
+    // Process 2: read lock and unlock via ro (idle record), then a write lock via rw.
+    d.c.setlk(n, &lk(ro, 2, R, 20, 20)).unwrap();
+    d.c.setlk(n, &lk(ro, 2, U, 0, EOF)).unwrap();
+    let b = d.c.setlk(n, &lk(rw, 2, W, 30, 30));
+    assert_eq!((a, b), (Ok(()), Ok(())));
+    // Process 1 kept its read lock on 0 (process 3 cannot write-lock it) and holds 10.
+    assert!(d.c.setlk(n, &lk(rw, 3, W, 0, 0)).is_err());
+    assert!(d.c.setlk(n, &lk(rw, 3, W, 10, 10)).is_err());
+    assert!(d.c.setlk(n, &lk(rw, 3, R, 20, 20)).is_ok());
+    // A write lock through the read-only handle is still refused.
+    assert!(d.c.setlk(n, &lk(ro, 1, W, 40, 40)).is_err());
+    d.finish();
+}

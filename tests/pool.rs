@@ -13,25 +13,36 @@ use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-use virtiofsd::filesystem::{Context, FileSystem};
-use virtiofsd::fuse::abi::{opcode, Pod};
+use virtiofsd::filesystem::{Context, FileLock, FileSystem, LateReply, LockKind};
+use virtiofsd::fuse::abi::{self, opcode, Pod};
 use virtiofsd::migration::StateError;
 use virtiofsd::vhost_user::backend::{FsBackend, POOL_BACKLOG};
 use virtiofsd_frontend::{FrontendConfig, FsFrontend};
 
-/// A filesystem whose GETATTR waits until the gate opens.
+/// A filesystem whose GETATTR, and SETLK (every lock is taken), wait until the gate opens.
 #[derive(Default)]
 struct Gated {
     open: Mutex<bool>,
     opened: Condvar,
     /// GETATTRs entered so far.
     entered: AtomicUsize,
+    /// SETLKs entered so far.
+    locks_entered: AtomicUsize,
+    /// The late replies of the SETLKWs that wait (never answered by the filesystem).
+    waiting: Mutex<Vec<LateReply>>,
 }
 
 impl Gated {
     fn release(&self) {
         *self.open.lock().unwrap() = true;
         self.opened.notify_all();
+    }
+
+    fn wait_open(&self) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
     }
 }
 
@@ -52,15 +63,40 @@ impl FileSystem for GatedFs {
     ) -> io::Result<(libc::stat64, Duration)> {
         let g = &self.0;
         g.entered.fetch_add(1, Ordering::SeqCst);
-        let mut open = g.open.lock().unwrap();
-        while !*open {
-            open = g.opened.wait(open).unwrap();
-        }
+        g.wait_open();
         // SAFETY: stat64 is plain data; all-zero is a valid value.
         let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
         st.st_ino = inode;
         st.st_mode = libc::S_IFREG | 0o644;
         Ok((st, Duration::ZERO))
+    }
+
+    fn setlk(
+        &self,
+        _ctx: &Context,
+        _inode: u64,
+        _handle: u64,
+        _owner: u64,
+        _lock: FileLock,
+        _kind: LockKind,
+    ) -> io::Result<()> {
+        self.0.locks_entered.fetch_add(1, Ordering::SeqCst);
+        self.0.wait_open();
+        Err(io::Error::from_raw_os_error(libc::EAGAIN))
+    }
+
+    fn setlk_wait(
+        &self,
+        _ctx: &Context,
+        _inode: u64,
+        _handle: u64,
+        _owner: u64,
+        _lock: FileLock,
+        _kind: LockKind,
+        reply: LateReply,
+    ) -> io::Result<()> {
+        self.0.waiting.lock().unwrap().push(reply);
+        Ok(())
     }
 }
 
@@ -286,4 +322,68 @@ fn a_request_blocked_on_every_queue_delays_the_stop_once() {
     let th = d.thread.take().unwrap();
     wait_for("the device to stop", || th.is_finished());
     th.join().unwrap();
+}
+
+/// A SETLKW whose first try was still running when its queue stopped (`GET_VRING_BASE` marks
+/// the ring not ready, then answers the queue's waiting lock requests `ENOLCK`): it used to be
+/// registered to wait after that, escaped the stop's answers, held the stop for its whole wait
+/// and would have been answered after it (into memory a migration copied already). It is
+/// answered `ENOLCK` before the stop returns now, with a thread pool and without.
+#[test]
+fn a_setlkw_whose_queue_stops_during_its_first_try_is_answered_enolck_before_the_stop() {
+    for pool in [0, 2] {
+        let wait = Duration::from_secs(3);
+        let mut d = start_with(pool, |b| b.with_stop_wait(wait));
+        let cfg = FrontendConfig {
+            mem_size: 32 << 20,
+            client_arena_size: 2 << 20,
+            timeout: Duration::from_secs(10),
+            ..Default::default()
+        };
+        let mut fe = FsFrontend::connect_with(&d.path, 1, &cfg).unwrap();
+        let mut c = fe.client(0).unwrap();
+        c.init().unwrap();
+        let lk = abi::LkIn {
+            fh: 1,
+            owner: 1,
+            lk: abi::FileLock {
+                start: 0,
+                end: 0,
+                typ: libc::F_WRLCK as u32,
+                pid: 1,
+            },
+            lk_flags: 0,
+            padding: 0,
+        };
+        let t = c.enqueue(opcode::SETLKW, 7, &[lk.as_bytes()], 16).unwrap();
+        c.publish().unwrap();
+        wait_for("the first try to block", || {
+            d.gate.locks_entered.load(Ordering::SeqCst) == 1
+        });
+        let started = Instant::now();
+        let stopper = std::thread::spawn(move || {
+            fe.stop_queues().unwrap();
+            fe
+        });
+        // The stop has marked the ring not ready and answered what waited (nothing yet).
+        std::thread::sleep(Duration::from_millis(300));
+        d.gate.release();
+        let mut fe = stopper.join().unwrap();
+        let took = started.elapsed();
+        assert!(
+            took < wait,
+            "pool {pool}: the stop waited {took:?} for a SETLKW that escaped it"
+        );
+        assert_eq!(c.wait(t).unwrap().error, -libc::ENOLCK, "pool {pool}");
+        assert!(
+            d.gate.waiting.lock().unwrap().is_empty(),
+            "pool {pool}: the SETLKW was handed to the filesystem to wait"
+        );
+        fe.save_state().expect("state after a clean stop");
+        drop(c);
+        fe.disconnect();
+        let th = d.thread.take().unwrap();
+        wait_for("the device to stop", || th.is_finished());
+        th.join().unwrap();
+    }
 }

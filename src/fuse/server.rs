@@ -903,6 +903,10 @@ impl<F: FileSystem> Server<F> {
         }
         let unique = rq.h.unique;
         if let Some(reply) = rq.defer.as_mut().and_then(|d| d(unique)) {
+            if reply.is_answered() {
+                // Its queue stopped meanwhile: answered `ENOLCK` already, nothing to wait for.
+                return Ok(Outcome::Deferred);
+            }
             if let Err(e) = self
                 .fs
                 .setlk_wait(ctx, node, l.fh, l.owner, lock, kind, reply.clone())

@@ -19,9 +19,11 @@
 //!
 //! A SETLKW whose lock is taken waits here, not on a queue: the [`LateReply`] it got is tried
 //! again by one waiter thread with a back-off (1 ms doubling to [`MAX_BACKOFF`]), and at once
-//! when an owner of this daemon releases something on the node. Everything a guest can make the
-//! daemon hold is bounded: descriptors ([`Locks::set_max_fds`]), ranges ([`MAX_RANGES`]) and
-//! waiters ([`MAX_WAITERS`]); past a bound the request gets `ENOLCK`. See doc/locks.md.
+//! when an owner of this daemon releases something on the node; one that would close a cycle of
+//! owners of this daemon waiting for each other gets `EDEADLK` instead. Everything a guest can
+//! make the daemon hold is bounded: descriptors ([`Locks::set_max_fds`]), ranges
+//! ([`MAX_RANGES`]) and waiters ([`MAX_WAITERS`]); past a bound the request gets `ENOLCK`. See
+//! doc/locks.md.
 
 use std::collections::HashMap;
 use std::io;
@@ -116,10 +118,18 @@ pub struct Seg {
     pub typ: i32,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Owners' ranges worked out on this thread (by [`apply`]), for tests.
+    static APPLIED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// The ranges of one owner after it sets `typ` on `start..=end`, as POSIX has them: what it
 /// held there is replaced (split where the new range cuts it), and neighbouring or overlapping
 /// ranges of one type are merged.
 pub fn apply(segs: &[Seg], start: u64, end: u64, typ: i32) -> Vec<Seg> {
+    #[cfg(test)]
+    APPLIED.with(|n| n.set(n.get() + 1));
     let mut out: Vec<Seg> = Vec::with_capacity(segs.len() + 2);
     let push = |s: Seg, out: &mut Vec<Seg>| {
         if let Some(last) = out.last_mut() {
@@ -437,7 +447,12 @@ impl Locks {
         open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
     ) -> io::Result<Option<Arc<LockFd>>> {
         if let Some(r) = self.table().get(req.key()) {
-            return Ok(Some(r.fd.clone()));
+            if !needs_write(req) || r.fd.writable {
+                return Ok(Some(r.fd.clone()));
+            }
+            // A write lock of an owner whose description was opened read-only (its first lock
+            // came through a read-only handle): a new description, read-write if this request's
+            // handle may write, which `set_on` moves the owner to.
         }
         if req.typ == libc::F_UNLCK {
             return Ok(None);
@@ -459,28 +474,82 @@ impl Locks {
         self.set_on(req, &fd)
     }
 
+    /// As [`Locks::set`], for a node a FORGET served meanwhile on another queue may have
+    /// dropped: `known` says whether the guest still knows the node, asked once the lock is
+    /// recorded. A record inserted after the FORGET dropped the node's records would stay, held
+    /// and counted, until DESTROY (node ids are never given again): it goes, with `ENOLCK`.
+    pub fn set_known(
+        &self,
+        req: &Req,
+        open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
+        known: impl FnOnce() -> bool,
+    ) -> io::Result<()> {
+        self.set(req, open)?;
+        if !known() {
+            self.forget(req.node);
+            return Err(error(libc::ENOLCK));
+        }
+        Ok(())
+    }
+
+    /// As [`Locks::wait`], checked as [`Locks::set_known`]: a waiter queued after a FORGET of
+    /// its node is answered `ENOLCK`.
+    pub fn wait_known(
+        &self,
+        req: Req,
+        open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
+        reply: LateReply,
+        known: impl FnOnce() -> bool,
+    ) -> io::Result<()> {
+        let node = req.node;
+        self.wait(req, open, reply)?;
+        if !known() {
+            // Answers the waiter, and drops a record its owner_fd may have left.
+            self.forget(node);
+        }
+        Ok(())
+    }
+
     /// As [`Locks::set`], with `fd` for an owner that has no record.
     fn set_on(&self, req: &Req, fd: &Arc<LockFd>) -> io::Result<()> {
         let mut t = self.table();
-        let max_ranges = self.max_ranges.load(Ordering::Relaxed);
-        let ranges = t.ranges;
-        let (segs, flock, fd) = match t.get(req.key()) {
-            Some(r) => (r.segs.clone(), r.flock, r.fd.clone()),
-            None => (Vec::new(), None, fd.clone()),
+        let key = req.key();
+        let (flock, fd) = match t.get(key) {
+            Some(r) if needs_write(req) && !r.fd.writable && fd.writable => {
+                // Moved to the read-write description `fd` first, with its read locks (a
+                // read-only description holds only those).
+                let segs = r.segs.clone();
+                move_to(&segs, &r.fd, fd)?;
+                if let Some(r) = t.get_mut(key) {
+                    r.fd = fd.clone();
+                }
+                (None, fd.clone())
+            }
+            Some(r) => (r.flock, r.fd.clone()),
+            None => (None, fd.clone()),
         };
-        let (new_segs, new_flock) = match req.kind {
+        // The host is asked first and the owner's ranges worked out only once it took the
+        // lock: a waiter's try that finds it taken (most of them) costs the table's lock one
+        // system call, not a copy of all its owner's ranges.
+        let new_flock = match req.kind {
             LockKind::Posix => {
-                let new = apply(&segs, req.start, req.end, req.typ);
-                if new.len() > segs.len() && ranges + (new.len() - segs.len()) > max_ranges {
-                    log::warn!("lock refused: {max_ranges} ranges are held already (ENOLCK)");
-                    return Err(error(libc::ENOLCK));
+                let max_ranges = self.max_ranges.load(Ordering::Relaxed);
+                // A change adds at most two ranges (the one set, and a range it cuts in two):
+                // the bound is looked at before the host is asked only when that may pass it.
+                if t.ranges.saturating_add(2) > max_ranges {
+                    let segs = t.get(key).map_or(&[][..], |r| &r.segs[..]);
+                    let new = apply(segs, req.start, req.end, req.typ).len();
+                    if new > segs.len() && t.ranges + (new - segs.len()) > max_ranges {
+                        log::warn!("lock refused: {max_ranges} ranges are held already (ENOLCK)");
+                        return Err(error(libc::ENOLCK));
+                    }
                 }
                 if req.typ == libc::F_WRLCK && !fd.writable {
                     // As the kernel answers a write lock on a file not open for writing.
                     return Err(error(libc::EBADF));
                 }
                 sys::ofd_setlk(fd.fd(), &req.range())?;
-                (new, None)
+                None
             }
             LockKind::Flock => {
                 let op = match req.typ {
@@ -488,14 +557,30 @@ impl Locks {
                     libc::F_WRLCK => libc::LOCK_EX,
                     _ => libc::LOCK_UN,
                 };
-                sys::flock(fd.fd(), op | libc::LOCK_NB)?;
-                (Vec::new(), (req.typ != libc::F_UNLCK).then_some(req.typ))
+                if let Err(e) = sys::flock(fd.fd(), op | libc::LOCK_NB) {
+                    if would_block(&e) && flock.is_some_and(|f| f != req.typ) {
+                        // flock(2) converts a lock by dropping the old one first: refused,
+                        // the owner holds nothing now (its record stays, idle).
+                        if let Some(r) = t.get_mut(key) {
+                            r.flock = None;
+                        }
+                        drop(t);
+                        self.poke(req.node);
+                    }
+                    return Err(e);
+                }
+                (req.typ != libc::F_UNLCK).then_some(req.typ)
             }
+        };
+        // Taken on the host: the table's copy follows (the host did the same split and merge).
+        let segs = t.get(key).map_or(&[][..], |r| &r.segs[..]);
+        let new_segs = match req.kind {
+            LockKind::Posix => apply(segs, req.start, req.end, req.typ),
+            LockKind::Flock => Vec::new(),
         };
         let released = req.typ == libc::F_UNLCK
             || flock.is_some_and(|f| f != req.typ)
             || (req.typ == libc::F_RDLCK && segs.iter().any(|s| s.typ == libc::F_WRLCK));
-        let key = req.key();
         // A record that holds nothing now stays, idle, with its description: its owner's next
         // lock needs no new open. It goes at FLUSH, RELEASE or FORGET, or when a new owner
         // needs its descriptor (`evict_idle`).
@@ -575,9 +660,7 @@ impl Locks {
 
     /// FLUSH: the guest process `owner` closed a file of `node`: its record locks there go.
     pub fn flush(&self, node: u64, owner: u64) {
-        let gone = self
-            .table()
-            .remove_where(node, |o, k, _| o == owner && k == LockKind::Posix);
+        let gone = self.remove(node, |o, k, _| o == owner && k == LockKind::Posix);
         self.dropped(node, gone);
     }
 
@@ -587,7 +670,7 @@ impl Locks {
         // A waiter holds its open file, so none waits through `fh` (but a guest that says
         // otherwise gets ENOLCK rather than a lock that outlives its file).
         self.cancel(|r| r.node == node && r.fh == fh);
-        let gone = self.table().remove_where(node, |_, _, r| r.fh == fh);
+        let gone = self.remove(node, |_, _, r| r.fh == fh);
         self.dropped(node, gone);
     }
 
@@ -595,22 +678,43 @@ impl Locks {
     pub fn forget(&self, node: u64) {
         // Waiters first: one woken by the locks going would take a lock nobody drops.
         self.cancel(|r| r.node == node);
-        let gone = self.table().remove_where(node, |_, _, _| true);
+        let gone = self.remove(node, |_, _, _| true);
         self.dropped(node, gone);
     }
 
     /// DESTROY or disconnect: every lock goes, and every waiter is answered `ENOLCK`.
     pub fn clear(&self) {
         self.cancel(|_| true);
-        let all = std::mem::take(&mut *self.table());
-        unlock_all(all.nodes.into_values().flatten().map(|(_, _, r)| r));
+        let all = {
+            let mut t = self.table();
+            let all = std::mem::take(&mut *t);
+            unlock_all(all.nodes.values().flatten().map(|(_, _, r)| r));
+            all
+        };
+        // Descriptors closed outside the table's lock.
+        drop(all);
     }
 
+    /// Removes the records of `node` that `pick` chooses and drops their locks on the host,
+    /// both under the table's lock: a SETLK or a waiter of the same owner may reuse a removed
+    /// record's description (it took it before the removal), and its lock, taken and recorded
+    /// under the table's lock too, then comes strictly before the unlock (and goes with the
+    /// record) or strictly after it (and stays, with the new record that says so). The
+    /// records are returned to be closed outside the lock.
+    fn remove(&self, node: u64, pick: impl FnMut(u64, LockKind, &Record) -> bool) -> Vec<Record> {
+        let mut t = self.table();
+        let gone = t.remove_where(node, pick);
+        unlock_all(&gone);
+        gone
+    }
+
+    /// After [`Locks::remove`]: the records' descriptors are closed and the node's waiters
+    /// try again.
     fn dropped(&self, node: u64, gone: Vec<Record>) {
         if gone.is_empty() {
             return;
         }
-        unlock_all(gone);
+        drop(gone);
         self.poke(node);
     }
 
@@ -661,6 +765,11 @@ impl Locks {
         let mut w = self.waiting();
         if w.list.len() >= MAX_WAITERS {
             return Err(error(libc::ENOLCK));
+        }
+        // Checked and queued under the waiters' lock: of two requests that close a cycle
+        // together, the second one sees the first.
+        if would_deadlock(&self.table(), &w.list, &req) {
+            return Err(error(libc::EDEADLK));
         }
         w.list.push(Waiter {
             req,
@@ -729,8 +838,27 @@ impl Locks {
         }
     }
 
+    /// Whether a record lock `w` waits for is still taken, asked of the host (`F_OFD_GETLK`)
+    /// without the table's lock: a try that finds it taken, most of them, then holds up no
+    /// other request (the host walks every lock of the file for it). Only when `w`'s
+    /// description is the one its lock would be taken on (its owner's own locks are no
+    /// conflict there); otherwise, and for `flock`, `false`: `set_on` decides.
+    fn still_taken(&self, w: &Waiter) -> bool {
+        if w.req.kind != LockKind::Posix {
+            return false;
+        }
+        let same = self
+            .table()
+            .get(w.req.key())
+            .is_none_or(|r| Arc::ptr_eq(&r.fd, &w.fd));
+        same && matches!(sys::ofd_getlk(w.fd.fd(), &w.req.range()), Ok(Some(_)))
+    }
+
     /// One try of a waiter: `Some(errno)` once it is answered.
     fn try_waiter(&self, w: &Waiter) -> Attempt {
+        if self.still_taken(w) {
+            return Attempt::Waiting;
+        }
         w.reply.attempt(|| match self.set_on(&w.req, &w.fd) {
             Ok(()) => Some(0),
             Err(e) if would_block(&e) => None,
@@ -739,9 +867,87 @@ impl Locks {
     }
 }
 
-/// Drops the locks of `records` on the host. Closing a descriptor would do it, unless a
-/// waiter of the same owner still holds the descriptor: unlocked explicitly, then closed.
-fn unlock_all(records: impl IntoIterator<Item = Record>) {
+/// Whether `req` is a record write lock (which a read-only description cannot take).
+fn needs_write(req: &Req) -> bool {
+    req.kind == LockKind::Posix && req.typ == libc::F_WRLCK
+}
+
+/// Takes the read locks `segs` (those of a read-only description, `old`) on `new`, then drops
+/// them on `old`. They never conflict with `old`'s (read locks) nor with anyone else's (whoever
+/// could conflict with them is refused by `old`'s already); on a failure `new` is let go.
+fn move_to(segs: &[Seg], old: &LockFd, new: &LockFd) -> io::Result<()> {
+    for s in segs {
+        if let Err(e) = sys::ofd_setlk(new.fd(), &range_lock(s.typ, s.start, s.end)) {
+            let _ = sys::ofd_setlk(new.fd(), &range_lock(libc::F_UNLCK, 0, TO_EOF));
+            return Err(e);
+        }
+    }
+    if !segs.is_empty() {
+        if let Err(e) = sys::ofd_setlk(old.fd(), &range_lock(libc::F_UNLCK, 0, TO_EOF)) {
+            log::warn!("dropping a lock failed: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// Most owners' records a deadlock check looks at (past it, no deadlock is reported).
+const MAX_DEADLOCK_STEPS: usize = 4096;
+
+/// Whether `req`, waiting, would close a cycle of owners of this daemon each waiting for
+/// another's record lock, as the Linux kernel's `posix_locks_deadlock` finds for classic
+/// POSIX locks: the owners holding ranges that conflict with `req`, what those owners wait for
+/// themselves, and so on, back to `req`'s owner. Iterative and bounded
+/// ([`MAX_DEADLOCK_STEPS`]). Record (POSIX and OFD: the guest sends both alike) requests only;
+/// `flock` ones never deadlock-check, as in the kernel. A cycle through a host process or
+/// another daemon cannot be seen.
+fn would_deadlock(t: &Table, waiters: &[Waiter], req: &Req) -> bool {
+    if req.kind != LockKind::Posix {
+        return false;
+    }
+    // (node, type, start, end, asking owner) of requests waiting, to follow.
+    let mut todo = vec![(req.node, req.typ, req.start, req.end, req.owner)];
+    let mut seen: Vec<u64> = Vec::new();
+    let mut steps = 0usize;
+    while let Some((node, typ, start, end, asker)) = todo.pop() {
+        for (owner, kind, r) in t.nodes.get(&node).into_iter().flatten() {
+            if *kind != LockKind::Posix || *owner == asker {
+                continue;
+            }
+            steps += 1;
+            if steps > MAX_DEADLOCK_STEPS {
+                return false;
+            }
+            // The ranges are sorted and apart: the first that ends at or after `start` on.
+            let from = r.segs.partition_point(|s| s.end < start);
+            let conflicts = r.segs[from..]
+                .iter()
+                .take_while(|s| s.start <= end)
+                .any(|s| typ == libc::F_WRLCK || s.typ == libc::F_WRLCK);
+            if !conflicts {
+                continue;
+            }
+            if *owner == req.owner {
+                return true;
+            }
+            if seen.contains(owner) {
+                continue;
+            }
+            seen.push(*owner);
+            for w in waiters
+                .iter()
+                .filter(|w| w.req.kind == LockKind::Posix && w.req.owner == *owner)
+            {
+                todo.push((w.req.node, w.req.typ, w.req.start, w.req.end, *owner));
+            }
+        }
+    }
+    false
+}
+
+/// Drops the locks of `records` on the host (under the table's lock: see [`Locks::remove`]).
+/// Closing a descriptor would do it, unless a waiter or a SETLK of the same owner still holds
+/// the descriptor: unlocked explicitly, closed by the caller.
+fn unlock_all<'a>(records: impl IntoIterator<Item = &'a Record>) {
     for r in records {
         let done = match r.flock {
             Some(_) => sys::flock(r.fd.fd(), libc::LOCK_UN),
@@ -1065,5 +1271,220 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Whether a fresh description could take `typ` on `start..start+len` now (the host's
+    /// view, not the table's).
+    fn host_free(p: &std::path::Path, typ: i32, start: i64, len: i64) -> bool {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .unwrap();
+        sys::ofd_getlk(f.as_fd(), &RangeLock { typ, start, len })
+            .unwrap()
+            .is_none()
+    }
+
+    /// FLUSH racing a SETLK of the same owner, replayed step by step in the interleavings two
+    /// queues allow: the SETLK found the owner's record (and its description) before the FLUSH
+    /// removed it, and takes its lock on that description. The FLUSH's unlock of the
+    /// description used to run after the table's lock was let go, so it could come after the
+    /// SETLK's lock and drop it while the table said "held"; it now runs under the table's
+    /// lock, with the removal (`remove`), and the table and the host agree in every order.
+    #[test]
+    fn a_flush_racing_a_setlk_of_its_owner_never_drops_a_lock_the_table_holds() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        let r = req(1, W, 5, 5);
+        for setlk_first in [false, true] {
+            locks.set(&req(1, W, 0, 0), opener(&p)).unwrap();
+            // Queue A, SETLK: `set` → `owner_fd` finds owner 1's record.
+            let fd = locks.owner_fd(&r, opener(&p)).unwrap().unwrap();
+            if setlk_first {
+                locks.set_on(&r, &fd).unwrap();
+            }
+            // Queue B, FLUSH(owner 1): `flush` → `remove` (what runs under the table's lock).
+            let gone = locks.remove(7, |o, k, _| o == 1 && k == LockKind::Posix);
+            if !setlk_first {
+                // Queue A: `set_on` takes 5..=5 on the same description, a new record.
+                locks.set_on(&r, &fd).unwrap();
+            }
+            // Queue B: `dropped` (what runs after the table's lock is let go).
+            locks.dropped(7, gone);
+            drop(fd);
+            let table_says = locks.held().iter().any(|h| h.owner == 1);
+            assert_eq!(
+                table_says,
+                !host_free(&p, W, 5, 1),
+                "SETLK first: {setlk_first}; the table and the host disagree: {:?}",
+                locks.held()
+            );
+            assert!(host_free(&p, W, 0, 1), "the flushed lock on 0 stays");
+            locks.flush(7, 1);
+            assert_eq!((locks.fds(), locks.ranges()), (0, 0));
+        }
+    }
+
+    /// flock(2) drops the old lock before it tries the new one: a refused upgrade (`EAGAIN`)
+    /// leaves the owner with nothing on the host, and its record says so (it used to say
+    /// "shared", and a host process could take `LOCK_EX` meanwhile).
+    #[test]
+    fn a_refused_flock_upgrade_leaves_the_owner_holding_nothing() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        let f = |owner, typ| Req {
+            kind: LockKind::Flock,
+            ..req(owner, typ, 0, TO_EOF)
+        };
+        locks.set(&f(1, R), opener(&p)).unwrap();
+        locks.set(&f(2, R), opener(&p)).unwrap();
+        assert!(would_block(&locks.set(&f(1, W), opener(&p)).unwrap_err()));
+        assert!(
+            locks.held().iter().all(|h| h.owner != 1),
+            "owner 1 still recorded: {:?}",
+            locks.held()
+        );
+        locks.set(&f(2, U), opener(&p)).unwrap();
+        let host = std::fs::File::open(&p).unwrap();
+        sys::flock(host.as_fd(), libc::LOCK_EX | libc::LOCK_NB).unwrap();
+        assert!(locks.held().is_empty(), "{:?}", locks.held());
+        // Owner 1 takes its lock again once the host process lets go.
+        drop(host);
+        locks.set(&f(1, W), opener(&p)).unwrap();
+        assert_eq!(locks.held().len(), 1);
+    }
+
+    /// A try that finds the lock taken (a waiter's, every few milliseconds) asks the host and
+    /// nothing more: its owner's ranges, however many, are worked out only once the host took
+    /// the lock (they used to be copied and worked out under the table's lock at every try).
+    #[test]
+    fn a_refused_try_works_out_no_ranges_and_a_granted_one_keeps_the_table_right() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        for i in 0..64 {
+            let typ = if i % 2 == 0 { R } else { W };
+            locks.set(&req(1, typ, i, i), opener(&p)).unwrap();
+        }
+        locks.set(&req(2, W, 1000, 1000), opener(&p)).unwrap();
+        let applied = || APPLIED.with(|n| n.get());
+        let before = applied();
+        let e = locks.set(&req(1, W, 1000, 1000), opener(&p)).unwrap_err();
+        assert!(would_block(&e));
+        assert_eq!(
+            applied(),
+            before,
+            "a refused try worked out its owner's ranges"
+        );
+        assert_eq!(locks.ranges(), 65);
+        // Granted once owner 2 let go: the table's copy follows the host's merge (64..=1000
+        // joins the write lock on 63).
+        locks.set(&req(2, U, 0, TO_EOF), opener(&p)).unwrap();
+        locks.set(&req(1, W, 64, 1000), opener(&p)).unwrap();
+        let held = locks.held();
+        let own: Vec<&Held> = held.iter().filter(|h| h.owner == 1).collect();
+        assert_eq!(own.len(), 1);
+        assert_eq!(own[0].segs.len(), 64);
+        assert_eq!(own[0].segs[63], seg(63, 1000, W));
+        assert!(host_free(&p, W, 1001, 1) && !host_free(&p, W, 1000, 1));
+        // Near the bound the change is looked at first, and refused without asking the host.
+        locks.set_max_ranges(locks.ranges());
+        let e = locks.set(&req(1, R, 2000, 2000), opener(&p));
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOLCK));
+        let e = locks.set(&req(1, R, 500, 500), opener(&p));
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOLCK));
+        assert!(host_free(&p, R, 2000, 1) && !host_free(&p, R, 500, 1));
+        // A change that adds no range still goes through.
+        locks.set(&req(1, W, 1001, 1001), opener(&p)).unwrap();
+        assert_eq!(locks.ranges(), 64);
+        locks.clear();
+    }
+
+    /// Two owners each waiting for the other's range: the second to wait gets `EDEADLK`, as
+    /// POSIX says (both used to wait for ever, in the guest unkillable: virtio-fs has no
+    /// INTERRUPT). A longer cycle, across nodes, too; a chain that is no cycle waits.
+    #[test]
+    fn a_deadlock_between_two_owners_gets_edeadlk() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        locks.set(&req(1, W, 0, 0), opener(&p)).unwrap();
+        locks.set(&req(2, W, 1, 1), opener(&p)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let quiet = || LateReply::new(|_| {});
+        locks
+            .wait(
+                req(1, W, 1, 1),
+                opener(&p),
+                LateReply::new(move |e| tx.send(e).unwrap()),
+            )
+            .unwrap();
+        // (The server answers the refused request's reply with the error.)
+        let second = locks.wait(req(2, W, 0, 0), opener(&p), quiet());
+        assert_eq!(second.unwrap_err().raw_os_error(), Some(libc::EDEADLK));
+        assert_eq!(locks.waiters(), 1);
+        // Owner 2 gives up its lock: owner 1's wait ends with it.
+        locks.set(&req(2, U, 0, TO_EOF), opener(&p)).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 0);
+        locks.clear();
+
+        // 1 → 2 → 3 → 1, one link on another node.
+        let (_d2, p2) = tmpfile();
+        let on8 = |mut r: Req| {
+            r.node = 8;
+            r
+        };
+        locks.set(&req(1, W, 0, 0), opener(&p)).unwrap();
+        locks.set(&req(2, W, 1, 1), opener(&p)).unwrap();
+        locks.set(&on8(req(3, W, 0, 0)), opener(&p2)).unwrap();
+        locks.set(&req(3, R, 5, 5), opener(&p)).unwrap();
+        locks.wait(req(1, W, 1, 1), opener(&p), quiet()).unwrap();
+        locks
+            .wait(on8(req(2, W, 0, 0)), opener(&p2), quiet())
+            .unwrap();
+        // Owner 4 waits behind the chain (1 → 2 → 3, which waits for nothing yet): no cycle.
+        locks.wait(req(4, W, 0, 0), opener(&p), quiet()).unwrap();
+        let e = locks
+            .wait(req(3, W, 0, 0), opener(&p), quiet())
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EDEADLK));
+        assert_eq!(locks.waiters(), 3);
+        locks.clear();
+    }
+
+    /// FORGET served on another queue while a SETLK opens its owner's description (a hostile
+    /// guest, two queues): the record inserted after FORGET dropped the node's records would
+    /// stay, held and counted, until DESTROY; asked after, the node is unknown and it goes.
+    #[test]
+    fn a_forget_during_a_setlks_open_leaves_no_orphan_lock() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        let forgotten = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (l2, f2, p2) = (locks.clone(), forgotten.clone(), p.clone());
+        let e = locks.set_known(
+            &req(1, W, 0, TO_EOF),
+            move || {
+                // The FORGET of node 7 is served on another queue meanwhile.
+                f2.store(true, Ordering::SeqCst);
+                l2.forget(7);
+                opener(&p2)()
+            },
+            || !forgotten.load(Ordering::SeqCst),
+        );
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOLCK));
+        assert!(locks.held().is_empty(), "orphan record: {:?}", locks.held());
+        assert!(host_free(&p, W, 0, 0));
+        assert_eq!(locks.fds(), 0);
+        // The same for a SETLKW that waits.
+        locks.set(&req(2, W, 0, 0), opener(&p)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reply = LateReply::new(move |e| tx.send(e).unwrap());
+        locks
+            .wait_known(req(1, W, 0, 0), opener(&p), reply, || false)
+            .unwrap();
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            libc::ENOLCK
+        );
+        assert!(locks.held().is_empty());
     }
 }

@@ -275,6 +275,12 @@ impl PassthroughFs {
             })
     }
 
+    /// Whether the guest still knows node `id` (not forgotten: it is in the table, or its file
+    /// is gone and its id answers `ESTALE` until its FORGET). Ids are never given again.
+    fn node_known(&self, id: u64) -> bool {
+        self.inodes.get(id).is_some() || self.inodes.is_dead(id)
+    }
+
     fn check_writable(&self) -> io::Result<()> {
         if self.cfg.readonly {
             Err(error(libc::EROFS))

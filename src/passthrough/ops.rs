@@ -929,7 +929,11 @@ impl FileSystem for PassthroughFs {
         kind: LockKind,
     ) -> io::Result<()> {
         let req = self.lock_req(inode, handle, owner, &lock, kind)?;
-        self.locks.set(&req, || self.lock_fd(inode, handle))
+        self.locks.set_known(
+            &req,
+            || self.lock_fd(inode, handle),
+            || self.node_known(inode),
+        )
     }
 
     fn setlk_wait(
@@ -943,7 +947,12 @@ impl FileSystem for PassthroughFs {
         reply: LateReply,
     ) -> io::Result<()> {
         let req = self.lock_req(inode, handle, owner, &lock, kind)?;
-        self.locks.wait(req, || self.lock_fd(inode, handle), reply)
+        self.locks.wait_known(
+            req,
+            || self.lock_fd(inode, handle),
+            reply,
+            || self.node_known(inode),
+        )
     }
 
     fn syncfs(&self, _ctx: &Context, inode: u64) -> io::Result<()> {

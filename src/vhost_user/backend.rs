@@ -710,12 +710,27 @@ fn serve_chain<F: FileSystem>(
             in_flight: late.in_flight.clone(),
         };
         let reply = LateReply::new(move |e| d.finish(unique, e));
-        let mut list = late
-            .deferrals
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        list.retain(|(_, r)| !r.is_answered());
-        list.push((late.queue, reply.clone()));
+        let stopped = {
+            let mut list = late
+                .deferrals
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            list.retain(|(_, r)| !r.is_answered());
+            // A stop (`GET_VRING_BASE`) marks the ring not ready, then answers the requests
+            // this list holds for it: one registered after that would escape it and be
+            // answered after the stop (into memory a migration copied already). Read under the
+            // list's lock, the ring is either still ready (and the stop answers this one) or
+            // stopped (and it is answered here, while its chain still counts as in flight,
+            // which the stop waits for).
+            let ready = late.vring.get_ref().get_queue().ready();
+            if ready {
+                list.push((late.queue, reply.clone()));
+            }
+            !ready
+        };
+        if stopped {
+            reply.answer(libc::ENOLCK);
+        }
         Some(reply)
     };
     match split_chain(mem, chain) {
