@@ -29,6 +29,8 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::logging::warn_throttled;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -393,17 +395,24 @@ impl Locks {
         open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
     ) -> io::Result<Arc<LockFd>> {
         let max = self.max_fds.load(Ordering::Relaxed);
+        // A compare-exchange loop (`fetch_update` is deprecated from Rust 1.99 on).
         let take = || {
-            self.fds
-                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                    (n < max).then_some(n + 1)
-                })
-                .is_ok()
+            let mut n = self.fds.load(Ordering::Relaxed);
+            while n < max {
+                match self
+                    .fds
+                    .compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Relaxed)
+                {
+                    Ok(_) => return true,
+                    Err(now) => n = now,
+                }
+            }
+            false
         };
         // Past the bound, an idle description makes room.
         let room = take() || (self.evict_idle() && take());
         if !room {
-            log::warn!("lock refused: {max} lock descriptors are held already (ENOLCK)");
+            warn_throttled!("lock refused: {max} lock descriptors are held already (ENOLCK)");
             return Err(error(libc::ENOLCK));
         }
         match open() {
@@ -540,7 +549,9 @@ impl Locks {
                     let segs = t.get(key).map_or(&[][..], |r| &r.segs[..]);
                     let new = apply(segs, req.start, req.end, req.typ).len();
                     if new > segs.len() && t.ranges + (new - segs.len()) > max_ranges {
-                        log::warn!("lock refused: {max_ranges} ranges are held already (ENOLCK)");
+                        warn_throttled!(
+                            "lock refused: {max_ranges} ranges are held already (ENOLCK)"
+                        );
                         return Err(error(libc::ENOLCK));
                     }
                 }
@@ -702,6 +713,11 @@ impl Locks {
     /// record) or strictly after it (and stays, with the new record that says so). The
     /// records are returned to be closed outside the lock.
     fn remove(&self, node: u64, pick: impl FnMut(u64, LockKind, &Record) -> bool) -> Vec<Record> {
+        // No lock descriptor open: no record anywhere (each holds one, counted before it is
+        // opened), so the FLUSH at every close of a guest that locks nothing takes no lock.
+        if self.fds.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
         let mut t = self.table();
         let gone = t.remove_where(node, pick);
         unlock_all(&gone);
@@ -755,7 +771,7 @@ impl Locks {
         reply: LateReply,
     ) -> io::Result<()> {
         if self.waiter_count.load(Ordering::Acquire) >= MAX_WAITERS {
-            log::warn!("SETLKW refused: {MAX_WAITERS} requests are waiting already (ENOLCK)");
+            warn_throttled!("SETLKW refused: {MAX_WAITERS} requests are waiting already (ENOLCK)");
             return Err(error(libc::ENOLCK));
         }
         let Some(fd) = self.owner_fd(&req, open)? else {
