@@ -6,13 +6,14 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, PoisonError, Weak};
 
 use super::{
     io_error, refused, SavedLocation, SavedNode, SavedPath, KEPT_FLAGS, LISTING_NONE,
-    LISTING_SNAPSHOT, LISTING_STREAM, LOC_CHILD, LOC_HANDLE, LOC_LOST, LOC_PATH, LOGGED_LOSSES,
-    MAX_DEPTH, MAX_ID, MIN_NODE, NAME_MAX,
+    LISTING_SNAPSHOT, LISTING_STREAM, LOCK_FLOCK, LOCK_RECORD, LOC_CHILD, LOC_HANDLE, LOC_LOST,
+    LOC_PATH, LOGGED_LOSSES, MAX_DEPTH, MAX_ID, MIN_CARRIED, MIN_NODE, NAME_MAX, SECTION_LOCKS,
 };
+use crate::filesystem::LockKind;
 use crate::fuse::abi::ROOT_ID;
 use crate::migration::{Decoder, Mode, OnError, StateError};
 use crate::passthrough::dir::{DirSnapshot, Listing};
@@ -21,6 +22,7 @@ use crate::passthrough::handle::HandleData;
 use crate::passthrough::identity::At;
 use crate::passthrough::inode::{InodeData, Node, NotAdded, Origin, Source};
 use crate::passthrough::key::InodeKey;
+use crate::passthrough::locks::{Carried, OnLost, Seg, HANDOVER_TIMEOUT, MAX_RANGES, TO_EOF};
 use crate::passthrough::sys::{self, error};
 use crate::passthrough::{open_path_flags, PassthroughFs};
 
@@ -196,6 +198,17 @@ impl PassthroughFs {
                 }
             }
         }
+        // The guest's locks, when it held some (doc/locks.md, Migration).
+        if !input.rest().is_empty() {
+            match input.u8("section")? {
+                SECTION_LOCKS => {
+                    let mut locks = input.section("locks")?;
+                    self.load_locks(&mut locks)?;
+                    locks.finish()?;
+                }
+                v => return Err(StateError::invalid("section", v)),
+            }
+        }
         if lost > LOGGED_LOSSES || dropped > LOGGED_LOSSES {
             log::warn!("migration: {lost} nodes and {dropped} handles lost in all");
         }
@@ -203,6 +216,110 @@ impl PassthroughFs {
             "migration: loaded {} nodes ({lost} lost) and {} handles ({dropped} lost)",
             self.inodes.len(),
             n - dropped
+        );
+        Ok(())
+    }
+
+    /// Takes again the locks the guest held at the source (doc/locks.md, Migration): each
+    /// record's description opened as the lock code opens it, counted in the lock bounds, its
+    /// locks taken at once when free and otherwise handed over by the waiter thread. A record
+    /// that cannot be opened or locked here follows `--migration-on-error`.
+    fn load_locks(&self, input: &mut Decoder<'_>) -> Result<(), StateError> {
+        let opts = self.cfg.migration;
+        let n = input.count("locks", MIN_CARRIED)?;
+        let (mut pending, mut lost) = (0usize, 0usize);
+        for _ in 0..n {
+            let c = read_carried(input)?;
+            let kind_on = match c.kind {
+                LockKind::Posix => self.posix_locks_on.load(Ordering::Relaxed),
+                LockKind::Flock => self.flock_on.load(Ordering::Relaxed),
+            };
+            if !kind_on {
+                return Err(StateError::invalid(
+                    "lock's kind",
+                    format!("{:?} locks the session did not agree on", c.kind),
+                ));
+            }
+            let node = match self.inode(c.node) {
+                Ok(node) => node,
+                // A node the state sent as lost (guest-error): ESTALE answers the guest on it.
+                Err(e) if e.raw_os_error() == Some(libc::ESTALE) => {
+                    lost += 1;
+                    continue;
+                }
+                Err(_) => return Err(StateError::invalid("lock's node", c.node)),
+            };
+            let what = match node.origin() {
+                Some((_, name)) => format!(
+                    "node {} ({})",
+                    c.node,
+                    crate::logging::escaped(name.to_bytes())
+                ),
+                None => format!("node {}", c.node),
+            };
+            drop(node);
+            // The handle the record was made through, if the state kept it: it gets EBADF when
+            // the lock is lost.
+            let handle = match c.fh {
+                0 => Weak::new(),
+                fh => self
+                    .handles
+                    .get(fh, c.node)
+                    .map(|h| Arc::downgrade(&h))
+                    .unwrap_or_default(),
+            };
+            let lost_handle = handle.clone();
+            let on_lost: OnLost = Box::new(move || {
+                if let Some(h) = lost_handle.upgrade() {
+                    h.lost.store(true, Ordering::Relaxed);
+                }
+            });
+            let taken = self.locks.adopt(
+                &c,
+                || self.lock_fd_as(c.node, c.writable),
+                what.clone(),
+                on_lost,
+            );
+            match taken {
+                Ok(p) => pending += usize::from(p),
+                Err(e)
+                    if opts.on_error == OnError::Abort
+                        || crate::passthrough::is_resource_shortage(&e)
+                        || e.raw_os_error() == Some(libc::ENOLCK) =>
+                {
+                    return Err(io_error(
+                        format!(
+                            "the lock the guest holds on {what} (owner {:#x}) cannot be taken \
+                             again here (the migration is refused{})",
+                            c.owner,
+                            match opts.on_error {
+                                OnError::Abort => ": --migration-on-error=abort",
+                                OnError::GuestError => "",
+                            }
+                        ),
+                        e,
+                    ));
+                }
+                Err(e) => {
+                    if lost < LOGGED_LOSSES {
+                        log::warn!(
+                            "migration: the lock the guest holds on {what} (owner {:#x}) is lost \
+                             ({e}); the handle it was taken through gets EBADF",
+                            c.owner
+                        );
+                    }
+                    if let Some(h) = handle.upgrade() {
+                        h.lost.store(true, Ordering::Relaxed);
+                    }
+                    lost += 1;
+                }
+            }
+        }
+        log::info!(
+            "migration: took again the locks of {} owner(s) ({pending} still held elsewhere, \
+             handed over within {} s; {lost} lost)",
+            n - lost,
+            HANDOVER_TIMEOUT.as_secs()
         );
         Ok(())
     }
@@ -473,5 +590,60 @@ fn read_node<'a>(input: &mut Decoder<'a>) -> Result<SavedNode<'a>, StateError> {
         kind,
         location,
         fid,
+    })
+}
+
+/// A carried record of the locks section, checked: a known kind, ranges sorted and apart with
+/// known types, within the ranges' bound.
+fn read_carried(input: &mut Decoder<'_>) -> Result<Carried, StateError> {
+    let node = input.u64("lock's node")?;
+    let owner = input.u64("lock's owner")?;
+    let fh = input.u64("lock's handle")?;
+    let pid = input.u32("lock's pid")?;
+    let writable = input.bool("lock's description writable")?;
+    let typ_of = |t: i32, what: &'static str| match t {
+        libc::F_RDLCK | libc::F_WRLCK => Ok(t),
+        _ => Err(StateError::invalid(what, t)),
+    };
+    let (kind, segs, flock) = match input.u8("lock's kind")? {
+        LOCK_RECORD => {
+            let n = input.count("lock's ranges", 8 + 8 + 4)?;
+            if n == 0 || n > MAX_RANGES {
+                return Err(StateError::invalid(
+                    "lock's ranges",
+                    format!("{n} (1 to {MAX_RANGES})"),
+                ));
+            }
+            let mut segs: Vec<Seg> = Vec::with_capacity(n);
+            for _ in 0..n {
+                let start = input.u64("lock's range")?;
+                let end = input.u64("lock's range")?;
+                let typ = typ_of(input.i32("lock's type")?, "lock's type")?;
+                let after_last = segs.last().is_none_or(|l| start > l.end);
+                if start > end || end > TO_EOF || !after_last {
+                    return Err(StateError::invalid(
+                        "lock's range",
+                        format!("{start}..={end} (not sorted, apart, within the file)"),
+                    ));
+                }
+                segs.push(Seg { start, end, typ });
+            }
+            (LockKind::Posix, segs, None)
+        }
+        LOCK_FLOCK => {
+            let typ = typ_of(input.i32("flock's type")?, "flock's type")?;
+            (LockKind::Flock, Vec::new(), Some(typ))
+        }
+        v => return Err(StateError::invalid("lock's kind", v)),
+    };
+    Ok(Carried {
+        node,
+        owner,
+        kind,
+        fh,
+        pid,
+        writable,
+        segs,
+        flock,
     })
 }

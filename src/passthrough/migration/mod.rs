@@ -26,6 +26,11 @@
 //! valid; a listing read from the directory is reopened, and its offsets are the host file
 //! system's own cookies).
 //!
+//! Then the guest's locks, when it holds some (a section of its own, tagged, after the ids of
+//! files gone): per owner and node, the ranges or the `flock` it holds. The destination takes
+//! them again, at once when free and otherwise by a hand-over from the source
+//! (`locks::Locks::adopt`; doc/locks.md, Migration).
+//!
 //! What is not sent: the descriptors of handle-less I/O (`--cache=always`), the directory
 //! cache and negative entries, which the destination rebuilds on demand; the id mapping, which
 //! is the command line's.
@@ -79,6 +84,15 @@ const LOC_LOST: u8 = 0;
 const LOC_PATH: u8 = 1;
 const LOC_HANDLE: u8 = 2;
 const LOC_CHILD: u8 = 3;
+
+/// The tag of the locks section, after the stale ids (doc/locks.md, Migration).
+const SECTION_LOCKS: u8 = 1;
+/// A carried record's kind: record (POSIX and OFD) locks, then its ranges; a `flock`, then its
+/// type.
+const LOCK_RECORD: u8 = 0;
+const LOCK_FLOCK: u8 = 1;
+/// Fewest bytes a carried record takes in a state (a flock).
+const MIN_CARRIED: usize = 8 + 8 + 8 + 4 + 1 + 1 + 4;
 
 const LISTING_NONE: u8 = 0;
 const LISTING_STREAM: u8 = 1;

@@ -8,53 +8,28 @@ use std::os::fd::AsFd;
 use std::sync::PoisonError;
 
 use super::{
-    io_error, Location, KEPT_FLAGS, LISTING_NONE, LISTING_SNAPSHOT, LISTING_STREAM, LOC_CHILD,
-    LOC_HANDLE, LOC_LOST, LOC_PATH, LOGGED_LOSSES, MAX_DEPTH,
+    io_error, Location, KEPT_FLAGS, LISTING_NONE, LISTING_SNAPSHOT, LISTING_STREAM, LOCK_FLOCK,
+    LOCK_RECORD, LOC_CHILD, LOC_HANDLE, LOC_LOST, LOC_PATH, LOGGED_LOSSES, MAX_DEPTH,
+    SECTION_LOCKS,
 };
+use crate::filesystem::LockKind;
 use crate::fuse::abi::ROOT_ID;
 use crate::migration::{Encoder, Mode, OnError, StateError};
 use crate::passthrough::dir::{DirSnapshot, Listing};
 use crate::passthrough::file_handle::FileHandle;
 use crate::passthrough::identity::At;
 use crate::passthrough::inode::{InodeData, Node};
+use crate::passthrough::locks::Carried;
 use crate::passthrough::sys::{self, error};
 use crate::passthrough::{open_path_flags, PassthroughFs};
 
 impl PassthroughFs {
-    /// The guest's locks held on host files are not carried to a destination yet (doc/locks.md):
-    /// with any held, `abort` refuses the state (the guest goes on here, its locks held), and
-    /// `guest-error` goes on after saying which are lost.
-    fn check_held_locks(&self, on_error: OnError) -> Result<(), StateError> {
-        let held = self.locks.held();
-        let Some(first) = held.first() else {
-            return Ok(());
-        };
-        let what = format!(
-            "the guest holds {} lock owner(s)' locks on host files (the first: node {}, owner              {:#x}, {:?}, {} range(s)), which a migration does not carry to the destination",
-            held.len(),
-            first.node,
-            first.owner,
-            first.kind,
-            first.segs.len()
-        );
-        if on_error == OnError::Abort {
-            return Err(StateError::Refused(format!(
-                "{what}: the migration is refused (--migration-on-error=abort); the guest goes                  on here with its locks"
-            )));
-        }
-        log::warn!(
-            "migration: {what}: they end when this daemon exits (--migration-on-error=guest-error)"
-        );
-        Ok(())
-    }
-
     /// Writes the nodes and handles (see the module documentation).
     pub(in crate::passthrough) fn save_migration_state(
         &self,
         out: &mut Encoder,
     ) -> Result<(), StateError> {
         let opts = self.cfg.migration;
-        self.check_held_locks(opts.on_error)?;
         let nodes = self.inodes.all();
         // Where the root is, as `/proc/self/fd` shows paths: read once for every node.
         let root = self
@@ -171,12 +146,32 @@ impl PassthroughFs {
         // answering ESTALE. Only when there are some, so that a destination of a release that
         // knew no such ids takes the others' states.
         let dead = self.inodes.dead_ranges_list();
-        if !dead.is_empty() {
+        // The locks the guest holds (doc/locks.md, Migration), in a section of their own after
+        // the stale ids (then sent even when there are none), only when there are some: a
+        // state without locks is the one a destination of an older release takes, and one with
+        // locks is refused there (bytes after its last field) rather than loaded without them.
+        let carried = self.locks.carried();
+        if !dead.is_empty() || !carried.is_empty() {
             out.u32(dead.len() as u32);
             for (start, end) in dead {
                 out.u64(start);
                 out.u64(end);
             }
+        }
+        if !carried.is_empty() {
+            out.u8(SECTION_LOCKS);
+            let at = out.begin();
+            write_locks(out, &carried);
+            out.end(at);
+            log::info!(
+                "migration: saved the locks of {} owner(s) on {} node(s)",
+                carried.len(),
+                {
+                    let mut nodes: Vec<u64> = carried.iter().map(|c| c.node).collect();
+                    nodes.dedup();
+                    nodes.len()
+                }
+            );
         }
         if lost > LOGGED_LOSSES {
             log::warn!("migration: {lost} nodes sent as lost in all");
@@ -418,4 +413,31 @@ fn parents_first(located: Vec<(&Node, Location)>) -> Vec<(&Node, Location)> {
     }
     direct.extend(order.into_iter().filter_map(|k| children[k].take()));
     direct
+}
+
+/// The locks section: each owner's record on each node, with what it holds.
+fn write_locks(out: &mut Encoder, carried: &[Carried]) {
+    out.u32(carried.len() as u32);
+    for c in carried {
+        out.u64(c.node);
+        out.u64(c.owner);
+        out.u64(c.fh);
+        out.u32(c.pid);
+        out.bool(c.writable);
+        match (c.kind, c.flock) {
+            (LockKind::Flock, Some(typ)) => {
+                out.u8(LOCK_FLOCK);
+                out.i32(typ);
+            }
+            _ => {
+                out.u8(LOCK_RECORD);
+                out.u32(c.segs.len() as u32);
+                for seg in &c.segs {
+                    out.u64(seg.start);
+                    out.u64(seg.end);
+                    out.i32(seg.typ);
+                }
+            }
+        }
+    }
 }
