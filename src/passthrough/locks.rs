@@ -379,6 +379,8 @@ pub struct Locks {
     wake: Condvar,
     /// Notified when hand-overs settle.
     settled: Condvar,
+    /// [`HANDOVER_TIMEOUT`] (tests shorten it).
+    handover_timeout: Mutex<Duration>,
     /// Itself, for the waiter thread.
     me: Weak<Locks>,
 }
@@ -399,6 +401,7 @@ impl Locks {
             handover_count: AtomicUsize::new(0),
             wake: Condvar::new(),
             settled: Condvar::new(),
+            handover_timeout: Mutex::new(HANDOVER_TIMEOUT),
             me: me.clone(),
         })
     }
@@ -406,6 +409,15 @@ impl Locks {
     /// Most lock descriptors held at once.
     pub fn set_max_fds(&self, n: usize) {
         self.max_fds.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// How long a hand-over is tried (tests shorten it).
+    #[cfg(test)]
+    pub fn set_handover_timeout(&self, d: Duration) {
+        *self
+            .handover_timeout
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = d;
     }
 
     /// Most ranges held at once (tests lower it).
@@ -890,7 +902,11 @@ impl Locks {
             fd,
             segs: pending,
             flock: flock_pending,
-            deadline: now + HANDOVER_TIMEOUT,
+            deadline: now
+                + *self
+                    .handover_timeout
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner),
             what,
             lost: Some(lost),
         });
@@ -988,9 +1004,14 @@ impl Locks {
             if let Some(lost) = h.lost.take() {
                 lost();
             }
-            let key = h.key;
+            // What the record took is let go: the node's waiters try again now (as `poke`
+            // does, with the waiters' list already locked here).
+            let node = h.key.0;
             drop(h);
-            self.poke(key.0);
+            for x in w.list.iter_mut().filter(|x| x.req.node == node) {
+                x.next = now;
+                x.backoff = FIRST_BACKOFF;
+            }
         }
     }
 
@@ -1564,6 +1585,162 @@ mod tests {
 
     /// Whether a fresh description could take `typ` on `start..start+len` now (the host's
     /// view, not the table's).
+    fn carried(owner: u64, segs: Vec<Seg>, flock: Option<i32>) -> Carried {
+        Carried {
+            node: 7,
+            owner,
+            kind: match flock {
+                Some(_) => LockKind::Flock,
+                None => LockKind::Posix,
+            },
+            fh: 1,
+            pid: owner as u32,
+            writable: true,
+            segs,
+            flock,
+        }
+    }
+
+    fn flag() -> (Arc<std::sync::atomic::AtomicBool>, OnLost) {
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let set = lost.clone();
+        (lost, Box::new(move || set.store(true, Ordering::Relaxed)))
+    }
+
+    /// A migration destination adopting locks another description (the source daemon's)
+    /// still holds: what is free is taken at once, the rest once the holder lets go; a request
+    /// of another owner on the node waits for that, and then finds the carried owner holding.
+    #[test]
+    fn carried_locks_held_elsewhere_are_handed_over_and_requests_wait_for_them() {
+        let (_d, p) = tmpfile();
+        let source = Locks::new();
+        source.set(&req(1, W, 0, 99), opener(&p)).unwrap();
+        let locks = Locks::new();
+        let (lost, on_lost) = flag();
+        let c = carried(1, vec![seg(0, 99, W), seg(200, 299, R)], None);
+        assert!(locks.adopt(&c, opener(&p), "f".into(), on_lost).unwrap());
+        // The free range is held already; the other pending.
+        assert_eq!(locks.carried()[0].segs, vec![seg(200, 299, R)]);
+        let gone = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            source.clear();
+        });
+        let started = Instant::now();
+        let r = locks.set(&req(2, W, 50, 60), opener(&p));
+        let waited = started.elapsed();
+        gone.join().unwrap();
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EAGAIN));
+        assert!(
+            waited >= Duration::from_millis(250),
+            "answered after {waited:?}"
+        );
+        assert!(waited < HANDOVER_TIMEOUT, "answered after {waited:?}");
+        assert_eq!(
+            locks.carried()[0].segs,
+            vec![seg(0, 99, W), seg(200, 299, R)]
+        );
+        assert!(!lost.load(Ordering::Relaxed));
+        assert!(
+            !host_free(&p, W, 0, 100),
+            "the hand-over holds the range on the host"
+        );
+        locks.clear();
+        assert!(host_free(&p, W, 0, 0));
+    }
+
+    /// A carried lock someone else keeps past the hand-over's time: the record goes, the
+    /// owner's handle is told, and a waiter of the node is tried again (and answered) as for
+    /// any release; nothing is held after.
+    #[test]
+    fn a_carried_lock_never_freed_is_given_up_and_waiters_go_on() {
+        let (_d, p) = tmpfile();
+        let outsider = std::fs::File::open(&p).unwrap();
+        sys::flock(outsider.as_fd(), libc::LOCK_EX | libc::LOCK_NB).unwrap();
+        let range = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        sys::ofd_setlk(range.as_fd(), &range_lock(W, 0, 9)).unwrap();
+        let locks = Locks::new();
+        locks.set_handover_timeout(Duration::from_millis(300));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reply = LateReply::new(move |e| tx.send(e).unwrap());
+        locks.wait(req(3, W, 0, 9), opener(&p), reply).unwrap();
+        let (lost, on_lost) = flag();
+        assert!(locks
+            .adopt(
+                &carried(1, Vec::new(), Some(W)),
+                opener(&p),
+                "f".into(),
+                on_lost
+            )
+            .unwrap());
+        let started = Instant::now();
+        while !lost.load(Ordering::Relaxed) {
+            assert!(started.elapsed() < Duration::from_secs(5), "never given up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(locks.carried().is_empty(), "the given-up record stays");
+        drop(range);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 0);
+        drop(outsider);
+        locks.clear();
+        assert_eq!(locks.fds(), 0);
+    }
+
+    /// A carried record past the ranges' bound, or of a write lock on a description that may
+    /// not write, is refused and leaves nothing behind.
+    #[test]
+    fn carried_locks_count_in_the_bounds() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        locks.set_max_ranges(1);
+        let (_, on_lost) = flag();
+        let c = carried(1, vec![seg(0, 9, W), seg(20, 29, W)], None);
+        let e = locks
+            .adopt(&c, opener(&p), "f".into(), on_lost)
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOLCK));
+        locks.set_max_ranges(MAX_RANGES);
+        let read_only = |p: &std::path::Path| {
+            let p = p.to_path_buf();
+            move || Ok((std::fs::File::open(&p)?.into(), false))
+        };
+        let (_, on_lost) = flag();
+        let e = locks
+            .adopt(
+                &carried(1, vec![seg(0, 9, W)], None),
+                read_only(&p),
+                "f".into(),
+                on_lost,
+            )
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+        assert_eq!(locks.fds(), 0);
+        assert!(locks.carried().is_empty());
+        let (_, on_lost) = flag();
+        locks.set_max_fds(1);
+        assert!(!locks
+            .adopt(
+                &carried(1, Vec::new(), Some(W)),
+                opener(&p),
+                "f".into(),
+                on_lost
+            )
+            .unwrap());
+        let (_, on_lost) = flag();
+        let e = locks
+            .adopt(
+                &carried(2, vec![seg(0, 9, R)], None),
+                opener(&p),
+                "f".into(),
+                on_lost,
+            )
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOLCK), "past --max-lock-fds");
+    }
+
     fn host_free(p: &std::path::Path, typ: i32, start: i64, len: i64) -> bool {
         let f = std::fs::OpenOptions::new()
             .read(true)
