@@ -1007,6 +1007,9 @@ impl Locks {
         }
         self.handover_count
             .store(w.handovers.len(), Ordering::Release);
+        if w.handovers.is_empty() && w.next_handover.is_some() {
+            log::info!("migration: the hand-over of the guest's locks is over");
+        }
         w.next_handover = (!w.handovers.is_empty()).then(|| now + HANDOVER_PERIOD);
         self.settled.notify_all();
         for mut h in expired {
@@ -1711,7 +1714,11 @@ mod tests {
         // The answered waiter's descriptor goes with the waiter thread's next round.
         let started = Instant::now();
         while locks.fds() != 0 {
-            assert!(started.elapsed() < Duration::from_secs(5), "{} held", locks.fds());
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{} held",
+                locks.fds()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
