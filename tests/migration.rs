@@ -1707,9 +1707,29 @@ fn patched_locks(state: &[u8], f: impl FnOnce(&mut [u8])) -> Vec<u8> {
     virtiofsd::migration::seal(&payload)
 }
 
+/// A real state of one flock with its record sent twice (the counts and section lengths
+/// made right for it).
+fn lock_twice(state: &[u8]) -> Vec<u8> {
+    let mut p = virtiofsd::migration::open(state).unwrap().to_vec();
+    let record = 8 * 3 + 4 + 1 + 1 + 4;
+    let count = p.len() - record - 4;
+    let rec = p[p.len() - record..].to_vec();
+    let add = |p: &mut Vec<u8>, at: usize, n: u64| {
+        let v = u64::from_le_bytes(p[at..at + 8].try_into().unwrap()) + n;
+        p[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    };
+    p[count..count + 4].copy_from_slice(&2u32.to_le_bytes());
+    add(&mut p, count - 8, record as u64);
+    let session = u64::from_le_bytes(p[..8].try_into().unwrap()) as usize;
+    add(&mut p, 8 + session, record as u64);
+    p.extend_from_slice(&rec);
+    virtiofsd::migration::seal(&p)
+}
+
 #[test]
 fn a_forged_locks_section_is_refused_cleanly() {
-    let opts = Options::default();
+    // guest-error: a record it refuses is the state's fault, never a lock lost alone.
+    let opts = Options::default().migration(guest_error(Migration::default()));
     let mut src = source(opts.clone());
     let f = src.file("lockfile", b"");
     let ff = src.open(f, libc::O_RDONLY);
@@ -1747,6 +1767,9 @@ fn a_forged_locks_section_is_refused_cleanly() {
             }),
         ),
     ];
+    let forged = forged
+        .into_iter()
+        .chain([("an owner twice", lock_twice(&state))]);
     for (what, blob) in forged {
         let (mut dst, loaded) = migrate_state(&src, &blob, opts.clone());
         assert!(loaded.is_err(), "{what}: taken");

@@ -850,8 +850,9 @@ impl Locks {
     /// disconnects; or anyone) is pending: the waiter thread takes it as soon as it is free,
     /// and requests on the node wait for that ([`Locks::settle`]); past
     /// [`HANDOVER_TIMEOUT`] the record goes and `lost` is called. Whether something is
-    /// pending; an error (`ENOLCK` past a bound, `EBADF` for a write lock on a file this
-    /// daemon cannot open for writing, the open's own) leaves nothing behind.
+    /// pending; an error (`EEXIST` for an owner that has a record already, `ENOLCK` past a
+    /// bound, `EBADF` for a write lock on a file this daemon cannot open for writing, the
+    /// open's own) leaves nothing behind.
     pub fn adopt(
         &self,
         c: &Carried,
@@ -863,7 +864,7 @@ impl Locks {
         {
             let t = self.table();
             if t.get(key).is_some() {
-                return Err(error(libc::EINVAL));
+                return Err(error(libc::EEXIST));
             }
             if t.ranges.saturating_add(c.segs.len()) > self.max_ranges.load(Ordering::Relaxed) {
                 warn_throttled!("carried lock refused: too many ranges held already (ENOLCK)");

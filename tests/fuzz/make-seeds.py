@@ -295,5 +295,6 @@ state("locks-unknown-node", 10, f_node, opts=9, locks=[lock_flock(9, 7)])
 state("locks-lost-node", 10, f_node + [node(3, S_IFREG, lost(2))], opts=9,
       locks=[lock_flock(3, 7)])
 state("locks-not-agreed", 10, f_node, opts=1, locks=[lock_flock(2, 7)])
+state("locks-twice", 10, f_node, opts=9, locks=[lock_flock(2, 7), lock_flock(2, 7)])
 
 print("seeds written to", OUT)

@@ -282,6 +282,12 @@ impl PassthroughFs {
             );
             match taken {
                 Ok(p) => pending += usize::from(p),
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    return Err(StateError::invalid(
+                        "lock",
+                        format!("owner {:#x} on node {} twice", c.owner, c.node),
+                    ));
+                }
                 Err(e)
                     if opts.on_error == OnError::Abort
                         || crate::passthrough::is_resource_shortage(&e)
