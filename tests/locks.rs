@@ -640,11 +640,11 @@ fn a_million_lock_cycles_keep_memory_and_descriptors_flat() {
         let owner = i; // a new lock owner every cycle
         let at = i % 64;
         match i % 8 {
-            0 | 1 | 2 => {
+            0..=2 => {
                 d.c.setlk(n, &lk(fh, owner, W, at, at)).unwrap();
                 d.c.setlk(n, &lk(fh, owner, U, 0, EOF)).unwrap();
             }
-            3 | 4 => {
+            3..=4 => {
                 d.c.setlk(n, &lk(fh, owner, R, at, 63)).unwrap();
                 d.c.flush(n, fh, owner).unwrap();
             }
