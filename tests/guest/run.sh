@@ -469,7 +469,7 @@ host_checks_locks2() {
     for w in posix flock ofd; do
         echo "# ${prefix}B's SETLKW ($w) woke $(data_of "$b" "setlkw-wait-$w-ms") ms after it began waiting (about 2 s of it before A's holder was told to exit)"
     done
-    echo "# ${prefix}B's killed waiter was in state $(data_of "$b" killed-waiter-state) and was gone $(data_of "$b" killed-waiter-gone-ms) ms after B told A's holder to exit"
+    echo "# ${prefix}B's killed waiters (F_SETLKW, flock) were in state $(data_of "$b" killed-waiter-state) and were gone $(data_of "$b" killed-waiter-gone-ms) ms after B told A's holder to exit"
     if [ "$5" != 1 ]; then
         result skip "${prefix}SQLite writers in two guests and the host" \
             "run on the first kernel of the run only (${KERNELS%% *})"

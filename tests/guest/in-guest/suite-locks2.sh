@@ -51,7 +51,7 @@ t_a_holds() {
     rm -f /tmp/a-ready
     locks hold /tmp/a-ready "$S/a-release" \
         flock-ex $L/flock.f 0 0 posix-wr $L/posix.f 10 20 ofd-wr $L/ofd.f 0 0 \
-        posix-wr $L/range.f 0 10 posix-wr $L/kill.f 0 0 \
+        posix-wr $L/range.f 0 10 posix-wr $L/kill.f 0 0 flock-ex $L/kill.f 0 0 \
         flock-sh $L/sh-flock.f 0 0 posix-rd $L/sh-posix.f 0 0 ofd-rd $L/sh-ofd.f 0 0 \
         ofd-wr+close2 $L/close-ofd.f 0 0 posix-wr+close2 $L/close-posix.f 0 0 \
         flock-ex+close2 $L/close-flock.f 0 0 > /tmp/a-hold 2>&1 &
@@ -116,25 +116,31 @@ t_b_waiters_wake() {
     wo=$!
     locks wait posix-wr $L/kill.f 0 0 > /tmp/w-kill 2>&1 &
     wk=$!
+    locks wait flock-ex $L/kill.f 0 0 > /tmp/w-killf 2>&1 &
+    wkf=$!
     sleep 1
-    for p in $wp $wf $wo $wk; do
+    for p in $wp $wf $wo $wk $wkf; do
         [ -d /proc/$p ] || fail "a waiter returned while the other guest holds: $(cat /tmp/w-*)"
     done
-    kill -9 $wk
+    kill -9 $wk $wkf
     sleep 1
     state="$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' /proc/$wk/status 2>/dev/null)"
-    data killed-waiter-state "${state:-gone}"
+    statef="$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' /proc/$wkf/status 2>/dev/null)"
+    data killed-waiter-state "${state:-gone} ${statef:-gone}"
     # doc/locks.md: the killed waiter stays until its lock is granted, then goes.
-    [ "$state" = D ] || fail "the killed waiter is in state '${state:-gone}', not D, while A holds"
+    [ "$state" = D ] || fail "the killed F_SETLKW waiter is in state '${state:-gone}', not D, while A holds"
+    [ "$statef" = D ] || fail "the killed flock waiter is in state '${statef:-gone}', not D, while A holds"
     : > "$S/a-release"
-    ms="$(wait_gone $wk 30)" || fail "the killed waiter is still there 30 s after the release"
-    data killed-waiter-gone-ms "$ms"
+    ms="$(wait_gone $wk 30)" || fail "the killed F_SETLKW waiter is still there 30 s after the release"
+    msf="$(wait_gone $wkf 30)" || fail "the killed flock waiter is still there 30 s after the release"
+    data killed-waiter-gone-ms "$ms $msf"
     for p in $wp $wf $wo; do wait_gone $p 30 > /dev/null || fail "waiter $p not woken"; done
     for w in posix flock ofd; do
         case "$(cat /tmp/w-$w)" in got\ *) ;; *) fail "$w waiter: $(cat /tmp/w-$w)" ;; esac
         data "setlkw-wait-$w-ms" "$(sed 's/got //' /tmp/w-$w)"
     done
-    eq "$(locks try posix-wr $L/kill.f 0 0)" ok "the killed waiter's lock was dropped"
+    eq "$(locks try posix-wr $L/kill.f 0 0)" ok "the killed F_SETLKW waiter's lock was dropped"
+    eq "$(locks try flock-ex $L/kill.f 0 0)" ok "the killed flock waiter's lock was dropped"
 }
 
 # A once its holder is gone: B's waiters got the locks and exited (B marks it), so A gets them.
