@@ -3,10 +3,10 @@
 # one host directory, running at the same time; guest_role=a or b on the kernel command line.
 # A holds flock, POSIX and OFD locks, B is refused, reads them with F_GETLK / F_OFD_GETLK and
 # waits for them; A's holder exits and B's waiters wake; shared locks coexist across the
-# guests; a waiter killed in B goes once A lets go; then both guests (and the host) commit
-# SQLite transactions into one database (doc/locks.md), when run.sh made l2/sqlite-rows. The guests meet through marker files
-# in /mnt/l2/sync (the boot runs with --cache never: every look-up reaches the host). The host
-# made /mnt/l2/*.f (run.sh, prepare_locks2).
+# guests; waiters killed in B go once A lets go; then, when run.sh made l2/sqlite-rows, both
+# guests (and the host) commit SQLite transactions into one database (doc/locks.md). The
+# guests meet through marker files in /mnt/l2/sync (the boot runs with --cache never: every
+# look-up reaches the host). The host made /mnt/l2/*.f (run.sh, prepare_locks2).
 L=/mnt/l2
 S=$L/sync
 role="$(sed -n 's/.*guest_role=\([ab]\).*/\1/p' /proc/cmdline)"
