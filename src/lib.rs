@@ -14,8 +14,8 @@
 //! - [`socket_path`]: what is at a socket path that is not a socket (a leaf, which the
 //!   command line and the daemon both use);
 //! - [`error`]: showing an error with its causes;
-//! - [`os`] and [`mountinfo`]: descriptors, errno values and `/proc/self/mountinfo`, as several
-//!   layers use them (leaves: they use nothing else of the crate).
+//! - [`os`] and [`mountinfo`]: descriptors and `/proc/self/mountinfo`, as several layers use
+//!   them (leaves: they use nothing else of the crate).
 //!
 //! The test frontend that plays QEMU and the guest kernel (for the integration tests, the
 //! benchmark and the fuzz harness) is a crate of its own, `virtiofsd-frontend`
