@@ -1,22 +1,25 @@
 //! The rules doc/architecture.md states, checked against the sources.
 //!
-//! The test reads the document's tables and the library's non-test code (every module reached
-//! from `src/lib.rs`, without `#[cfg(test)]` items; comments and string literals ignored), and
-//! checks that:
+//! The test reads the document's tables and the non-test code of the library and of the
+//! protocol crate it re-exports as `fuse` (every module reached from `src/lib.rs` and
+//! `crates/fuse/src/lib.rs`, without `#[cfg(test)]` items; comments and string literals
+//! ignored), and checks that:
 //! - each layer uses only the modules its "may use" cell names, and nothing its "never uses"
 //!   cell names ("Layers and the rule each boundary keeps");
 //! - inside `passthrough/`, each module uses only modules of the rows below its own, and
 //!   `mod.rs` calls no method of the rows above it; its module documentation names every
 //!   module;
 //! - inside every folder, no modules use one another in a circle;
-//! - the test frontend and the benchmark (`crates/`) use nothing of the daemon's library but
-//!   its wire format, `fuse::abi`;
 //! - every path the document names ("Where to find things" and elsewhere) exists;
 //! - lints are declared once, in the workspace's Cargo.toml, which every member takes, not
 //!   repeated as `#![deny]`/`#![warn]` attributes.
 //!
 //! A module "uses" another when its code names a path into it: `crate::a::b`, `super::b`, a
 //! child module by name, or a glob `use super::*`.
+//!
+//! What Cargo keeps is not checked here: the protocol crate, the test frontend and the
+//! benchmark do not depend on the daemon's library, so they cannot name it, and the protocol
+//! crate depends on no virtio crate.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -292,10 +295,21 @@ fn path_at(
     i
 }
 
-/// A module of the library, as compiled without tests.
+/// The protocol crate (`crates/fuse`, `virtiofs_fuse`): the daemon's library re-exports it as
+/// its module `fuse` (`pub use virtiofs_fuse as fuse;`) and some of its modules under their
+/// own names (`pub use virtiofs_fuse::filesystem;`). The test reads it as that module: its
+/// `crate::server` is the daemon's `fuse::server`, its `filesystem` the daemon's `filesystem`.
+const PROTOCOL: &str = "fuse";
+const PROTOCOL_CRATE: &str = "virtiofs_fuse";
+const PROTOCOL_SRC: &str = "crates/fuse/src/";
+
+/// A module of the library, or of the protocol crate, as compiled without tests.
 struct Module {
-    /// `["passthrough", "identity"]`; empty for the crate root.
+    /// `["passthrough", "identity"]`; empty for the crate root; `["fuse", "server"]` for the
+    /// protocol crate's `server`.
     path: Vec<String>,
+    /// What `crate::` names in it: empty in the daemon, `["fuse"]` in the protocol crate.
+    root: Vec<String>,
     /// `src/passthrough/identity.rs`.
     file: String,
     /// The source as written.
@@ -306,12 +320,55 @@ struct Module {
     children: Vec<String>,
 }
 
-/// Every module reached from `src/lib.rs` through `mod` declarations not marked
-/// `#[cfg(test)]`.
+/// The modules of the protocol crate the daemon's library re-exports under their own name
+/// (`pub use virtiofs_fuse::filesystem;`): `filesystem` → `["fuse", "filesystem"]`.
+fn protocol_aliases() -> BTreeMap<String, Vec<String>> {
+    let lib = blank(&read("src/lib.rs"));
+    assert!(
+        lib.contains(&format!("pub use {PROTOCOL_CRATE} as {PROTOCOL};")),
+        "src/lib.rs no longer re-exports the protocol crate as `{PROTOCOL}`"
+    );
+    let mut out = BTreeMap::new();
+    for line in lib.lines() {
+        if let Some(name) = line
+            .trim()
+            .strip_prefix(&format!("pub use {PROTOCOL_CRATE}::"))
+            .and_then(|r| r.strip_suffix(';'))
+        {
+            out.insert(
+                name.to_string(),
+                vec![PROTOCOL.to_string(), name.to_string()],
+            );
+        }
+    }
+    out
+}
+
+/// A path into the daemon's library, with the protocol crate's modules under the name the
+/// library gives them: `["filesystem", "Entry"]` → `["fuse", "filesystem", "Entry"]`.
+fn canonical(mut a: Vec<String>, aliases: &BTreeMap<String, Vec<String>>) -> Vec<String> {
+    if let Some(to) = a.first().and_then(|f| aliases.get(f)) {
+        let mut c = to.clone();
+        c.extend(a.drain(1..));
+        return c;
+    }
+    a
+}
+
+/// Every module reached from `src/lib.rs`, and from the protocol crate's
+/// `crates/fuse/src/lib.rs`, through `mod` declarations not marked `#[cfg(test)]`.
 fn modules() -> Vec<Module> {
     let mut out = Vec::new();
-    let mut todo = vec![(Vec::<String>::new(), "src/lib.rs".to_string())];
+    let mut todo = vec![
+        (Vec::<String>::new(), "src/lib.rs".to_string()),
+        (vec![PROTOCOL.to_string()], format!("{PROTOCOL_SRC}lib.rs")),
+    ];
     while let Some((path, file)) = todo.pop() {
+        let root = if file.starts_with(PROTOCOL_SRC) {
+            vec![PROTOCOL.to_string()]
+        } else {
+            Vec::new()
+        };
         let text = read(&file);
         let code = strip_test_items(&blank(&text));
         let toks = tokens(&code);
@@ -338,6 +395,7 @@ fn modules() -> Vec<Module> {
         }
         out.push(Module {
             path,
+            root,
             file,
             text,
             code,
@@ -365,11 +423,22 @@ struct Use {
 /// What each path of module `m` leads to.
 fn uses(m: &Module, all: &BTreeSet<Vec<String>>) -> Vec<Use> {
     let toks = tokens(&m.code);
+    let aliases = protocol_aliases();
     let mut out = Vec::new();
     for p in paths(&toks) {
         let s = &p.segs;
         let abs: Option<Vec<String>> = match s[0].as_str() {
-            "crate" => Some(s[1..].to_vec()),
+            "crate" => {
+                let mut a = m.root.clone();
+                a.extend_from_slice(&s[1..]);
+                Some(a)
+            }
+            // The protocol crate by its own name is the daemon's module `fuse`.
+            first if first == PROTOCOL_CRATE => {
+                let mut a = vec![PROTOCOL.to_string()];
+                a.extend_from_slice(&s[1..]);
+                Some(a)
+            }
             // `pub(super)` is no path.
             "super" if s.len() > 1 => {
                 let ups = s.iter().take_while(|x| *x == "super").count();
@@ -393,14 +462,16 @@ fn uses(m: &Module, all: &BTreeSet<Vec<String>>) -> Vec<Use> {
             }
             _ => None,
         };
-        match abs {
+        match abs.map(|a| canonical(a, &aliases)) {
             Some(a) => {
                 // The longest prefix that is a module: the path names it or an item of it.
                 let module = (0..=a.len())
                     .rev()
                     .map(|n| a[..n].to_vec())
                     .find(|prefix| all.contains(prefix));
-                if let Some(module) = module.filter(|x| !x.is_empty() && *x != m.path) {
+                // The root of a crate (its `lib.rs`: declarations, a macro) is no layer.
+                let module = module.filter(|x| !x.is_empty() && *x != m.path && *x != m.root);
+                if let Some(module) = module {
                     out.push(Use {
                         module: Some(module),
                         external: None,
@@ -540,7 +611,7 @@ enum Never {
 /// A row of the layer table.
 #[derive(Debug)]
 struct Layer {
-    /// The files and folders it holds (`src/fuse/`, `src/daemon.rs`).
+    /// The files and folders it holds (`src/idmap/`, `src/daemon.rs`, `crates/fuse/src/io.rs`).
     holds: Vec<String>,
     /// The modules it may use (prefixes); `None`: any.
     may_use: Option<Vec<Vec<String>>>,
@@ -556,6 +627,8 @@ fn segs(path: &str) -> Vec<String> {
 /// The layer table; `modules` are the names of the crate's modules.
 fn layers(doc: &str, modules: &BTreeSet<Vec<String>>) -> Vec<Layer> {
     let crates = crates();
+    let aliases = protocol_aliases();
+    let seg = |p: &str| canonical(segs(p), &aliases);
     let rows = table_after(doc, "## Layers and the rule each boundary keeps");
     let leaves_row = rows
         .iter()
@@ -568,7 +641,7 @@ fn layers(doc: &str, modules: &BTreeSet<Vec<String>>) -> Vec<Layer> {
         .collect();
     let known = |name: &str, what: &str| {
         assert!(
-            modules.contains(&segs(name)) || crates.contains(&name.replace('-', "_")),
+            modules.contains(&seg(name)) || crates.contains(&name.replace('-', "_")),
             "{DOC}: `{name}` in {what} is neither a module of the crate nor a crate it uses"
         );
     };
@@ -577,7 +650,7 @@ fn layers(doc: &str, modules: &BTreeSet<Vec<String>>) -> Vec<Layer> {
             assert_eq!(r.len(), 4, "{DOC}: layer row {r:?}");
             let holds: Vec<String> = backticked(&r[0])
                 .into_iter()
-                .filter(|b| b.starts_with("src/"))
+                .filter(|b| b.starts_with("src/") || b.starts_with(PROTOCOL_SRC))
                 .collect();
             let may = outside_parens(&r[2]);
             let may_use = if may.trim() == "everything" {
@@ -586,8 +659,8 @@ fn layers(doc: &str, modules: &BTreeSet<Vec<String>>) -> Vec<Layer> {
                 let mut v = Vec::new();
                 for b in backticked(&may) {
                     known(&b, "a \"may use\" cell");
-                    if modules.contains(&segs(&b)) {
-                        v.push(segs(&b));
+                    if modules.contains(&seg(&b)) {
+                        v.push(seg(&b));
                     }
                 }
                 if may.contains("the leaves") {
@@ -609,22 +682,23 @@ fn layers(doc: &str, modules: &BTreeSet<Vec<String>>) -> Vec<Layer> {
                     for c in VIRTIO_CRATES {
                         never.push((Never::Crate(c.to_string()), spared.clone()));
                     }
-                    Never::Module(segs("vhost_user"))
+                    Never::Module(seg("vhost_user"))
                 } else if head == "host syscalls" {
                     Never::HostSyscalls
                 } else if head == "the filesystem layers" {
                     for m in ["filesystem", "fuse", "idmap"] {
-                        never.push((Never::Module(segs(m)), spared.clone()));
+                        never.push((Never::Module(seg(m)), spared.clone()));
                     }
-                    Never::Module(segs("passthrough"))
-                } else if head == "the daemon's internals" {
-                    Never::AllModulesBut(vec![segs("fuse::abi")])
+                    Never::Module(seg("passthrough"))
                 } else if head == "any other module of the crate" {
                     Never::AllModulesBut(Vec::new())
+                } else if head == "any other module of the daemon" {
+                    // The protocol crate's modules are its "may use" cell's business.
+                    Never::AllModulesBut(vec![seg(PROTOCOL)])
                 } else if let [one] = backticked(head).as_slice() {
                     known(one, "a \"never uses\" cell");
-                    if modules.contains(&segs(one)) {
-                        Never::Module(segs(one))
+                    if modules.contains(&seg(one)) {
+                        Never::Module(seg(one))
                     } else {
                         Never::Crate(one.replace('-', "_"))
                     }
@@ -643,8 +717,14 @@ fn layers(doc: &str, modules: &BTreeSet<Vec<String>>) -> Vec<Layer> {
         .collect()
 }
 
-/// The module a file of the table names: `src/fuse/` is `fuse`, `src/os.rs` is `os`.
+/// The module a file of the table names: `src/idmap/` is `idmap`, `src/os.rs` is `os`,
+/// `crates/fuse/src/server.rs` is `fuse::server`.
 fn module_of_file(f: &str) -> Vec<String> {
+    if let Some(rest) = f.strip_prefix(PROTOCOL_SRC) {
+        let mut m = vec![PROTOCOL.to_string()];
+        m.extend(module_of_file(&format!("src/{rest}")));
+        return m;
+    }
     let p = f
         .trim_start_matches("src/")
         .trim_end_matches('/')
@@ -669,7 +749,7 @@ fn layers_use_only_what_the_layer_table_allows() {
     let names: BTreeSet<Vec<String>> = mods.iter().map(|m| m.path.clone()).collect();
     let layers = layers(&doc, &names);
     let mut broken = Vec::new();
-    for m in mods.iter().filter(|m| !m.path.is_empty()) {
+    for m in mods.iter().filter(|m| m.path != m.root) {
         let holders: Vec<&Layer> = layers
             .iter()
             .filter(|l| l.holds.iter().any(|h| within(&m.path, &module_of_file(h))))
@@ -914,7 +994,7 @@ fn raw_libc_calls_stay_in_the_files_the_document_lists() {
     let listed: BTreeSet<String> = table_after(&doc, "**System calls.**")
         .iter()
         .flat_map(|r| backticked(&r[0]))
-        .filter(|b| b.starts_with("src/"))
+        .filter(|b| b.starts_with("src/") || b.starts_with(PROTOCOL_SRC))
         .collect();
     let mods = modules();
     let names: BTreeSet<Vec<String>> = mods.iter().map(|m| m.path.clone()).collect();
@@ -981,11 +1061,27 @@ fn lints_are_declared_once_in_cargo_toml() {
         toml.contains("[workspace.lints.rust]") && toml.contains("[workspace.lints.clippy]"),
         "Cargo.toml declares no [workspace.lints]"
     );
-    for member in [
-        "Cargo.toml",
-        "crates/frontend/Cargo.toml",
-        "crates/bench/Cargo.toml",
-    ] {
+    // Every member of `[workspace] members = [...]`, the root's "." included.
+    let members: Vec<String> = toml
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("members = ["))
+        .expect("Cargo.toml: a one-line `members = [...]`")
+        .trim_end_matches(']')
+        .split(',')
+        .map(|m| m.trim().trim_matches('"'))
+        .filter(|m| !m.is_empty())
+        .map(|m| {
+            Path::new(m)
+                .join("Cargo.toml")
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert!(
+        members.len() >= 4 && members.iter().any(|m| m == "crates/fuse/Cargo.toml"),
+        "Cargo.toml: members read as {members:?}"
+    );
+    for member in &members {
         let m = read(member);
         assert!(
             m.contains("\n[lints]\nworkspace = true\n") && !m.contains("[lints."),
@@ -1022,38 +1118,6 @@ fn lints_are_declared_once_in_cargo_toml() {
     assert!(
         repeated.is_empty(),
         "lint attributes outside Cargo.toml: {repeated:?}"
-    );
-}
-
-#[test]
-fn the_frontend_and_the_benchmark_use_the_daemon_s_wire_format_only() {
-    let mut broken = Vec::new();
-    let mut files = 0;
-    for dir in ["crates/frontend/src", "crates/bench/src"] {
-        for e in std::fs::read_dir(Path::new(ROOT).join(dir))
-            .unwrap()
-            .flatten()
-        {
-            let p = e.path();
-            if p.extension().is_none_or(|x| x != "rs") {
-                continue;
-            }
-            files += 1;
-            let rel = format!("{dir}/{}", p.file_name().unwrap().to_string_lossy());
-            let toks = tokens(&blank(&read(&rel)));
-            for path in paths(&toks) {
-                if path.segs.first().is_some_and(|s| s == "virtiofsd")
-                    && path.segs.get(1..3) != Some(&["fuse".to_string(), "abi".to_string()][..])
-                {
-                    broken.push(format!("{rel}:{}: {}", path.line, path.segs.join("::")));
-                }
-            }
-        }
-    }
-    assert!(files > 10, "read only {files} files of crates/");
-    assert!(
-        broken.is_empty(),
-        "{DOC}: the frontend and the benchmark use the daemon's `fuse::abi` only, not: {broken:?}"
     );
 }
 

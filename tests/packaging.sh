@@ -168,7 +168,8 @@ copyright_crates() {
     for t in x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu; do
         (cd "$ROOT" && cargo tree --locked --package "$PKG" --target "$t" \
             --edges normal,no-proc-macro --prefix none --format '{p}|{l}') || return 1
-    done | sed 's/ (\*)$//' | sort -u | grep -v "^$PKG " >"$WORK/linked.txt"
+    done | sed 's/ (\*)$//' | sort -u | grep -v "^$PKG " |
+        grep -v '^[^|]* (/' >"$WORK/linked.txt" # not this tree's own crates (crates/fuse)
     while IFS='|' read -r p lic; do
         name="${p%% *}"; ver="${p#* v}"; ver="${ver%% *}"
         n=$((n + 1))

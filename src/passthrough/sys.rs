@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub const EMPTY: &CStr = c"";
 
 /// An `io::Error` for a raw `errno` value.
-pub use crate::os::errno as error;
+pub use crate::filesystem::errno as error;
 
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 {

@@ -485,18 +485,18 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     }
 
     /// Most chains in flight at once so far, and the most allowed, with a thread pool. For the
-    /// pool's tests (tests/pool.rs); the daemon does not use it.
-    #[doc(hidden)]
-    pub fn pool_peak(&self) -> Option<(usize, usize)> {
+    /// pool's tests (`backend/pool_tests.rs`); the daemon does not use it.
+    #[cfg(test)]
+    fn pool_peak(&self) -> Option<(usize, usize)> {
         let pool = self.pool.as_ref()?;
         let b = pool.backlog.lock().unwrap_or_else(PoisonError::into_inner);
         Some((b.peak, pool.limit))
     }
 
     /// The same device, whose queue stops wait at most `wait` for their requests. For the
-    /// pool's tests (tests/pool.rs); the daemon keeps the default.
-    #[doc(hidden)]
-    pub fn with_stop_wait(mut self, wait: Duration) -> Self {
+    /// pool's tests (`backend/pool_tests.rs`); the daemon keeps the default.
+    #[cfg(test)]
+    fn with_stop_wait(mut self, wait: Duration) -> Self {
         self.stop_wait = wait;
         self
     }
@@ -1068,3 +1068,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         Ok(())
     }
 }
+
+// The thread pool under a flood, and queue stops, driven through the test frontend.
+#[cfg(test)]
+mod pool_tests;

@@ -7,52 +7,15 @@
 //! each QEMU whether its side worked. The guest keeps its node ids, its open handles and the
 //! FUSE session it agreed on in `INIT`: the destination serves them from the state.
 //!
-//! This module holds the options (`--migration-*`) and the container the state travels in: a
-//! header with a magic, a format version and the payload length, then the payload, then a
-//! checksum. [`open`] refuses a truncated, corrupted or foreign blob before any of it is used;
+//! This module holds the container the state travels in: a header with a magic, a format
+//! version and the payload length, then the payload, then a checksum. [`open`] refuses a truncated, corrupted or foreign blob before any of it is used;
 //! [`Decoder`] refuses a payload whose fields run past its end. What goes into the payload is
-//! the business of each layer: the FUSE server's session (`fuse::server`) and the file
-//! system's nodes and handles (`passthrough::migration`).
+//! the business of each layer: the FUSE server's session ([`server`](crate::server)) and the
+//! file system's nodes and handles (the daemon's `passthrough::migration`). The options of a
+//! migration (`--migration-*`) are the daemon's (its `migration` module).
 
 use std::ffi::CString;
 use std::fmt;
-
-/// How the destination finds each node the guest knows (`--migration-mode`; the names are the
-/// flag's values).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Mode {
-    /// The source sends each node's path in the shared directory; the destination opens it.
-    #[default]
-    FindPaths,
-    /// The source sends each node's file handle; the destination opens it by handle (the same
-    /// file system on both sides, and `CAP_DAC_READ_SEARCH` on the destination).
-    FileHandles,
-}
-
-/// What a node that cannot be found again becomes (`--migration-on-error`; the names are the
-/// flag's values).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum OnError {
-    /// The migration fails (the source keeps running the guest).
-    #[default]
-    Abort,
-    /// The node gives the guest an error (`ESTALE`), on that file only.
-    GuestError,
-}
-
-/// The migration options of the file system.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Options {
-    pub mode: Mode,
-    pub on_error: OnError,
-    /// The source sends each node's file handle too, and the destination checks that the path
-    /// opens that very file (`--migration-verify-handles`; source and destination share one
-    /// file system).
-    pub verify_handles: bool,
-    /// The source checks each path it sends right before it sends it, and looks for a node
-    /// whose path no longer leads to it (`--migration-confirm-paths`).
-    pub confirm_paths: bool,
-}
 
 /// First bytes of a state blob.
 pub const MAGIC: [u8; 8] = *b"VFSD-MIG";

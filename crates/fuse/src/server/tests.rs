@@ -2,8 +2,8 @@
 //! the replies and filesystem calls they lead to.
 
 use super::*;
-use crate::fuse::abi::opcode;
-use crate::fuse::io::{SliceReader, VecWriter};
+use crate::abi::opcode;
+use crate::io::{SliceReader, VecWriter};
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
@@ -110,7 +110,7 @@ impl FileSystem for FakeFs {
         _ctx: &Context,
         _inode: u64,
         _handle: u64,
-        w: &mut dyn crate::fuse::io::ZeroCopyWriter,
+        w: &mut dyn crate::io::ZeroCopyWriter,
         size: u32,
         offset: u64,
     ) -> io::Result<usize> {

@@ -2,6 +2,9 @@
 //! threads while every request blocks. The device must take at most its backlog off the rings,
 //! leave the rest there, and resume popping as the pool answers, until every request is
 //! answered: no notification may be lost, whether or not event-index is negotiated.
+//!
+//! Unit tests of the backend (they read how many chains were in flight, and shorten the wait
+//! of a queue stop), driving a device through the test frontend as QEMU and a guest would.
 
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,11 +16,12 @@ use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-use virtiofsd::filesystem::{Context, FileLock, FileSystem, LateReply, LockKind};
-use virtiofsd::fuse::abi::{self, opcode, Pod};
-use virtiofsd::migration::StateError;
-use virtiofsd::vhost_user::backend::{FsBackend, POOL_BACKLOG};
 use virtiofsd_frontend::{FrontendConfig, FsFrontend};
+
+use super::{FsBackend, POOL_BACKLOG};
+use crate::filesystem::{Context, FileLock, FileSystem, LateReply, LockKind};
+use crate::fuse::abi::{self, opcode, Pod};
+use crate::migration::StateError;
 
 /// A filesystem whose GETATTR, and SETLK (every lock is taken), wait until the gate opens.
 #[derive(Default)]
@@ -51,7 +55,7 @@ struct GatedFs(Arc<Gated>);
 
 impl FileSystem for GatedFs {
     /// Nothing to migrate but the session: a state is refused only by the device.
-    fn save_state(&self, _out: &mut virtiofsd::migration::Encoder) -> Result<(), StateError> {
+    fn save_state(&self, _out: &mut crate::migration::Encoder) -> Result<(), StateError> {
         Ok(())
     }
 
@@ -191,7 +195,7 @@ fn flood(pool: usize, queues: usize, per_queue: usize, event_idx: bool) {
     for (q, node, t) in tickets {
         let r = clients[q].wait(t).unwrap();
         assert_eq!(r.error, 0, "GETATTR {node} on queue {q}");
-        let out = <virtiofsd::fuse::abi::AttrOut as Pod>::from_prefix(&r.body).unwrap();
+        let out = <abi::AttrOut as Pod>::from_prefix(&r.body).unwrap();
         assert_eq!(out.attr.ino, node);
     }
     assert_eq!(

@@ -54,9 +54,11 @@ pub trait ZeroCopyReader {
     fn remaining(&self) -> usize;
 }
 
-/// The error a filesystem method returns for the raw `errno` value `e` (the server replies with
-/// that errno; every error without one becomes `EIO`).
-pub use crate::os::errno;
+/// The error for the raw `errno` value `e`: what a file system method returns (the FUSE server
+/// replies with that errno; every error without one becomes `EIO`).
+pub fn errno(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
 
 /// Who is asking: the credentials of the guest process behind a request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -677,5 +679,15 @@ pub trait FileSystem: Send + Sync {
         reply: LateReply,
     ) -> io::Result<()> {
         enosys()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_keeps_the_value() {
+        assert_eq!(errno(libc::ENOENT).raw_os_error(), Some(libc::ENOENT));
     }
 }

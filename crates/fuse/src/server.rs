@@ -26,8 +26,8 @@ use crate::filesystem::{
     errno, Context, DirEntry, Entry, FileLock, FileSystem, LateReply, LockKind, SecCtx, SetAttr,
     SetTime, XattrReply,
 };
-use crate::logging::warn_throttled;
 use crate::migration::{self, Decoder, Encoder, StateError};
+use crate::throttle::warn_throttled;
 
 /// Largest WRITE (and READ) payload offered to the client.
 pub const MAX_WRITE_SIZE: u32 = 1 << 20;
