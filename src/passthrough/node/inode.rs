@@ -30,10 +30,10 @@ use std::sync::atomic::{
 };
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, Weak};
 
-use super::file_handle::FileHandle;
-use super::handle::HandleData;
 use super::key::{Identity, InodeKey, Stamp};
-use super::sys::StatExtra;
+use crate::passthrough::file_handle::FileHandle;
+use crate::passthrough::handle::HandleData;
+use crate::passthrough::sys::StatExtra;
 
 use crate::fuse::abi::ROOT_ID;
 
