@@ -203,7 +203,7 @@ impl<K: Hash + Eq + Copy> DirCache<K> {
             let last = Arc::strong_count(&c.snap) == 1;
             drop(c);
             if last {
-                super::node::inode::freed(size);
+                super::node::memory::freed(size);
             }
         }
     }

@@ -27,7 +27,8 @@
 //!   without a handle (no-open mode); `locks`: the guest's locks, held on the host; `file_handle`: file handles, kept instead of descriptors
 //!   with `--inode-file-handles`;
 //! - `dir`: directory snapshots and streamed listings served by READDIR / READDIRPLUS;
-//!   `node::key`: what identifies a host file or a directory's state; `config`: the settings; `xattr`:
+//!   `node::key`: what identifies a host file or a directory's state; `node::memory`: the
+//!   memory given back after FORGET; `config`: the settings; `xattr`:
 //!   extended attributes, ACL gating, security labels, set-id clearing;
 //! - `budget`: the listings' memory budget; `node::slab`: the memory of the nodes; `sys`: thin
 //!   wrappers over the syscalls; `xattrmap`:
@@ -63,7 +64,7 @@ use std::time::Duration;
 
 pub use config::{CacheMode, Config, InodeFileHandles, Negotiate};
 pub use credentials::drop_supplementary_groups;
-pub use node::inode::allocator_gives_memory_back;
+pub use node::memory::allocator_gives_memory_back;
 
 use crate::filesystem::{
     Context, DirEntry, Entry, FileLock, FileSystem, LateReply, LockKind, Opened, SecCtx, SetAttr,

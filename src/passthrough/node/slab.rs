@@ -592,6 +592,121 @@ pub(crate) mod tests {
         f()
     }
 
+    /// A node for the slab's tests: its count, a number, and the node it holds (as a node holds
+    /// its parent).
+    #[derive(Debug)]
+    struct Probe {
+        pins: AtomicU32,
+        id: u64,
+        parent: Option<Ref<Probe>>,
+    }
+
+    // SAFETY: `pins` is a field of the probe, changed by nothing but `Ref`.
+    unsafe impl Counted for Probe {
+        fn pins(&self) -> &AtomicU32 {
+            &self.pins
+        }
+    }
+
+    fn probe(id: u64, parent: Option<Ref<Probe>>) -> Ref<Probe> {
+        Ref::new(Probe {
+            pins: AtomicU32::new(0),
+            id,
+            parent,
+        })
+    }
+
+    /// Miri runs these tests too, some thousand times slower: `n` there is `small`.
+    fn scaled(n: u64, small: u64) -> u64 {
+        if cfg!(miri) {
+            small
+        } else {
+            n
+        }
+    }
+
+    /// A chain of nodes each held only by its child (its parent forgotten first): dropping the
+    /// last child drops them all one after the other, on a stack far too small for one nested
+    /// drop per node.
+    #[test]
+    fn a_chain_of_parents_as_long_as_a_guest_likes_is_dropped_without_recursion() {
+        let length = scaled(200_000, 2_000);
+        std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                let mut last = probe(2, None);
+                for i in 0..length {
+                    last = probe(3 + i, Some(last));
+                }
+                let parent = last.parent.clone().unwrap();
+                assert_eq!(parent.id, length + 1);
+                drop(parent);
+                drop(last);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    /// Nodes made, shared and dropped on many threads at once: no two live nodes share a slot,
+    /// and a node's references all come back.
+    #[test]
+    fn nodes_made_and_dropped_on_many_threads_never_share_a_slot() {
+        let turns = scaled(5_000, 150);
+        let shared = probe(2, None);
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let shared = shared.clone();
+                std::thread::spawn(move || {
+                    let mut mine = Vec::new();
+                    for i in 0..turns {
+                        let n = probe(10 + t * 10_000 + i, Some(shared.clone()));
+                        if i % 3 == 0 {
+                            drop(n);
+                        } else {
+                            mine.push(n);
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let all: Vec<Ref<Probe>> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        let mut addrs: Vec<usize> = all.iter().map(|n| &**n as *const Probe as usize).collect();
+        addrs.sort_unstable();
+        addrs.dedup();
+        assert_eq!(addrs.len(), all.len(), "two live nodes in one slot");
+        for n in &all {
+            assert_eq!(n.parent.as_ref().unwrap().id, 2);
+        }
+        assert_eq!(
+            shared.pins().load(Ordering::Relaxed) as usize,
+            1 + all.len()
+        );
+        drop(all);
+        assert_eq!(shared.pins().load(Ordering::Relaxed), 1);
+    }
+
+    /// A slot number handed to the tables gives back the same node, and its reference.
+    #[test]
+    fn slot_numbers_lead_back_to_their_node() {
+        let n = probe(7, None);
+        let kept = n.clone();
+        let s = n.into_slot();
+        // SAFETY: `s` came from `into_slot` and was not taken back.
+        let back = unsafe { clone_slot::<Probe>(s) };
+        assert!(Ref::ptr_eq(&back, &kept));
+        assert_eq!(kept.pins().load(Ordering::Relaxed), 3);
+        drop(back);
+        // SAFETY: as above; this takes the reference back.
+        drop(unsafe { Ref::<Probe>::from_slot(s) });
+        assert_eq!(kept.pins().load(Ordering::Relaxed), 1);
+        assert_eq!(kept.id, 7);
+    }
+
     /// The slots of a chunk that overlap bytes `from..to` of it.
     fn slots_in(from: usize, to: usize) -> impl Iterator<Item = usize> {
         (0..SLOTS).filter(move |i| (i + 1) * SLOT < to && (i + 2) * SLOT > from)
