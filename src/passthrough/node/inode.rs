@@ -24,21 +24,20 @@ use std::ffi::{CStr, CString};
 use std::hash::{BuildHasher, RandomState};
 
 use hashbrown::HashTable;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
-};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, Weak};
 
 use super::key::{Identity, InodeKey, Stamp};
 use crate::passthrough::file_handle::FileHandle;
 use crate::passthrough::handle::HandleData;
-use crate::passthrough::sys::StatExtra;
+use crate::passthrough::sys::{OnceFd, StatExtra};
+use once_cell::race::OnceBox;
 
 use crate::fuse::abi::ROOT_ID;
 
 use super::memory::{give_back_free_memory, GiveBack};
-use super::slab::{self, Counted};
+use super::slab::{self, Counted, Slot};
 
 /// A counted reference to a node (in its slot: see [`slab`]).
 pub type Node = slab::Ref<InodeData>;
@@ -144,8 +143,8 @@ pub struct InodeData {
     refcount: AtomicU64,
     /// References to this node's slot: the id table's, requests', children's (see [`slab`]).
     pins: AtomicU32,
-    /// `O_PATH | O_NOFOLLOW` descriptor of the file once opened and kept (set once), else -1.
-    fd: AtomicI32,
+    /// `O_PATH | O_NOFOLLOW` descriptor of the file once opened and kept (set once).
+    fd: OnceFd,
     /// Open handles of this inode (OPEN, OPENDIR, CREATE not yet released).
     pub handles: AtomicU32,
     /// How this inode's mount tells files apart.
@@ -155,7 +154,7 @@ pub struct InodeData {
     /// Another file has this inode's key now (see [`InodeStore::retire`]).
     stale: AtomicBool,
     /// The file handles of the file, once one is known (set once; most nodes have none).
-    file_handles: AtomicPtr<FileHandles>,
+    file_handles: OnceBox<FileHandles>,
     /// Where it was found, and what only opened inodes need.
     state: Mutex<State>,
 }
@@ -191,22 +190,6 @@ struct Opened {
     served: Option<Stamp>,
 }
 
-impl Drop for InodeData {
-    fn drop(&mut self) {
-        let fd = *self.fd.get_mut();
-        if fd >= 0 {
-            // SAFETY: the descriptor was set once by `keep_fd`, which gave its ownership to
-            // this node; nothing else closes it, and nothing borrows it past the node.
-            drop(unsafe { OwnedFd::from_raw_fd(fd) });
-        }
-        let fh = *self.file_handles.get_mut();
-        if !fh.is_null() {
-            // SAFETY: set once from `Box::into_raw`, owned by this node alone.
-            drop(unsafe { Box::from_raw(fh) });
-        }
-    }
-}
-
 // SAFETY: `pins` is one field of the node, changed by nothing but `slab::Ref`.
 unsafe impl Counted for InodeData {
     fn pins(&self) -> &AtomicU32 {
@@ -216,28 +199,28 @@ unsafe impl Counted for InodeData {
 
 impl InodeData {
     pub(super) fn new(id: u64, n: NewInode) -> Self {
-        let (fd, origin): (RawFd, _) = match n.source {
-            Source::Fd(fd) => (fd.into_raw_fd(), None),
-            Source::Found(origin) => (-1, Some(origin)),
+        let (fd, origin) = match n.source {
+            Source::Fd(fd) => (Some(fd), None),
+            Source::Found(origin) => (None, Some(origin)),
         };
         let file_handles = match n.handle {
-            Some(h) => Box::into_raw(Box::new(FileHandles {
+            Some(h) => OnceBox::with_value(Box::new(FileHandles {
                 ident: Some(h),
                 kept: OnceLock::new(),
             })),
-            None => std::ptr::null_mut(),
+            None => OnceBox::new(),
         };
         InodeData {
             id,
             key: n.key,
             refcount: AtomicU64::new(1),
             pins: AtomicU32::new(1),
-            fd: AtomicI32::new(fd),
+            fd: OnceFd::new(fd),
             handles: AtomicU32::new(0),
             identity: n.identity,
             settled: AtomicBool::new(n.settled),
             stale: AtomicBool::new(false),
-            file_handles: AtomicPtr::new(file_handles),
+            file_handles,
             state: Mutex::new(State {
                 origin,
                 opened: None,
@@ -250,9 +233,7 @@ impl InodeData {
     }
 
     fn file_handles(&self) -> Option<&FileHandles> {
-        let p = self.file_handles.load(Ordering::Acquire);
-        // SAFETY: set once (never changed, freed only with the node) from a `Box`.
-        unsafe { p.as_ref() }
+        self.file_handles.get()
     }
 
     /// The handle this inode was last opened with, if it is still open.
@@ -368,33 +349,17 @@ impl InodeData {
 
     /// The `O_PATH` descriptor, if it was opened.
     pub fn opened_fd(&self) -> Option<BorrowedFd<'_>> {
-        let fd = self.fd.load(Ordering::Acquire);
-        // SAFETY: a descriptor set by `keep_fd` stays open until the node is dropped, which the
-        // borrow of `self` outlives.
-        (fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(fd) })
+        self.fd.get()
     }
 
     /// Keeps `fd` as this inode's descriptor (unless another thread set one first) and returns
     /// the descriptor kept.
     pub fn keep_fd(&self, fd: OwnedFd) -> BorrowedFd<'_> {
-        let raw = fd.as_raw_fd();
-        if self
-            .fd
-            .compare_exchange(-1, raw, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            // The node owns it now (closed when the node is dropped).
-            let _ = fd.into_raw_fd();
-        } else {
-            drop(fd);
-        }
+        let kept = self.fd.set(fd);
         // The parent is no longer needed to reach this inode.
         let origin = self.state().origin.take();
         drop(origin);
-        match self.opened_fd() {
-            Some(fd) => fd,
-            None => unreachable!("the descriptor was set above or before"),
-        }
+        kept
     }
 
     /// The file handle, if one was taken.
@@ -404,29 +369,11 @@ impl InodeData {
 
     /// Keeps `h` as this inode's file handle (unless one is kept already).
     pub fn keep_file_handle(&self, h: FileHandle) {
-        let fhs = match self.file_handles() {
-            Some(f) => f,
-            None => {
-                let new = Box::into_raw(Box::<FileHandles>::default());
-                match self.file_handles.compare_exchange(
-                    std::ptr::null_mut(),
-                    new,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    // SAFETY: just set from a `Box`; freed only with the node.
-                    Ok(_) => unsafe { &*new },
-                    Err(cur) => {
-                        // SAFETY: `new` was not published: it is ours to free.
-                        drop(unsafe { Box::from_raw(new) });
-                        // SAFETY: set once by another thread from a `Box`, freed only with
-                        // the node.
-                        unsafe { &*cur }
-                    }
-                }
-            }
-        };
-        let _ = fhs.kept.set(h);
+        let _ = self
+            .file_handles
+            .get_or_init(Box::<FileHandles>::default)
+            .kept
+            .set(h);
     }
 
     pub fn is_dir(&self) -> bool {
@@ -487,13 +434,14 @@ impl std::ops::Deref for OriginName {
 /// node's slot (see [`slab`]), whose node holds its id and key: a node costs the tables
 /// 2 × 5 bytes a slot (with hashbrown's control byte), not a copy of its key.
 ///
-/// Every slot in `by_id` holds one reference on its node (given back when the entry goes, or
-/// when the tables are dropped); `by_key` holds a subset of the same slots and no reference.
+/// Every entry is a [`Slot`]: it holds one reference on its node (given back when the entry
+/// goes, or when the tables are dropped), and leads to it safely. `by_key` holds a subset of
+/// the nodes of `by_id`.
 pub(super) struct Maps {
     /// Node id → inode.
-    pub(super) by_id: HashTable<u32>,
+    pub(super) by_id: HashTable<Slot<InodeData>>,
     /// Key → the inode that key leads to now (a retired inode is in `by_id` only).
-    pub(super) by_key: HashTable<u32>,
+    pub(super) by_key: HashTable<Slot<InodeData>>,
     /// Keyed hashing of keys: the host's inode numbers are not chosen by the daemon.
     keys: RandomState,
     /// The secret of the id hash (see [`id_hash`]).
@@ -512,15 +460,6 @@ impl Default for Maps {
     }
 }
 
-impl Drop for Maps {
-    fn drop(&mut self) {
-        for s in self.by_id.drain() {
-            // SAFETY: each slot of `by_id` holds the reference `Maps::add` was given.
-            drop(unsafe { Node::from_slot(s) });
-        }
-    }
-}
-
 /// Hash of a node id with the table's secret `seed`: a 128-bit product folded onto itself, so
 /// that every bit of the id reaches the low bits that choose the slot. Ids are the daemon's
 /// own, but a migration state names ids of its own choosing: ids sharing their low bits
@@ -528,15 +467,6 @@ impl Drop for Maps {
 pub(super) fn id_hash(seed: u64, id: u64) -> u64 {
     let p = u128::from(id ^ seed) * 0x9e37_79b9_7f4a_7c15_u128;
     (p as u64) ^ ((p >> 64) as u64)
-}
-
-/// The node in slot `s` of a table.
-///
-/// # Safety
-/// `s` is in `by_id` of the tables borrowed for `'a` (whose reference keeps it live).
-unsafe fn node<'a>(s: u32) -> &'a InodeData {
-    // SAFETY: as the caller promises.
-    unsafe { slab::borrow_slot::<InodeData>(s) }
 }
 
 impl Maps {
@@ -549,45 +479,30 @@ impl Maps {
         self.seed
     }
 
-    fn find_id(&self, id: u64) -> Option<u32> {
-        // SAFETY (all closures below): every slot in the tables is live while they are
-        // borrowed.
-        self.by_id
-            .find(
-                id_hash(self.id_seed(), id),
-                // SAFETY: a slot of the tables, live while they are borrowed.
-                |&s| unsafe { node(s) }.id == id,
-            )
-            .copied()
+    fn find_id(&self, id: u64) -> Option<&Slot<InodeData>> {
+        self.by_id.find(id_hash(self.id_seed(), id), |s| s.id == id)
     }
 
     fn get_id(&self, id: u64) -> Option<&InodeData> {
-        // SAFETY: a slot of `by_id`, live while `self` is borrowed.
-        self.find_id(id).map(|s| unsafe { node(s) })
+        self.find_id(id).map(|s| &**s)
     }
 
     /// The node `id`, with one more reference.
     fn clone_id(&self, id: u64) -> Option<Node> {
-        // SAFETY: a slot of `by_id`, live while `self` is borrowed.
-        self.find_id(id).map(|s| unsafe { slab::clone_slot(s) })
+        self.find_id(id).map(Slot::to_ref)
     }
 
-    fn find_key(&self, key: &InodeKey) -> Option<u32> {
-        self.by_key
-            // SAFETY: a slot of the tables, live while they are borrowed.
-            .find(self.key_hash(key), |&s| unsafe { node(s) }.key == *key)
-            .copied()
+    fn find_key(&self, key: &InodeKey) -> Option<&Slot<InodeData>> {
+        self.by_key.find(self.key_hash(key), |s| s.key == *key)
     }
 
     fn get_key(&self, key: &InodeKey) -> Option<&InodeData> {
-        // SAFETY: a slot of `by_key`, which are slots of `by_id`.
-        self.find_key(key).map(|s| unsafe { node(s) })
+        self.find_key(key).map(|s| &**s)
     }
 
     /// The node of `key`, with one more reference.
     fn clone_key(&self, key: &InodeKey) -> Option<Node> {
-        // SAFETY: a slot of `by_key`, which are slots of `by_id`.
-        self.find_key(key).map(|s| unsafe { slab::clone_slot(s) })
+        self.find_key(key).map(Slot::to_ref)
     }
 
     fn has_id(&self, id: u64) -> bool {
@@ -600,31 +515,22 @@ impl Maps {
         let seed = self.id_seed();
         let keys = &self.keys;
         let (id, key) = (data.id, data.key);
-        let s = data.into_slot();
-        self.by_key.insert_unique(keys.hash_one(key), s, |&s| {
-            // SAFETY: a slot of the tables, live while they are borrowed.
-            keys.hash_one(unsafe { node(s) }.key)
-        });
-        self.by_id.insert_unique(id_hash(seed, id), s, |&s| {
-            // SAFETY: a slot of the tables, live while they are borrowed.
-            id_hash(seed, unsafe { node(s) }.id)
-        });
+        self.by_key
+            .insert_unique(keys.hash_one(key), Slot::new(data.clone()), |s| {
+                keys.hash_one(s.key)
+            });
+        self.by_id
+            .insert_unique(id_hash(seed, id), Slot::new(data), |s| id_hash(seed, s.id));
     }
 
     /// Removes the inode `id` from both indexes (from the key index only if its key still
     /// leads to it), and gives back the reference the tables held.
     fn remove(&mut self, id: u64) -> Option<Node> {
         let seed = self.id_seed();
-        let s = match self
-            .by_id
-            // SAFETY: a slot of the tables, live while they are borrowed.
-            .find_entry(id_hash(seed, id), |&s| unsafe { node(s) }.id == id)
-        {
-            Ok(e) => e.remove().0,
+        let data = match self.by_id.find_entry(id_hash(seed, id), |s| s.id == id) {
+            Ok(e) => e.remove().0.into_ref(),
             Err(_) => return None,
         };
-        // SAFETY: the slot was in `by_id`, whose reference this takes over.
-        let data = unsafe { Node::from_slot(s) };
         self.unkey(&data);
         Some(data)
     }
@@ -632,11 +538,7 @@ impl Maps {
     /// Removes `data` from the key index, if its key leads to it.
     fn unkey(&mut self, data: &InodeData) {
         let h = self.key_hash(&data.key);
-        if let Ok(e) = self
-            .by_key
-            // SAFETY: a slot of the tables, live while they are borrowed.
-            .find_entry(h, |&s| unsafe { node(s) }.id == data.id)
-        {
+        if let Ok(e) = self.by_key.find_entry(h, |s| s.id == data.id) {
             e.remove();
         }
     }
@@ -647,11 +549,7 @@ impl Maps {
 
     /// Every node, with one more reference each.
     fn nodes(&self) -> Vec<Node> {
-        // SAFETY: slots of `by_id`, live while `self` is borrowed.
-        self.by_id
-            .iter()
-            .map(|&s| unsafe { slab::clone_slot(s) })
-            .collect()
+        self.by_id.iter().map(Slot::to_ref).collect()
     }
 }
 
@@ -667,17 +565,13 @@ impl Maps {
         let seed = self.id_seed();
         let sparse = |cap: usize, len: usize| cap > SHRINK_FLOOR && len.saturating_mul(4) < cap;
         if sparse(self.by_id.capacity(), self.by_id.len()) {
-            self.by_id.shrink_to(self.by_id.len() * 2, |&s| {
-                // SAFETY: a slot of the tables, live while they are borrowed.
-                id_hash(seed, unsafe { node(s) }.id)
-            });
+            self.by_id
+                .shrink_to(self.by_id.len() * 2, |s| id_hash(seed, s.id));
         }
         if sparse(self.by_key.capacity(), self.by_key.len()) {
             let keys = &self.keys;
-            self.by_key.shrink_to(self.by_key.len() * 2, |&s| {
-                // SAFETY: a slot of the tables, live while they are borrowed.
-                keys.hash_one(unsafe { node(s) }.key)
-            });
+            self.by_key
+                .shrink_to(self.by_key.len() * 2, |s| keys.hash_one(s.key));
         }
     }
 }

@@ -22,13 +22,16 @@
 //! system at once, without the allocator's help.
 //!
 //! # References
-//! The count of references (`pins`) is in the node itself. The node tables hold one; each
-//! request using a node holds one while it runs; a node found by name holds one on its parent.
+//! The count of references (`pins`) is in the node itself. The node tables hold one an entry,
+//! each a [`Slot`] (the slot's number, 4 bytes); each request using a node holds one, a
+//! [`Ref`], while it runs; a node found by name holds one on its parent. Both deref to the node
+//! safely: the reference they own keeps it in its slot.
 //! The last reference dropped drops the node in its slot and frees the slot. Dropping a node can
 //! drop its parent's last reference, and so on up a chain: those drops are made one after the
 //! other, never nested, so the stack stays flat however long the chain.
 
 use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
@@ -415,44 +418,67 @@ impl<T: Counted> Ref<T> {
     pub fn ptr_eq(a: &Ref<T>, b: &Ref<T>) -> bool {
         a.0 == b.0
     }
+}
 
-    /// The slot number of this node, its reference handed to the caller (a node table), which
-    /// gives it back with [`Ref::from_slot`].
-    pub fn into_slot(self) -> u32 {
-        let n = slot_number(self.0.cast());
+/// A counted reference to a node held as the number of its slot: what a node table keeps an
+/// entry (4 bytes where a [`Ref`] takes 8). Like a [`Ref`], it owns one reference to the node
+/// (given back when it is dropped) and derefs to it.
+pub struct Slot<T: Counted> {
+    n: u32,
+    /// Owns what a `Ref` owns (and is `Send` and `Sync` as a `Ref` is).
+    _ref: PhantomData<Ref<T>>,
+}
+
+impl<T: Counted> Slot<T> {
+    /// The reference `r` as a slot number.
+    pub fn new(r: Ref<T>) -> Slot<T> {
+        let n = slot_number(r.0.cast());
+        std::mem::forget(r);
+        Slot {
+            n,
+            _ref: PhantomData,
+        }
+    }
+
+    /// The reference this slot owns, as a [`Ref`].
+    pub fn into_ref(self) -> Ref<T> {
+        let r = Ref(self.ptr());
         std::mem::forget(self);
-        n
+        r
     }
 
-    /// The node in slot `n` and the reference [`Ref::into_slot`] handed out for it.
-    ///
-    /// # Safety
-    /// `n` came from `into_slot` of a `Ref<T>`, and that reference was not taken back yet.
-    pub unsafe fn from_slot(n: u32) -> Ref<T> {
-        // SAFETY: the caller's reference keeps the slot live, and it holds a `T`.
-        Ref(unsafe { slot_ptr(n) }.cast())
+    /// One more reference to the node, as a [`Ref`].
+    pub fn to_ref(&self) -> Ref<T> {
+        pin(&**self);
+        Ref(self.ptr())
+    }
+
+    fn ptr(&self) -> NonNull<T> {
+        // SAFETY: this slot owns a reference: the slot is live.
+        unsafe { slot_ptr(self.n) }.cast()
     }
 }
 
-/// The node in slot `n`, borrowed.
-///
-/// # Safety
-/// Slot `n` holds a `T` that a reference keeps live for as long as the borrow is used.
-pub unsafe fn borrow_slot<'a, T: Counted>(n: u32) -> &'a T {
-    // SAFETY: the caller keeps the slot live, holding a `T`.
-    unsafe { slot_ptr(n).cast::<T>().as_ref() }
+impl<T: Counted> std::ops::Deref for Slot<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        // SAFETY: the reference this slot owns keeps the node in it for as long as `self` is
+        // borrowed.
+        unsafe { self.ptr().as_ref() }
+    }
 }
 
-/// The node in slot `n`, with one more reference.
-///
-/// # Safety
-/// As [`borrow_slot`].
-pub unsafe fn clone_slot<T: Counted>(n: u32) -> Ref<T> {
-    // SAFETY: the caller keeps the slot live.
-    let d = unsafe { borrow_slot::<T>(n) };
-    pin(d);
-    // SAFETY: as above.
-    Ref(unsafe { slot_ptr(n) }.cast())
+impl<T: Counted> Drop for Slot<T> {
+    fn drop(&mut self) {
+        drop(Ref::<T>(self.ptr()));
+    }
+}
+
+impl<T: Counted + std::fmt::Debug> std::fmt::Debug for Slot<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
 }
 
 /// The address of slot `n`.
@@ -690,20 +716,31 @@ pub(crate) mod tests {
         assert_eq!(shared.pins().load(Ordering::Relaxed), 1);
     }
 
-    /// A slot number handed to the tables gives back the same node, and its reference.
+    /// A slot holds the reference it was given, leads back to the same node, and gives its
+    /// reference back when dropped; in 4 bytes.
     #[test]
-    fn slot_numbers_lead_back_to_their_node() {
+    fn slots_lead_back_to_their_node_and_own_a_reference() {
+        assert_eq!(std::mem::size_of::<Slot<Probe>>(), 4);
         let n = probe(7, None);
         let kept = n.clone();
-        let s = n.into_slot();
-        // SAFETY: `s` came from `into_slot` and was not taken back.
-        let back = unsafe { clone_slot::<Probe>(s) };
+        let s = Slot::new(n);
+        assert_eq!(s.id, 7);
+        assert_eq!(kept.pins().load(Ordering::Relaxed), 2);
+        let back = s.to_ref();
         assert!(Ref::ptr_eq(&back, &kept));
         assert_eq!(kept.pins().load(Ordering::Relaxed), 3);
         drop(back);
-        // SAFETY: as above; this takes the reference back.
-        drop(unsafe { Ref::<Probe>::from_slot(s) });
+        let again = Slot::new(s.into_ref());
+        assert_eq!(kept.pins().load(Ordering::Relaxed), 2);
+        drop(again);
         assert_eq!(kept.pins().load(Ordering::Relaxed), 1);
+        // The last reference held by a slot drops the node and frees its slot (for the next
+        // node on this thread, the lowest free slot of its chunk may be that one).
+        let parent = probe(8, None);
+        let child = Slot::new(probe(9, Some(parent.clone())));
+        assert_eq!(parent.pins().load(Ordering::Relaxed), 2);
+        drop(child);
+        assert_eq!(parent.pins().load(Ordering::Relaxed), 1);
         assert_eq!(kept.id, 7);
     }
 
