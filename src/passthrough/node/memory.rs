@@ -36,7 +36,7 @@ pub fn freed(bytes: usize) {
 ///
 /// Called once at start, by the daemon.
 pub fn allocator_gives_memory_back() {
-    #[cfg(target_env = "gnu")]
+    #[cfg(all(target_env = "gnu", not(miri)))]
     // SAFETY: mallopt only changes the allocator's tunables; it has no precondition, and these
     // values are within the documented ranges.
     unsafe {
@@ -50,7 +50,7 @@ pub fn allocator_gives_memory_back() {
 /// arenas otherwise), and the pages of free node slots.
 pub fn give_back_free_memory() {
     super::slab::give_back_free_pages();
-    #[cfg(target_env = "gnu")]
+    #[cfg(all(target_env = "gnu", not(miri)))]
     // SAFETY: malloc_trim only releases memory the allocator holds free; it has no
     // precondition.
     unsafe {

@@ -32,11 +32,11 @@
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
-use std::num::NonZeroUsize;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+#[cfg(not(miri))]
 use nix::sys::mman::{madvise, mmap_anonymous, munmap, MapFlags, MmapAdvise, ProtFlags};
 
 /// Bytes of a chunk (a power of two: a chunk is aligned to it).
@@ -163,6 +163,7 @@ impl Chunk {
     /// touched again; a free slot holds nothing).
     fn give_back_free_pages(&self) {
         self.free_page_runs(page_size(), |offset, len| {
+            #[cfg(not(miri))]
             if let Some(at) = NonNull::new(self.base.wrapping_add(offset).cast()) {
                 // SAFETY: whole pages of the system's size inside this chunk's mapping that
                 // hold no live slot (the kernel rounds the length up to a page, and the runs
@@ -170,6 +171,13 @@ impl Chunk {
                 // keeps any from being put there now.
                 let _ = unsafe { madvise(at, len, MmapAdvise::MADV_DONTNEED) };
             }
+            // Under Miri (no `madvise`), the pages are zeroed as the kernel would: a live node
+            // there would be a write through a node still borrowed, which Miri reports.
+            #[cfg(miri)]
+            // SAFETY: as above.
+            unsafe {
+                self.base.wrapping_add(offset).write_bytes(0, len)
+            };
         });
     }
 }
@@ -214,10 +222,28 @@ fn alloc() -> std::sync::MutexGuard<'static, Alloc> {
     ALLOC.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Under Miri, which models no mapping at an address of its own choosing nor part of one
+/// unmapped: the layout of a chunk taken from the allocator (aligned to its size).
+#[cfg(miri)]
+const CHUNK_LAYOUT: std::alloc::Layout =
+    match std::alloc::Layout::from_size_align(CHUNK_BYTES, CHUNK_BYTES) {
+        Ok(l) => l,
+        Err(_) => panic!("a chunk's size is a power of two"),
+    };
+
+/// Under Miri: a chunk from the allocator, zeroed as a new mapping is.
+#[cfg(miri)]
+fn map_chunk() -> Option<*mut u8> {
+    // SAFETY: the layout's size is not zero.
+    let p = unsafe { std::alloc::alloc_zeroed(CHUNK_LAYOUT) };
+    (!p.is_null()).then_some(p)
+}
+
 /// Maps a chunk aligned to [`CHUNK_BYTES`]: twice the size, then the parts before and after
 /// the aligned chunk are unmapped.
+#[cfg(not(miri))]
 fn map_chunk() -> Option<*mut u8> {
-    let len = NonZeroUsize::new(2 * CHUNK_BYTES)?;
+    let len = std::num::NonZeroUsize::new(2 * CHUNK_BYTES)?;
     // SAFETY: a new private anonymous mapping at an address the kernel chooses; it aliases
     // nothing.
     let p = unsafe {
@@ -300,9 +326,10 @@ fn take_slot() -> Option<NonNull<u8>> {
 /// system when that was its last node and the other chunks have room for half a chunk (see
 /// the module's doc).
 fn free_slot(p: NonNull<u8>) {
-    let addr = p.as_ptr() as usize;
-    let base = (addr & !(CHUNK_BYTES - 1)) as *mut u8;
-    let index = ((addr - base as usize) / SLOT - 1) as u32;
+    // The chunk's start, with the provenance of its mapping.
+    let offset = p.as_ptr().addr() & (CHUNK_BYTES - 1);
+    let base = p.as_ptr().wrapping_sub(offset);
+    let index = (offset / SLOT - 1) as u32;
     let mut a = alloc();
     // SAFETY: `p` is a slot of a mapped chunk (it held a node until now), whose header holds
     // its number.
@@ -334,10 +361,16 @@ fn free_slot(p: NonNull<u8>) {
     }
     drop(a);
     if release {
+        #[cfg(not(miri))]
         if let Some(b) = NonNull::new(base.cast::<libc::c_void>()) {
             // SAFETY: the chunk has no node left and is in no list: nothing refers to it.
             let _ = unsafe { munmap(b, CHUNK_BYTES) };
         }
+        #[cfg(miri)]
+        // SAFETY: as above; under Miri the chunk came from the allocator, with this layout.
+        unsafe {
+            std::alloc::dealloc(base, CHUNK_LAYOUT)
+        };
     }
 }
 
@@ -493,11 +526,11 @@ unsafe fn slot_ptr(n: u32) -> NonNull<u8> {
 }
 
 fn slot_number(p: NonNull<u8>) -> u32 {
-    let addr = p.as_ptr() as usize;
-    let base = addr & !(CHUNK_BYTES - 1);
+    let offset = p.as_ptr().addr() & (CHUNK_BYTES - 1);
+    let base = p.as_ptr().wrapping_sub(offset);
     // SAFETY: `p` is a live slot: its chunk's header holds the chunk's number.
-    let number = unsafe { (base as *const u32).read() };
-    number * SLOTS as u32 + ((addr - base) / SLOT - 1) as u32
+    let number = unsafe { base.cast::<u32>().read() };
+    number * SLOTS as u32 + (offset / SLOT - 1) as u32
 }
 
 fn pin<T: Counted>(d: &T) {
@@ -754,6 +787,7 @@ pub(crate) mod tests {
     /// 4 KiB on a 64 KiB-page kernel would zero the 60 KiB of live nodes after it), never the
     /// header's page, and every page holding only free slots is in one.
     #[test]
+    #[cfg_attr(miri, ignore = "arithmetic only, and minutes under Miri")]
     fn free_page_runs_are_whole_pages_of_the_system_size_without_a_live_slot() {
         let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
         let mut random = move || {
