@@ -11,6 +11,7 @@
 //!   module;
 //! - inside every folder, no modules use one another in a circle;
 //! - every path the document names ("Where to find things" and elsewhere) exists;
+//! - the node's unsafe code stays in its slab (`src/passthrough/node/slab.rs`);
 //! - lints are declared once, in the workspace's Cargo.toml, which every member takes, not
 //!   repeated as `#![deny]`/`#![warn]` attributes.
 //!
@@ -1009,6 +1010,47 @@ fn raw_libc_calls_stay_in_the_files_the_document_lists() {
         unlisted.is_empty() && stale.is_empty(),
         "{DOC}, System calls: raw libc calls in files it does not list: {unlisted:?}; listed \
          files without any: {stale:?}"
+    );
+}
+
+/// "The node's unsafe code is in `src/passthrough/node/slab.rs` alone": no other file of the
+/// node's folder has an `unsafe` block or `unsafe fn` outside its tests, but the files of the
+/// system calls table (their raw calls). An `unsafe impl` of the slab's contract is allowed.
+#[test]
+fn the_node_s_unsafe_code_stays_in_the_slab() {
+    let doc = read(DOC);
+    assert!(
+        doc.contains("**The node's unsafe code** is in `src/passthrough/node/slab.rs` alone"),
+        "{DOC}: the paragraph on the node's unsafe code"
+    );
+    let raw_calls: BTreeSet<String> = table_after(&doc, "**System calls.**")
+        .iter()
+        .flat_map(|r| backticked(&r[0]))
+        .collect();
+    let mut broken = Vec::new();
+    let mut seen = 0;
+    for m in modules()
+        .iter()
+        .filter(|m| within(&m.path, &segs("passthrough::node")))
+    {
+        seen += 1;
+        if m.file.ends_with("/slab.rs") || raw_calls.contains(&m.file) {
+            continue;
+        }
+        for w in tokens(&m.code).windows(2) {
+            if let [(Tok::Ident(u), line), (next, _)] = w {
+                let fn_or_block =
+                    matches!(next, Tok::Punct('{')) || *next == Tok::Ident("fn".into());
+                if u == "unsafe" && fn_or_block {
+                    broken.push(format!("{}:{line}", m.file));
+                }
+            }
+        }
+    }
+    assert!(seen >= 4, "src/passthrough/node/: {seen} modules");
+    assert!(
+        broken.is_empty(),
+        "unsafe code in the node's folder outside slab.rs: {broken:?}"
     );
 }
 

@@ -16,7 +16,8 @@
 # installed for root's own rustup when missing), so that a newer stable's new lints do not turn
 # a run red; without rustup, or without that release, lints are reported and fail nothing. The
 # minimum release (RUST_MIN) is built and unit-tested with Debian 13's cargo in a chroot
-# (tests/min-rust.sh).
+# (tests/min-rust.sh). Miri runs the node slab's and tables' unit tests (tests/miri.sh) with
+# rustup's nightly toolchain, adding its miri component when missing (skipped when it cannot).
 #
 # Time: 20 to 30 minutes on a 2-core machine without KVM once everything is installed (the
 # guest boots run under TCG; the minimum Rust's build and unit tests, 4.6 min of CPU, took 9 of
@@ -50,7 +51,8 @@
 #     own in a private mount namespace and is stopped at the end);
 #   - root's ~/.cargo: the crates downloaded, and cargo-fuzz (cargo install); in root's own
 #     rustup (not a sudo user's), Rust 1.95.0 with rustfmt and clippy, the lint gate's release
-#     (RUST_LINT in tests/cargo-env.sh), when missing;
+#     (RUST_LINT in tests/cargo-env.sh), when missing; the nightly toolchain's miri and
+#     rust-src components, and Miri's sysroot (tests/miri.sh), when missing;
 #   - the checkout: target/ (builds, target/min-rust for the minimum Rust's, test output, guest
 #     and libvirt logs), tests/fuzz/target/, tests/fuzz/corpus/ and tests/fuzz/artifacts/. Under sudo, every file the run made in the
 #     checkout is given back to the user who ran sudo when it ends, so that the user's own
@@ -98,6 +100,9 @@ mkdir -p target && cargo test --workspace --locked --all-targets 2>&1 | tee targ
 
 echo "== a hostile guest takes and drops a million locks: descriptors and memory stay flat (release build)"
 cargo test --release --locked --test locks -- --ignored a_million_lock_cycles --nocapture
+
+echo "== Miri: the node's slab and tables under cargo +nightly miri test (tests/miri.sh; skipped without rustup's nightly miri)"
+tests/miri.sh
 
 echo "== the minimum Rust ($RUST_MIN): Debian 13's cargo and rustc in a trixie chroot build the daemon and run its unit tests (tests/min-rust.sh)"
 tests/min-rust.sh

@@ -24,20 +24,20 @@ use std::ffi::{CStr, CString};
 use std::hash::{BuildHasher, RandomState};
 
 use hashbrown::HashTable;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
-};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, Weak};
 
-use super::file_handle::FileHandle;
-use super::handle::HandleData;
 use super::key::{Identity, InodeKey, Stamp};
-use super::sys::StatExtra;
+use crate::passthrough::file_handle::FileHandle;
+use crate::passthrough::handle::HandleData;
+use crate::passthrough::sys::{OnceFd, StatExtra};
+use once_cell::race::OnceBox;
 
 use crate::fuse::abi::ROOT_ID;
 
-use super::slab::{self, Counted};
+use super::memory::{give_back_free_memory, GiveBack};
+use super::slab::{self, Counted, Slot};
 
 /// A counted reference to a node (in its slot: see [`slab`]).
 pub type Node = slab::Ref<InodeData>;
@@ -70,13 +70,13 @@ const INLINE_NAME: usize = 14;
 /// A name kept by a node: inside it when short (no allocation of its own), on the heap else.
 /// 16 bytes either way.
 #[derive(Debug)]
-enum StoredName {
+pub(super) enum StoredName {
     Inline { len: u8, bytes: [u8; INLINE_NAME] },
     Heap(Box<CString>),
 }
 
 impl StoredName {
-    fn new(name: &CStr) -> Self {
+    pub(super) fn new(name: &CStr) -> Self {
         let b = name.to_bytes();
         match u8::try_from(b.len()) {
             Ok(len) if b.len() <= INLINE_NAME => {
@@ -88,7 +88,7 @@ impl StoredName {
         }
     }
 
-    fn bytes(&self) -> &[u8] {
+    pub(super) fn bytes(&self) -> &[u8] {
         match self {
             StoredName::Inline { len, bytes } => &bytes[..usize::from(*len).min(INLINE_NAME)],
             StoredName::Heap(c) => c.to_bytes(),
@@ -143,8 +143,8 @@ pub struct InodeData {
     refcount: AtomicU64,
     /// References to this node's slot: the id table's, requests', children's (see [`slab`]).
     pins: AtomicU32,
-    /// `O_PATH | O_NOFOLLOW` descriptor of the file once opened and kept (set once), else -1.
-    fd: AtomicI32,
+    /// `O_PATH | O_NOFOLLOW` descriptor of the file once opened and kept (set once).
+    fd: OnceFd,
     /// Open handles of this inode (OPEN, OPENDIR, CREATE not yet released).
     pub handles: AtomicU32,
     /// How this inode's mount tells files apart.
@@ -154,7 +154,7 @@ pub struct InodeData {
     /// Another file has this inode's key now (see [`InodeStore::retire`]).
     stale: AtomicBool,
     /// The file handles of the file, once one is known (set once; most nodes have none).
-    file_handles: AtomicPtr<FileHandles>,
+    file_handles: OnceBox<FileHandles>,
     /// Where it was found, and what only opened inodes need.
     state: Mutex<State>,
 }
@@ -190,22 +190,6 @@ struct Opened {
     served: Option<Stamp>,
 }
 
-impl Drop for InodeData {
-    fn drop(&mut self) {
-        let fd = *self.fd.get_mut();
-        if fd >= 0 {
-            // SAFETY: the descriptor was set once by `keep_fd`, which gave its ownership to
-            // this node; nothing else closes it, and nothing borrows it past the node.
-            drop(unsafe { OwnedFd::from_raw_fd(fd) });
-        }
-        let fh = *self.file_handles.get_mut();
-        if !fh.is_null() {
-            // SAFETY: set once from `Box::into_raw`, owned by this node alone.
-            drop(unsafe { Box::from_raw(fh) });
-        }
-    }
-}
-
 // SAFETY: `pins` is one field of the node, changed by nothing but `slab::Ref`.
 unsafe impl Counted for InodeData {
     fn pins(&self) -> &AtomicU32 {
@@ -214,29 +198,29 @@ unsafe impl Counted for InodeData {
 }
 
 impl InodeData {
-    fn new(id: u64, n: NewInode) -> Self {
-        let (fd, origin): (RawFd, _) = match n.source {
-            Source::Fd(fd) => (fd.into_raw_fd(), None),
-            Source::Found(origin) => (-1, Some(origin)),
+    pub(super) fn new(id: u64, n: NewInode) -> Self {
+        let (fd, origin) = match n.source {
+            Source::Fd(fd) => (Some(fd), None),
+            Source::Found(origin) => (None, Some(origin)),
         };
         let file_handles = match n.handle {
-            Some(h) => Box::into_raw(Box::new(FileHandles {
+            Some(h) => OnceBox::with_value(Box::new(FileHandles {
                 ident: Some(h),
                 kept: OnceLock::new(),
             })),
-            None => std::ptr::null_mut(),
+            None => OnceBox::new(),
         };
         InodeData {
             id,
             key: n.key,
             refcount: AtomicU64::new(1),
             pins: AtomicU32::new(1),
-            fd: AtomicI32::new(fd),
+            fd: OnceFd::new(fd),
             handles: AtomicU32::new(0),
             identity: n.identity,
             settled: AtomicBool::new(n.settled),
             stale: AtomicBool::new(false),
-            file_handles: AtomicPtr::new(file_handles),
+            file_handles,
             state: Mutex::new(State {
                 origin,
                 opened: None,
@@ -249,9 +233,7 @@ impl InodeData {
     }
 
     fn file_handles(&self) -> Option<&FileHandles> {
-        let p = self.file_handles.load(Ordering::Acquire);
-        // SAFETY: set once (never changed, freed only with the node) from a `Box`.
-        unsafe { p.as_ref() }
+        self.file_handles.get()
     }
 
     /// The handle this inode was last opened with, if it is still open.
@@ -367,33 +349,17 @@ impl InodeData {
 
     /// The `O_PATH` descriptor, if it was opened.
     pub fn opened_fd(&self) -> Option<BorrowedFd<'_>> {
-        let fd = self.fd.load(Ordering::Acquire);
-        // SAFETY: a descriptor set by `keep_fd` stays open until the node is dropped, which the
-        // borrow of `self` outlives.
-        (fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(fd) })
+        self.fd.get()
     }
 
     /// Keeps `fd` as this inode's descriptor (unless another thread set one first) and returns
     /// the descriptor kept.
     pub fn keep_fd(&self, fd: OwnedFd) -> BorrowedFd<'_> {
-        let raw = fd.as_raw_fd();
-        if self
-            .fd
-            .compare_exchange(-1, raw, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            // The node owns it now (closed when the node is dropped).
-            let _ = fd.into_raw_fd();
-        } else {
-            drop(fd);
-        }
+        let kept = self.fd.set(fd);
         // The parent is no longer needed to reach this inode.
         let origin = self.state().origin.take();
         drop(origin);
-        match self.opened_fd() {
-            Some(fd) => fd,
-            None => unreachable!("the descriptor was set above or before"),
-        }
+        kept
     }
 
     /// The file handle, if one was taken.
@@ -403,29 +369,11 @@ impl InodeData {
 
     /// Keeps `h` as this inode's file handle (unless one is kept already).
     pub fn keep_file_handle(&self, h: FileHandle) {
-        let fhs = match self.file_handles() {
-            Some(f) => f,
-            None => {
-                let new = Box::into_raw(Box::<FileHandles>::default());
-                match self.file_handles.compare_exchange(
-                    std::ptr::null_mut(),
-                    new,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    // SAFETY: just set from a `Box`; freed only with the node.
-                    Ok(_) => unsafe { &*new },
-                    Err(cur) => {
-                        // SAFETY: `new` was not published: it is ours to free.
-                        drop(unsafe { Box::from_raw(new) });
-                        // SAFETY: set once by another thread from a `Box`, freed only with
-                        // the node.
-                        unsafe { &*cur }
-                    }
-                }
-            }
-        };
-        let _ = fhs.kept.set(h);
+        let _ = self
+            .file_handles
+            .get_or_init(Box::<FileHandles>::default)
+            .kept
+            .set(h);
     }
 
     pub fn is_dir(&self) -> bool {
@@ -452,7 +400,7 @@ pub struct OriginName {
 
 impl OriginName {
     /// `name` (without a NUL, and none inside: it came from a C string).
-    fn new(name: &[u8]) -> Self {
+    pub(super) fn new(name: &[u8]) -> Self {
         let mut n = OriginName {
             buf: [0u8; 256],
             len: 0,
@@ -486,13 +434,14 @@ impl std::ops::Deref for OriginName {
 /// node's slot (see [`slab`]), whose node holds its id and key: a node costs the tables
 /// 2 × 5 bytes a slot (with hashbrown's control byte), not a copy of its key.
 ///
-/// Every slot in `by_id` holds one reference on its node (given back when the entry goes, or
-/// when the tables are dropped); `by_key` holds a subset of the same slots and no reference.
-struct Maps {
+/// Every entry is a [`Slot`]: it holds one reference on its node (given back when the entry
+/// goes, or when the tables are dropped), and leads to it safely. `by_key` holds a subset of
+/// the nodes of `by_id`.
+pub(super) struct Maps {
     /// Node id → inode.
-    by_id: HashTable<u32>,
+    pub(super) by_id: HashTable<Slot<InodeData>>,
     /// Key → the inode that key leads to now (a retired inode is in `by_id` only).
-    by_key: HashTable<u32>,
+    pub(super) by_key: HashTable<Slot<InodeData>>,
     /// Keyed hashing of keys: the host's inode numbers are not chosen by the daemon.
     keys: RandomState,
     /// The secret of the id hash (see [`id_hash`]).
@@ -511,31 +460,13 @@ impl Default for Maps {
     }
 }
 
-impl Drop for Maps {
-    fn drop(&mut self) {
-        for s in self.by_id.drain() {
-            // SAFETY: each slot of `by_id` holds the reference `Maps::add` was given.
-            drop(unsafe { Node::from_slot(s) });
-        }
-    }
-}
-
 /// Hash of a node id with the table's secret `seed`: a 128-bit product folded onto itself, so
 /// that every bit of the id reaches the low bits that choose the slot. Ids are the daemon's
 /// own, but a migration state names ids of its own choosing: ids sharing their low bits
 /// (`k << 40`) must not share a slot, or a forged state would make each lookup O(n).
-fn id_hash(seed: u64, id: u64) -> u64 {
+pub(super) fn id_hash(seed: u64, id: u64) -> u64 {
     let p = u128::from(id ^ seed) * 0x9e37_79b9_7f4a_7c15_u128;
     (p as u64) ^ ((p >> 64) as u64)
-}
-
-/// The node in slot `s` of a table.
-///
-/// # Safety
-/// `s` is in `by_id` of the tables borrowed for `'a` (whose reference keeps it live).
-unsafe fn node<'a>(s: u32) -> &'a InodeData {
-    // SAFETY: as the caller promises.
-    unsafe { slab::borrow_slot::<InodeData>(s) }
 }
 
 impl Maps {
@@ -544,49 +475,34 @@ impl Maps {
     }
 
     /// The secret of the id hash (random per table).
-    fn id_seed(&self) -> u64 {
+    pub(super) fn id_seed(&self) -> u64 {
         self.seed
     }
 
-    fn find_id(&self, id: u64) -> Option<u32> {
-        // SAFETY (all closures below): every slot in the tables is live while they are
-        // borrowed.
-        self.by_id
-            .find(
-                id_hash(self.id_seed(), id),
-                // SAFETY: a slot of the tables, live while they are borrowed.
-                |&s| unsafe { node(s) }.id == id,
-            )
-            .copied()
+    fn find_id(&self, id: u64) -> Option<&Slot<InodeData>> {
+        self.by_id.find(id_hash(self.id_seed(), id), |s| s.id == id)
     }
 
     fn get_id(&self, id: u64) -> Option<&InodeData> {
-        // SAFETY: a slot of `by_id`, live while `self` is borrowed.
-        self.find_id(id).map(|s| unsafe { node(s) })
+        self.find_id(id).map(|s| &**s)
     }
 
     /// The node `id`, with one more reference.
     fn clone_id(&self, id: u64) -> Option<Node> {
-        // SAFETY: a slot of `by_id`, live while `self` is borrowed.
-        self.find_id(id).map(|s| unsafe { slab::clone_slot(s) })
+        self.find_id(id).map(Slot::to_ref)
     }
 
-    fn find_key(&self, key: &InodeKey) -> Option<u32> {
-        self.by_key
-            // SAFETY: a slot of the tables, live while they are borrowed.
-            .find(self.key_hash(key), |&s| unsafe { node(s) }.key == *key)
-            .copied()
+    fn find_key(&self, key: &InodeKey) -> Option<&Slot<InodeData>> {
+        self.by_key.find(self.key_hash(key), |s| s.key == *key)
     }
 
     fn get_key(&self, key: &InodeKey) -> Option<&InodeData> {
-        // SAFETY: a slot of `by_key`, which are slots of `by_id`.
-        self.find_key(key).map(|s| unsafe { node(s) })
+        self.find_key(key).map(|s| &**s)
     }
 
     /// The node of `key`, with one more reference.
     fn clone_key(&self, key: &InodeKey) -> Option<Node> {
-        // SAFETY: a slot of `by_key`, which are slots of `by_id`.
-        self.find_key(key).map(|s| unsafe { slab::clone_slot(s) })
+        self.find_key(key).map(Slot::to_ref)
     }
 
     fn has_id(&self, id: u64) -> bool {
@@ -599,31 +515,22 @@ impl Maps {
         let seed = self.id_seed();
         let keys = &self.keys;
         let (id, key) = (data.id, data.key);
-        let s = data.into_slot();
-        self.by_key.insert_unique(keys.hash_one(key), s, |&s| {
-            // SAFETY: a slot of the tables, live while they are borrowed.
-            keys.hash_one(unsafe { node(s) }.key)
-        });
-        self.by_id.insert_unique(id_hash(seed, id), s, |&s| {
-            // SAFETY: a slot of the tables, live while they are borrowed.
-            id_hash(seed, unsafe { node(s) }.id)
-        });
+        self.by_key
+            .insert_unique(keys.hash_one(key), Slot::new(data.clone()), |s| {
+                keys.hash_one(s.key)
+            });
+        self.by_id
+            .insert_unique(id_hash(seed, id), Slot::new(data), |s| id_hash(seed, s.id));
     }
 
     /// Removes the inode `id` from both indexes (from the key index only if its key still
     /// leads to it), and gives back the reference the tables held.
     fn remove(&mut self, id: u64) -> Option<Node> {
         let seed = self.id_seed();
-        let s = match self
-            .by_id
-            // SAFETY: a slot of the tables, live while they are borrowed.
-            .find_entry(id_hash(seed, id), |&s| unsafe { node(s) }.id == id)
-        {
-            Ok(e) => e.remove().0,
+        let data = match self.by_id.find_entry(id_hash(seed, id), |s| s.id == id) {
+            Ok(e) => e.remove().0.into_ref(),
             Err(_) => return None,
         };
-        // SAFETY: the slot was in `by_id`, whose reference this takes over.
-        let data = unsafe { Node::from_slot(s) };
         self.unkey(&data);
         Some(data)
     }
@@ -631,11 +538,7 @@ impl Maps {
     /// Removes `data` from the key index, if its key leads to it.
     fn unkey(&mut self, data: &InodeData) {
         let h = self.key_hash(&data.key);
-        if let Ok(e) = self
-            .by_key
-            // SAFETY: a slot of the tables, live while they are borrowed.
-            .find_entry(h, |&s| unsafe { node(s) }.id == data.id)
-        {
+        if let Ok(e) = self.by_key.find_entry(h, |s| s.id == data.id) {
             e.remove();
         }
     }
@@ -646,69 +549,12 @@ impl Maps {
 
     /// Every node, with one more reference each.
     fn nodes(&self) -> Vec<Node> {
-        // SAFETY: slots of `by_id`, live while `self` is borrowed.
-        self.by_id
-            .iter()
-            .map(|&s| unsafe { slab::clone_slot(s) })
-            .collect()
-    }
-}
-
-/// Bytes the guest's forgets freed since the allocator last gave its free pages back.
-static FREED: AtomicUsize = AtomicUsize::new(0);
-/// Freed bytes past which the allocator gives its free pages back: often enough that a walk the
-/// guest forgot leaves at most this much behind, seldom enough (once per some 6,000 nodes) that
-/// the trim costs a forget nothing noticeable.
-const TRIM_EVERY: usize = 1 << 20;
-
-/// Records that forgetting freed `bytes`; past [`TRIM_EVERY`] the allocator's free pages go
-/// back to the system.
-pub fn freed(bytes: usize) {
-    if FREED.fetch_add(bytes, Ordering::Relaxed) + bytes >= TRIM_EVERY {
-        FREED.store(0, Ordering::Relaxed);
-        give_back_free_memory();
-    }
-}
-
-/// Makes the allocator give memory back as the guest forgets (the nodes are not the
-/// allocator's: see `passthrough::slab`; the tables, listings and names are):
-/// - glibc raises its thresholds each time a large block is freed (the node tables,
-///   reallocated as they grow, are such blocks), up to 32 MiB for what it maps on its own and
-///   64 MiB for the free room it keeps at the top of a heap. Fixed thresholds end that: blocks
-///   of 256 KiB and more are mappings of their own, and more than 1 MiB free at the top of a
-///   heap is returned at once (not less: a request's large buffers, freed in turn, must not
-///   make each request give pages back and fault them in again).
-/// - One arena: `malloc_trim` does not reach the top of the heaps glibc makes for other
-///   threads, where up to that 1 MiB each stayed after the guest forgot a walk. The daemon's
-///   requests allocate next to nothing (`tests/allocations.rs`), so they do not wait on one
-///   another for it.
-///
-/// Called once at start, by the daemon.
-pub fn allocator_gives_memory_back() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only changes the allocator's tunables; it has no precondition, and these
-    // values are within the documented ranges.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 20);
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
-}
-
-/// Returns the allocator's free pages to the system (glibc keeps freed small blocks in its
-/// arenas otherwise), and the pages of free node slots.
-pub fn give_back_free_memory() {
-    slab::give_back_free_pages();
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only releases memory the allocator holds free; it has no
-    // precondition.
-    unsafe {
-        libc::malloc_trim(0);
+        self.by_id.iter().map(Slot::to_ref).collect()
     }
 }
 
 /// Tables smaller than this many slots are left as they are.
-const SHRINK_FLOOR: usize = 256;
+pub(super) const SHRINK_FLOOR: usize = 256;
 
 impl Maps {
     /// Gives the tables' room back once a quarter of it is used (the guest forgot most of what
@@ -719,17 +565,13 @@ impl Maps {
         let seed = self.id_seed();
         let sparse = |cap: usize, len: usize| cap > SHRINK_FLOOR && len.saturating_mul(4) < cap;
         if sparse(self.by_id.capacity(), self.by_id.len()) {
-            self.by_id.shrink_to(self.by_id.len() * 2, |&s| {
-                // SAFETY: a slot of the tables, live while they are borrowed.
-                id_hash(seed, unsafe { node(s) }.id)
-            });
+            self.by_id
+                .shrink_to(self.by_id.len() * 2, |s| id_hash(seed, s.id));
         }
         if sparse(self.by_key.capacity(), self.by_key.len()) {
             let keys = &self.keys;
-            self.by_key.shrink_to(self.by_key.len() * 2, |&s| {
-                // SAFETY: a slot of the tables, live while they are borrowed.
-                keys.hash_one(unsafe { node(s) }.key)
-            });
+            self.by_key
+                .shrink_to(self.by_key.len() * 2, |s| keys.hash_one(s.key));
         }
     }
 }
@@ -791,7 +633,7 @@ fn new_node(id: u64, n: NewInode) -> Result<Node, NotAdded> {
 
 /// Node id → inode, and host identity → node id.
 pub struct InodeStore {
-    maps: RwLock<Maps>,
+    pub(super) maps: RwLock<Maps>,
     next_id: AtomicU64,
     /// Ids of inodes whose file is gone from the host with nothing left to serve it (see
     /// [`InodeStore::bury`]), as ranges `start → end` (exclusive): the ids the guest has not
@@ -801,24 +643,9 @@ pub struct InodeStore {
     dead: Mutex<BTreeMap<u64, u64>>,
     /// Most nodes and ranges of dead ids held together (`--max-nodes`).
     limit: AtomicUsize,
-    /// The most inodes held since the allocator last gave its free pages back: once half of
-    /// them are forgotten it gives them back again, so that a walk the guest forgets leaves
-    /// nothing behind (the last give-back comes with the last forget) for O(log n) give-backs.
-    high_water: AtomicUsize,
-    /// Nodes removed since the allocator last gave its free pages back: a give-back needs
-    /// [`TRIM_AFTER_NODES`] of them, so that a guest that looks up and forgets one file in turn
-    /// cannot make every FORGET cost one.
-    removed_since_trim: AtomicUsize,
-    /// Give-backs made (for the tests).
-    give_backs: AtomicUsize,
+    /// When FORGETs give the free memory back.
+    pub(super) give_back: GiveBack,
 }
-
-/// Nodes removed between two give-backs at least (about 26 KiB of nodes).
-const TRIM_AFTER_NODES: usize = 256;
-
-/// Nodes removed since the last give-back for one to be made when the guest has forgotten
-/// every node.
-const TRIM_LAST: usize = 16;
 
 impl InodeStore {
     /// A store holding only the root directory, as [`ROOT_ID`].
@@ -833,9 +660,7 @@ impl InodeStore {
             next_id: AtomicU64::new(ROOT_ID + 1),
             dead: Mutex::new(BTreeMap::new()),
             limit: AtomicUsize::new(usize::MAX),
-            high_water: AtomicUsize::new(1),
-            removed_since_trim: AtomicUsize::new(0),
-            give_backs: AtomicUsize::new(0),
+            give_back: GiveBack::default(),
         };
         store.insert_root(root_fd, root_st, x, identity)?;
         Ok(store)
@@ -926,7 +751,7 @@ impl InodeStore {
         }
         let data = new_node(id, n)?;
         maps.add(data.clone());
-        self.high_water.fetch_max(maps.len(), Ordering::Relaxed);
+        self.give_back.held(maps.len());
         self.trim(
             &mut self.dead.lock().unwrap_or_else(PoisonError::into_inner),
             maps.len(),
@@ -1105,20 +930,7 @@ impl InodeStore {
             }
             let removed = maps.remove(id);
             maps.shrink_when_sparse();
-            let len = maps.len();
-            let since = self.removed_since_trim.fetch_add(1, Ordering::Relaxed) + 1;
-            // Half the nodes held at the peak are gone (and enough since the last time), or the
-            // guest forgot everything: then the last nodes since the last halving (fewer than
-            // `TRIM_AFTER_NODES` may be left by then) go back too, once some were forgotten (a
-            // guest that looks up and forgets one file in turn gets one give-back per
-            // `TRIM_LAST` FORGETs, not one each).
-            let halved = (since >= TRIM_AFTER_NODES
-                && len.saturating_mul(2) <= self.high_water.load(Ordering::Relaxed))
-                || (len <= 1 && since >= TRIM_LAST);
-            if halved {
-                self.high_water.store(len.max(1), Ordering::Relaxed);
-                self.removed_since_trim.store(0, Ordering::Relaxed);
-            }
+            let halved = self.give_back.removed(maps.len());
             (removed, halved)
         };
         // The descriptor closes outside the lock (when the last `Arc` goes).
@@ -1128,12 +940,10 @@ impl InodeStore {
             .as_ref()
             .filter(|d| d.is_dir() && !d.is_stale())
             .map(|d| d.key);
+        // When half the nodes are gone since the last give-back, free in the allocator's
+        // arenas, in pages it keeps (the tables' room too, after a shrink), the caller gives
+        // those back.
         drop(removed);
-        if halved {
-            // Half the nodes are gone since the last give-back, free in the allocator's
-            // arenas, in pages it keeps (the tables' room too, after a shrink): give those back.
-            self.give_backs.fetch_add(1, Ordering::Relaxed);
-        }
         Forgotten {
             dir,
             give_back: halved,
@@ -1169,7 +979,7 @@ impl InodeStore {
         let data = new_node(id, n)?;
         data.refcount.store(refcount.max(1), Ordering::Relaxed);
         maps.add(data.clone());
-        self.high_water.fetch_max(maps.len(), Ordering::Relaxed);
+        self.give_back.held(maps.len());
         self.trim(
             &mut self.dead.lock().unwrap_or_else(PoisonError::into_inner),
             maps.len(),
@@ -1251,548 +1061,5 @@ impl InodeStore {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::passthrough::sys;
-
-    fn open_path(dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> (OwnedFd, InodeKey) {
-        let fd = sys::openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0).unwrap();
-        let (st, x) = sys::stat_fd_mnt(fd.as_fd()).unwrap();
-        (fd, InodeKey::new(&st, &x, Identity::Birth).unwrap())
-    }
-
-    fn store_on(dir: &std::path::Path) -> (InodeStore, OwnedFd) {
-        let root: OwnedFd = std::fs::File::open(dir).unwrap().into();
-        let fd = sys::openat(root.as_fd(), c".", libc::O_PATH, 0).unwrap();
-        let (st, x) = sys::stat_fd_mnt(fd.as_fd()).unwrap();
-        (InodeStore::new(fd, &st, &x, Identity::Birth).unwrap(), root)
-    }
-
-    fn new_inode(key: InodeKey, fd: OwnedFd) -> NewInode {
-        NewInode {
-            key,
-            identity: Identity::Birth,
-            source: Source::Fd(fd),
-            handle: None,
-            settled: true,
-        }
-    }
-
-    #[test]
-    fn same_host_file_gets_same_id_and_counts_references() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("f"), b"x").unwrap();
-        let (store, root) = store_on(tmp.path());
-        let (fd1, key) = open_path(root.as_fd(), c"f");
-        let (fd2, key2) = open_path(root.as_fd(), c"f");
-        assert_eq!(key, key2);
-        let a = store.insert(new_inode(key, fd1)).ok().unwrap().id;
-        assert_ne!(a, ROOT_ID);
-        // A second insert of the same key is handed back: the caller checks the known inode.
-        assert!(store.insert(new_inode(key, fd2)).is_err());
-        assert_eq!(store.ref_known(&key).unwrap().id, a);
-        assert_eq!(store.get(a).unwrap().refcount(), 2);
-        store.forget(a, 1);
-        assert_eq!(store.get(a).unwrap().refcount(), 1);
-        store.forget(a, 1);
-        assert!(store.get(a).is_none());
-        assert_eq!(store.len(), 1);
-    }
-
-    /// A guest that forgets every other id of a range of buried ids splits it at each FORGET:
-    /// the ranges count against the limit with the nodes, the oldest dropped first.
-    #[test]
-    fn ranges_of_buried_ids_and_nodes_together_stay_within_the_limit() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("f"), b"x").unwrap();
-        let (store, root) = store_on(tmp.path());
-        store.set_limit(16);
-        let (fd, base) = open_path(root.as_fd(), c"f");
-        drop(fd);
-        let mut ids = Vec::new();
-        for i in 0..200 {
-            let mut key = base;
-            key.ino = base.ino + 1_000_000 + i;
-            let n = store
-                .insert(NewInode {
-                    key,
-                    identity: Identity::Birth,
-                    source: Source::Found(Origin::new(store.get(ROOT_ID).unwrap(), c"f")),
-                    handle: None,
-                    settled: true,
-                })
-                .ok()
-                .unwrap();
-            store.bury(&n);
-            ids.push(n.id);
-        }
-        assert_eq!(store.dead_ranges(), 1, "ids buried in a row make one range");
-        let kept = store.insert(new_inode(base, open_path(root.as_fd(), c"f").0));
-        let kept = kept.ok().unwrap();
-        for id in ids.iter().step_by(2) {
-            store.forget(*id, 1);
-            assert!(
-                store.dead_ranges() + store.len() <= 16,
-                "{} ranges and {} nodes",
-                store.dead_ranges(),
-                store.len()
-            );
-        }
-        // The newest stay stale; the oldest were dropped (never given again).
-        assert!(store.is_dead(ids[199]) && store.is_dead(ids[197]));
-        assert!(!store.is_dead(ids[1]));
-        assert_eq!(store.dead_ranges(), 14, "the root and one node take two");
-        assert!(store.get(kept.id).is_some());
-    }
-
-    #[test]
-    fn buried_ids_answer_until_forgotten_and_cost_a_range() {
-        let tmp = tempfile::tempdir().unwrap();
-        let (store, root) = store_on(tmp.path());
-        let mut ids = Vec::new();
-        for i in 0..6 {
-            let name = std::ffi::CString::new(format!("f{i}")).unwrap();
-            std::fs::write(tmp.path().join(format!("f{i}")), b"x").unwrap();
-            let (fd, key) = open_path(root.as_fd(), &name);
-            ids.push(store.insert(new_inode(key, fd)).ok().unwrap());
-        }
-        // Buried out of order: consecutive ids join into one range.
-        for i in [1, 3, 2, 5] {
-            store.bury(&ids[i]);
-            assert!(store.get(ids[i].id).is_none());
-        }
-        assert_eq!(store.dead_ranges(), 2, "{{1,2,3}} and {{5}}");
-        for (i, dead) in [
-            (0, false),
-            (1, true),
-            (2, true),
-            (3, true),
-            (4, false),
-            (5, true),
-        ] {
-            assert_eq!(store.is_dead(ids[i].id), dead, "{i}");
-        }
-        assert_eq!(store.len(), 3, "the root, 0 and 4");
-        // Forgetting splits a range; an unknown id forgets nothing.
-        store.forget(ids[2].id, 1);
-        assert!(!store.is_dead(ids[2].id));
-        assert!(store.is_dead(ids[1].id) && store.is_dead(ids[3].id));
-        assert_eq!(store.dead_ranges(), 3);
-        store.forget(ids[2].id, 1);
-        store.forget(u64::MAX, 1);
-        assert_eq!(store.dead_ranges(), 3);
-        for i in [1, 3, 5] {
-            store.forget(ids[i].id, 1);
-        }
-        assert_eq!(store.dead_ranges(), 0);
-        // A live inode is not touched by a forget of a buried neighbour.
-        assert_eq!(store.get(ids[4].id).unwrap().refcount(), 1);
-    }
-
-    #[test]
-    fn the_tables_give_their_room_back_when_the_guest_forgets() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("f"), b"x").unwrap();
-        let (store, root) = store_on(tmp.path());
-        let (fd, base) = open_path(root.as_fd(), c"f");
-        drop(fd);
-        let n = 50_000u64;
-        let mut ids = Vec::new();
-        for i in 0..n {
-            // Keys of files that need not exist: the table only compares them.
-            let mut key = base;
-            key.ino = base.ino + 1_000_000 + i;
-            let n = NewInode {
-                key,
-                identity: Identity::Birth,
-                source: Source::Found(Origin::new(store.get(ROOT_ID).unwrap(), c"f")),
-                handle: None,
-                settled: true,
-            };
-            ids.push(store.insert(n).ok().unwrap().id);
-        }
-        let full = store.maps.read().unwrap().by_id.capacity();
-        assert!(full >= n as usize);
-        for id in &ids[..ids.len() - 10] {
-            store.forget(*id, 1);
-        }
-        let maps = store.maps.read().unwrap();
-        assert_eq!(maps.by_id.len(), 11);
-        assert!(
-            maps.by_id.capacity() <= SHRINK_FLOOR * 2 && maps.by_key.capacity() <= SHRINK_FLOOR * 2,
-            "{} and {} slots for 11 nodes (were {full})",
-            maps.by_id.capacity(),
-            maps.by_key.capacity()
-        );
-    }
-
-    #[test]
-    fn lost_and_carried_over_ids_are_ranges_that_nothing_else_takes() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("f"), b"x").unwrap();
-        let (store, root) = store_on(tmp.path());
-        let (fd, key) = open_path(root.as_fd(), c"f");
-        let real = store.restore(10, new_inode(key, fd), 1).ok().unwrap();
-        // Lost ids in a row make one range; taken ids and the root are refused.
-        for id in [4, 5, 6] {
-            assert!(store.restore_lost(id));
-        }
-        assert_eq!(store.dead_ranges(), 1);
-        for taken in [0, ROOT_ID, 5, real.id] {
-            assert!(!store.restore_lost(taken), "{taken}");
-        }
-        // Ranges carried over from a source: empty ones and ones meeting a range refused.
-        assert!(store.restore_dead_range(20, 30));
-        for (start, end) in [(7, 7), (8, 5), (6, 8), (25, 40), (15, 21), (ROOT_ID, 3)] {
-            assert!(!store.restore_dead_range(start, end), "{start}..{end}");
-        }
-        assert_eq!(store.dead_ranges_list(), vec![(4, 7), (20, 30)]);
-        assert!(store.is_dead(29) && !store.is_dead(30) && !store.is_dead(7));
-        // A restored node cannot take a dead id; new ids come after them all.
-        std::fs::write(tmp.path().join("g"), b"x").unwrap();
-        let (fd, key2) = open_path(root.as_fd(), c"g");
-        assert!(store.restore(25, new_inode(key2, fd), 1).is_err());
-        let (fd, key2) = open_path(root.as_fd(), c"g");
-        assert!(store.restore(31, new_inode(key2, fd), 1).is_ok());
-        assert!(store.next_id() >= 30);
-    }
-
-    #[test]
-    fn a_retired_inode_keeps_its_id_but_not_its_key() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("f"), b"x").unwrap();
-        let (store, root) = store_on(tmp.path());
-        let (fd1, key) = open_path(root.as_fd(), c"f");
-        let (fd2, _) = open_path(root.as_fd(), c"f");
-        let old = store.insert(new_inode(key, fd1)).ok().unwrap();
-        store.retire(&old);
-        assert!(old.is_stale());
-        assert!(store.ref_known(&key).is_none());
-        // A new file with the same key becomes a new inode beside the retired one.
-        let new = store.insert(new_inode(key, fd2)).ok().unwrap();
-        assert_ne!(new.id, old.id);
-        assert_eq!(store.ref_known(&key).unwrap().id, new.id);
-        // Forgetting the retired inode leaves the new one's key alone.
-        store.forget(old.id, 1);
-        assert!(store.get(old.id).is_none());
-        assert_eq!(store.find(&key).unwrap().id, new.id);
-    }
-
-    #[test]
-    fn root_and_unknown_ids_ignore_forget() {
-        let tmp = tempfile::tempdir().unwrap();
-        let (store, _root) = store_on(tmp.path());
-        store.forget(ROOT_ID, 100);
-        store.forget(12345, 1);
-        assert!(store.get(ROOT_ID).is_some());
-    }
-
-    #[test]
-    fn clear_keeps_only_the_root() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("f"), b"x").unwrap();
-        let (store, root) = store_on(tmp.path());
-        let (fd, key) = open_path(root.as_fd(), c"f");
-        let id = store.insert(new_inode(key, fd)).ok().unwrap().id;
-        store.clear();
-        assert!(store.get(id).is_none());
-        assert!(store.get(ROOT_ID).is_some());
-        assert_eq!(store.len(), 1);
-    }
-
-    /// What a node held by a walk costs: its slot (the node itself, with its name inside) and a
-    /// slot number in each index. A field added to every node shows here first; what only
-    /// opened nodes need goes in `Opened`.
-    #[test]
-    fn a_node_of_a_walk_is_its_slot_with_its_name_inside() {
-        assert!(
-            std::mem::size_of::<InodeData>() <= 104,
-            "{} bytes",
-            std::mem::size_of::<InodeData>()
-        );
-        assert_eq!(std::mem::size_of::<InodeKey>(), 24);
-        assert_eq!(std::mem::size_of::<StoredName>(), 16);
-        assert_eq!(std::mem::size_of::<Option<Origin>>(), 24);
-        let short = StoredName::new(c"name-14-bytes.");
-        assert!(matches!(short, StoredName::Inline { .. }));
-        assert_eq!(short.bytes(), b"name-14-bytes.");
-        let long = StoredName::new(c"name-of-15-bytes");
-        assert!(matches!(long, StoredName::Heap(_)));
-        assert_eq!(long.bytes(), b"name-of-15-bytes");
-        let empty = StoredName::new(c"");
-        assert_eq!(empty.bytes(), b"");
-        let max = std::ffi::CString::new(vec![b'x'; 255]).unwrap();
-        assert_eq!(StoredName::new(&max).bytes(), max.as_bytes());
-        assert_eq!(&*OriginName::new(max.as_bytes()), max.as_c_str());
-        let longer = std::ffi::CString::new(vec![b'y'; 300]).unwrap();
-        assert_eq!(&*OriginName::new(longer.as_bytes()), longer.as_c_str());
-    }
-
-    fn loose_node(id: u64, key: InodeKey, source: Source) -> Node {
-        Node::new(InodeData::new(
-            id,
-            NewInode {
-                key,
-                identity: Identity::Birth,
-                source,
-                handle: None,
-                settled: true,
-            },
-        ))
-    }
-
-    /// A chain of nodes each held only by its child (its parent forgotten first): dropping the
-    /// last child drops them all one after the other, on a stack far too small for one nested
-    /// drop per node.
-    #[test]
-    fn a_chain_of_parents_as_long_as_a_guest_likes_is_dropped_without_recursion() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("f"), b"x").unwrap();
-        let (_store, root) = store_on(tmp.path());
-        let (fd, key) = open_path(root.as_fd(), c"f");
-        std::thread::Builder::new()
-            .stack_size(64 << 10)
-            .spawn(move || {
-                let mut last = loose_node(2, key, Source::Fd(fd));
-                for i in 0..200_000 {
-                    last = loose_node(3 + i, key, Source::Found(Origin::new(last, c"n")));
-                }
-                let (parent, name) = last.origin().unwrap();
-                assert_eq!(parent.id, 200_001);
-                assert_eq!(&*name, c"n");
-                drop(parent);
-                drop(last);
-            })
-            .unwrap()
-            .join()
-            .unwrap();
-    }
-
-    /// Nodes made, shared and dropped on many threads at once: no two live nodes share a slot,
-    /// and a node's references all come back.
-    #[test]
-    fn nodes_made_and_dropped_on_many_threads_never_share_a_slot() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("f"), b"x").unwrap();
-        let (_store, root) = store_on(tmp.path());
-        let (fd, key) = open_path(root.as_fd(), c"f");
-        let shared = loose_node(2, key, Source::Fd(fd));
-        let threads: Vec<_> = (0..4u64)
-            .map(|t| {
-                let shared = shared.clone();
-                std::thread::spawn(move || {
-                    let mut mine = Vec::new();
-                    for i in 0..5_000u64 {
-                        let n = loose_node(
-                            10 + t * 10_000 + i,
-                            key,
-                            Source::Found(Origin::new(shared.clone(), c"n")),
-                        );
-                        if i % 3 == 0 {
-                            drop(n);
-                        } else {
-                            mine.push(n);
-                        }
-                    }
-                    mine
-                })
-            })
-            .collect();
-        let all: Vec<Node> = threads
-            .into_iter()
-            .flat_map(|t| t.join().unwrap())
-            .collect();
-        let mut addrs: Vec<usize> = all
-            .iter()
-            .map(|n| &**n as *const InodeData as usize)
-            .collect();
-        addrs.sort_unstable();
-        addrs.dedup();
-        assert_eq!(addrs.len(), all.len(), "two live nodes in one slot");
-        for n in &all {
-            assert_eq!(n.origin().unwrap().0.id, 2);
-        }
-        assert_eq!(
-            shared.pins().load(Ordering::Relaxed) as usize,
-            1 + all.len()
-        );
-        drop(all);
-        assert_eq!(shared.pins().load(Ordering::Relaxed), 1);
-    }
-
-    /// Slots are reused as soon as a node goes, but node ids are not: an id the guest forgot
-    /// names nothing afterwards (not the node that took its slot), and every new node gets an
-    /// id never given before, whose key is its own file's.
-    #[test]
-    fn a_forgotten_id_never_names_the_node_that_took_its_slot() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("f"), b"x").unwrap();
-        std::fs::write(tmp.path().join("g"), b"y").unwrap();
-        let (store, root) = store_on(tmp.path());
-        let (_fd, kf) = open_path(root.as_fd(), c"f");
-        let (_fd, kg) = open_path(root.as_fd(), c"g");
-        let found = |key| NewInode {
-            key,
-            identity: Identity::Birth,
-            source: Source::Found(Origin::new(store.get(ROOT_ID).unwrap(), c"n")),
-            handle: None,
-            settled: true,
-        };
-        let mut seen = std::collections::HashSet::new();
-        let mut last: Option<(u64, *const InodeData)> = None;
-        let mut slot_reused = 0;
-        for i in 0..2_000 {
-            let key = if i % 2 == 0 { kf } else { kg };
-            let n = store.insert(found(key)).ok().unwrap();
-            let (id, addr) = (n.id, &*n as *const InodeData);
-            assert!(seen.insert(id), "id {id} given twice");
-            assert_eq!(n.key, key);
-            drop(n);
-            if let Some((old, old_addr)) = last {
-                assert!(
-                    store.get(old).is_none(),
-                    "forgotten id {old} still names a node"
-                );
-                slot_reused += usize::from(old_addr == addr);
-            }
-            store.forget(id, 1);
-            assert!(store.get(id).is_none());
-            assert!(store.find(&key).is_none());
-            last = Some((id, addr));
-        }
-        // The lowest free slot is taken: most turns reuse the slot just freed (other tests'
-        // nodes may take it in between).
-        assert!(slot_reused > 0);
-        assert_eq!(store.len(), 1);
-    }
-
-    /// A slot number handed to the tables gives back the same node, and its reference.
-    #[test]
-    fn slot_numbers_lead_back_to_their_node() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("f"), b"x").unwrap();
-        let (_store, root) = store_on(tmp.path());
-        let (fd, key) = open_path(root.as_fd(), c"f");
-        let n = loose_node(7, key, Source::Fd(fd));
-        let kept = n.clone();
-        let s = n.into_slot();
-        // SAFETY: `s` came from `into_slot` and was not taken back.
-        let back = unsafe { slab::clone_slot(s) };
-        assert!(Node::ptr_eq(&back, &kept));
-        assert_eq!(kept.pins().load(Ordering::Relaxed), 3);
-        drop(back);
-        // SAFETY: as above; this takes the reference back.
-        drop(unsafe { Node::from_slot(s) });
-        assert_eq!(kept.pins().load(Ordering::Relaxed), 1);
-        assert!(kept.opened_fd().is_some());
-    }
-
-    /// A node found again by name while another thread gives it its descriptor ends with the
-    /// descriptor and no parent: a parent kept beside the descriptor would hold the parent's
-    /// node (and the parents above it) for as long as the guest holds this one.
-    #[test]
-    fn a_node_given_its_descriptor_while_found_again_keeps_no_parent() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("f"), b"x").unwrap();
-        let (_store, root) = store_on(tmp.path());
-        let (fd, key) = open_path(root.as_fd(), c"f");
-        let parent = loose_node(2, key, Source::Fd(fd));
-        let other = loose_node(3, key, Source::Fd(open_path(root.as_fd(), c"f").0));
-        let (batches, turns) = (50, 2_000);
-        let mut kept = 0;
-        for b in 0..batches {
-            let nodes: Vec<Node> = (0..turns)
-                .map(|i| {
-                    let origin = Origin::new(parent.clone(), c"f");
-                    loose_node(10 + b * turns + i, key, Source::Found(origin))
-                })
-                .collect();
-            let fds: Vec<OwnedFd> = (0..turns)
-                .map(|_| open_path(root.as_fd(), c"f").0)
-                .collect();
-            let barrier = std::sync::Barrier::new(2);
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    for n in &nodes {
-                        barrier.wait();
-                        n.found_at(&other, c"g");
-                    }
-                });
-                for (n, fd) in nodes.iter().zip(fds) {
-                    barrier.wait();
-                    n.keep_fd(fd);
-                }
-            });
-            kept += nodes.iter().filter(|n| n.origin().is_some()).count();
-        }
-        let turns = batches * turns;
-        assert_eq!(
-            kept, 0,
-            "{kept} of {turns} nodes keep a parent beside their descriptor"
-        );
-    }
-
-    /// Ids a migration state chooses (`k << 40`: the same low bits) still spread over the
-    /// table's slots, which the low bits of the hash choose.
-    #[test]
-    fn ids_sharing_their_low_bits_do_not_share_a_slot() {
-        let maps = Maps::default();
-        let slots: std::collections::HashSet<u64> = (0..1024u64)
-            .map(|k| id_hash(maps.id_seed(), k << 40) & 1023)
-            .collect();
-        // 1,024 random picks of 1,024 slots fill about 647.
-        assert!(slots.len() > 500, "{} slots of 1024", slots.len());
-    }
-
-    /// A guest that looks up and forgets one file in turn makes a give-back of free memory
-    /// once per many forgets, not at each; a walk it forgets whole gets a few, the last near
-    /// its end.
-    #[test]
-    fn free_memory_is_given_back_after_many_forgets_only() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("f"), b"x").unwrap();
-        let (store, root) = store_on(tmp.path());
-        let (fd, base) = open_path(root.as_fd(), c"f");
-        drop(fd);
-        let node = |i: u64| {
-            let mut key = base;
-            key.ino = base.ino + 1_000_000 + i;
-            NewInode {
-                key,
-                identity: Identity::Birth,
-                source: Source::Found(Origin::new(store.get(ROOT_ID).unwrap(), c"f")),
-                handle: None,
-                settled: true,
-            }
-        };
-        for i in 0..1000 {
-            let id = store.insert(node(i)).ok().unwrap().id;
-            store.forget(id, 1);
-        }
-        let gave = store.give_backs.load(Ordering::Relaxed);
-        assert!(
-            gave <= 1000 / TRIM_LAST,
-            "{gave} give-backs for 1,000 forgets"
-        );
-        let ids: Vec<u64> = (1000..11_000)
-            .map(|i| store.insert(node(i)).ok().unwrap().id)
-            .collect();
-        let before = store.give_backs.load(Ordering::Relaxed);
-        for id in ids {
-            store.forget(id, 1);
-        }
-        let walk = store.give_backs.load(Ordering::Relaxed) - before;
-        assert!(
-            (1..=10).contains(&walk),
-            "{walk} give-backs for a walk of 10,000"
-        );
-        assert_eq!(store.len(), 1);
-        // The last one came with the last FORGET: nothing forgotten is left in the
-        // allocator's pages or the slots' chunks.
-        assert_eq!(store.removed_since_trim.load(Ordering::Relaxed), 0);
     }
 }

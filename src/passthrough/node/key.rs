@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, PoisonError, RwLock};
 use std::time::Duration;
 
-use super::sys::StatExtra;
+use crate::passthrough::sys::StatExtra;
 
 /// How old a directory's change time must be for a snapshot of it to be shared.
 pub const SETTLE: Duration = Duration::from_secs(1);
@@ -383,7 +383,7 @@ mod tests {
     fn a_key_of_a_file_keeps_its_birth_time_by_its_mount_rule() {
         let tmp = tempfile::tempdir().unwrap();
         let dir: std::os::fd::OwnedFd = std::fs::File::open(tmp.path()).unwrap().into();
-        let (st, x) = super::super::sys::stat_fd_mnt(std::os::fd::AsFd::as_fd(&dir)).unwrap();
+        let (st, x) = crate::passthrough::sys::stat_fd_mnt(std::os::fd::AsFd::as_fd(&dir)).unwrap();
         let x = StatExtra {
             btime: Some((12, 34)),
             ..x

@@ -22,18 +22,21 @@
 //! system at once, without the allocator's help.
 //!
 //! # References
-//! The count of references (`pins`) is in the node itself. The node tables hold one; each
-//! request using a node holds one while it runs; a node found by name holds one on its parent.
+//! The count of references (`pins`) is in the node itself. The node tables hold one an entry,
+//! each a [`Slot`] (the slot's number, 4 bytes); each request using a node holds one, a
+//! [`Ref`], while it runs; a node found by name holds one on its parent. Both deref to the node
+//! safely: the reference they own keeps it in its slot.
 //! The last reference dropped drops the node in its slot and frees the slot. Dropping a node can
 //! drop its parent's last reference, and so on up a chain: those drops are made one after the
 //! other, never nested, so the stack stays flat however long the chain.
 
 use std::cell::{Cell, RefCell};
-use std::num::NonZeroUsize;
+use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+#[cfg(not(miri))]
 use nix::sys::mman::{madvise, mmap_anonymous, munmap, MapFlags, MmapAdvise, ProtFlags};
 
 /// Bytes of a chunk (a power of two: a chunk is aligned to it).
@@ -160,6 +163,7 @@ impl Chunk {
     /// touched again; a free slot holds nothing).
     fn give_back_free_pages(&self) {
         self.free_page_runs(page_size(), |offset, len| {
+            #[cfg(not(miri))]
             if let Some(at) = NonNull::new(self.base.wrapping_add(offset).cast()) {
                 // SAFETY: whole pages of the system's size inside this chunk's mapping that
                 // hold no live slot (the kernel rounds the length up to a page, and the runs
@@ -167,6 +171,13 @@ impl Chunk {
                 // keeps any from being put there now.
                 let _ = unsafe { madvise(at, len, MmapAdvise::MADV_DONTNEED) };
             }
+            // Under Miri (no `madvise`), the pages are zeroed as the kernel would: a live node
+            // there would be a write through a node still borrowed, which Miri reports.
+            #[cfg(miri)]
+            // SAFETY: as above.
+            unsafe {
+                self.base.wrapping_add(offset).write_bytes(0, len)
+            };
         });
     }
 }
@@ -211,10 +222,28 @@ fn alloc() -> std::sync::MutexGuard<'static, Alloc> {
     ALLOC.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Under Miri, which models no mapping at an address of its own choosing nor part of one
+/// unmapped: the layout of a chunk taken from the allocator (aligned to its size).
+#[cfg(miri)]
+const CHUNK_LAYOUT: std::alloc::Layout =
+    match std::alloc::Layout::from_size_align(CHUNK_BYTES, CHUNK_BYTES) {
+        Ok(l) => l,
+        Err(_) => panic!("a chunk's size is a power of two"),
+    };
+
+/// Under Miri: a chunk from the allocator, zeroed as a new mapping is.
+#[cfg(miri)]
+fn map_chunk() -> Option<*mut u8> {
+    // SAFETY: the layout's size is not zero.
+    let p = unsafe { std::alloc::alloc_zeroed(CHUNK_LAYOUT) };
+    (!p.is_null()).then_some(p)
+}
+
 /// Maps a chunk aligned to [`CHUNK_BYTES`]: twice the size, then the parts before and after
 /// the aligned chunk are unmapped.
+#[cfg(not(miri))]
 fn map_chunk() -> Option<*mut u8> {
-    let len = NonZeroUsize::new(2 * CHUNK_BYTES)?;
+    let len = std::num::NonZeroUsize::new(2 * CHUNK_BYTES)?;
     // SAFETY: a new private anonymous mapping at an address the kernel chooses; it aliases
     // nothing.
     let p = unsafe {
@@ -297,9 +326,10 @@ fn take_slot() -> Option<NonNull<u8>> {
 /// system when that was its last node and the other chunks have room for half a chunk (see
 /// the module's doc).
 fn free_slot(p: NonNull<u8>) {
-    let addr = p.as_ptr() as usize;
-    let base = (addr & !(CHUNK_BYTES - 1)) as *mut u8;
-    let index = ((addr - base as usize) / SLOT - 1) as u32;
+    // The chunk's start, with the provenance of its mapping.
+    let offset = p.as_ptr().addr() & (CHUNK_BYTES - 1);
+    let base = p.as_ptr().wrapping_sub(offset);
+    let index = (offset / SLOT - 1) as u32;
     let mut a = alloc();
     // SAFETY: `p` is a slot of a mapped chunk (it held a node until now), whose header holds
     // its number.
@@ -331,10 +361,16 @@ fn free_slot(p: NonNull<u8>) {
     }
     drop(a);
     if release {
+        #[cfg(not(miri))]
         if let Some(b) = NonNull::new(base.cast::<libc::c_void>()) {
             // SAFETY: the chunk has no node left and is in no list: nothing refers to it.
             let _ = unsafe { munmap(b, CHUNK_BYTES) };
         }
+        #[cfg(miri)]
+        // SAFETY: as above; under Miri the chunk came from the allocator, with this layout.
+        unsafe {
+            std::alloc::dealloc(base, CHUNK_LAYOUT)
+        };
     }
 }
 
@@ -415,44 +451,67 @@ impl<T: Counted> Ref<T> {
     pub fn ptr_eq(a: &Ref<T>, b: &Ref<T>) -> bool {
         a.0 == b.0
     }
+}
 
-    /// The slot number of this node, its reference handed to the caller (a node table), which
-    /// gives it back with [`Ref::from_slot`].
-    pub fn into_slot(self) -> u32 {
-        let n = slot_number(self.0.cast());
+/// A counted reference to a node held as the number of its slot: what a node table keeps an
+/// entry (4 bytes where a [`Ref`] takes 8). Like a [`Ref`], it owns one reference to the node
+/// (given back when it is dropped) and derefs to it.
+pub struct Slot<T: Counted> {
+    n: u32,
+    /// Owns what a `Ref` owns (and is `Send` and `Sync` as a `Ref` is).
+    _ref: PhantomData<Ref<T>>,
+}
+
+impl<T: Counted> Slot<T> {
+    /// The reference `r` as a slot number.
+    pub fn new(r: Ref<T>) -> Slot<T> {
+        let n = slot_number(r.0.cast());
+        std::mem::forget(r);
+        Slot {
+            n,
+            _ref: PhantomData,
+        }
+    }
+
+    /// The reference this slot owns, as a [`Ref`].
+    pub fn into_ref(self) -> Ref<T> {
+        let r = Ref(self.ptr());
         std::mem::forget(self);
-        n
+        r
     }
 
-    /// The node in slot `n` and the reference [`Ref::into_slot`] handed out for it.
-    ///
-    /// # Safety
-    /// `n` came from `into_slot` of a `Ref<T>`, and that reference was not taken back yet.
-    pub unsafe fn from_slot(n: u32) -> Ref<T> {
-        // SAFETY: the caller's reference keeps the slot live, and it holds a `T`.
-        Ref(unsafe { slot_ptr(n) }.cast())
+    /// One more reference to the node, as a [`Ref`].
+    pub fn to_ref(&self) -> Ref<T> {
+        pin(&**self);
+        Ref(self.ptr())
+    }
+
+    fn ptr(&self) -> NonNull<T> {
+        // SAFETY: this slot owns a reference: the slot is live.
+        unsafe { slot_ptr(self.n) }.cast()
     }
 }
 
-/// The node in slot `n`, borrowed.
-///
-/// # Safety
-/// Slot `n` holds a `T` that a reference keeps live for as long as the borrow is used.
-pub unsafe fn borrow_slot<'a, T: Counted>(n: u32) -> &'a T {
-    // SAFETY: the caller keeps the slot live, holding a `T`.
-    unsafe { slot_ptr(n).cast::<T>().as_ref() }
+impl<T: Counted> std::ops::Deref for Slot<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        // SAFETY: the reference this slot owns keeps the node in it for as long as `self` is
+        // borrowed.
+        unsafe { self.ptr().as_ref() }
+    }
 }
 
-/// The node in slot `n`, with one more reference.
-///
-/// # Safety
-/// As [`borrow_slot`].
-pub unsafe fn clone_slot<T: Counted>(n: u32) -> Ref<T> {
-    // SAFETY: the caller keeps the slot live.
-    let d = unsafe { borrow_slot::<T>(n) };
-    pin(d);
-    // SAFETY: as above.
-    Ref(unsafe { slot_ptr(n) }.cast())
+impl<T: Counted> Drop for Slot<T> {
+    fn drop(&mut self) {
+        drop(Ref::<T>(self.ptr()));
+    }
+}
+
+impl<T: Counted + std::fmt::Debug> std::fmt::Debug for Slot<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
 }
 
 /// The address of slot `n`.
@@ -467,11 +526,11 @@ unsafe fn slot_ptr(n: u32) -> NonNull<u8> {
 }
 
 fn slot_number(p: NonNull<u8>) -> u32 {
-    let addr = p.as_ptr() as usize;
-    let base = addr & !(CHUNK_BYTES - 1);
+    let offset = p.as_ptr().addr() & (CHUNK_BYTES - 1);
+    let base = p.as_ptr().wrapping_sub(offset);
     // SAFETY: `p` is a live slot: its chunk's header holds the chunk's number.
-    let number = unsafe { (base as *const u32).read() };
-    number * SLOTS as u32 + ((addr - base) / SLOT - 1) as u32
+    let number = unsafe { base.cast::<u32>().read() };
+    number * SLOTS as u32 + (offset / SLOT - 1) as u32
 }
 
 fn pin<T: Counted>(d: &T) {
@@ -592,6 +651,132 @@ pub(crate) mod tests {
         f()
     }
 
+    /// A node for the slab's tests: its count, a number, and the node it holds (as a node holds
+    /// its parent).
+    #[derive(Debug)]
+    struct Probe {
+        pins: AtomicU32,
+        id: u64,
+        parent: Option<Ref<Probe>>,
+    }
+
+    // SAFETY: `pins` is a field of the probe, changed by nothing but `Ref`.
+    unsafe impl Counted for Probe {
+        fn pins(&self) -> &AtomicU32 {
+            &self.pins
+        }
+    }
+
+    fn probe(id: u64, parent: Option<Ref<Probe>>) -> Ref<Probe> {
+        Ref::new(Probe {
+            pins: AtomicU32::new(0),
+            id,
+            parent,
+        })
+    }
+
+    /// Miri runs these tests too, some thousand times slower: `n` there is `small`.
+    fn scaled(n: u64, small: u64) -> u64 {
+        if cfg!(miri) {
+            small
+        } else {
+            n
+        }
+    }
+
+    /// A chain of nodes each held only by its child (its parent forgotten first): dropping the
+    /// last child drops them all one after the other, on a stack far too small for one nested
+    /// drop per node.
+    #[test]
+    fn a_chain_of_parents_as_long_as_a_guest_likes_is_dropped_without_recursion() {
+        let length = scaled(200_000, 2_000);
+        std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                let mut last = probe(2, None);
+                for i in 0..length {
+                    last = probe(3 + i, Some(last));
+                }
+                let parent = last.parent.clone().unwrap();
+                assert_eq!(parent.id, length + 1);
+                drop(parent);
+                drop(last);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    /// Nodes made, shared and dropped on many threads at once: no two live nodes share a slot,
+    /// and a node's references all come back.
+    #[test]
+    fn nodes_made_and_dropped_on_many_threads_never_share_a_slot() {
+        let turns = scaled(5_000, 150);
+        let shared = probe(2, None);
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let shared = shared.clone();
+                std::thread::spawn(move || {
+                    let mut mine = Vec::new();
+                    for i in 0..turns {
+                        let n = probe(10 + t * 10_000 + i, Some(shared.clone()));
+                        if i % 3 == 0 {
+                            drop(n);
+                        } else {
+                            mine.push(n);
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let all: Vec<Ref<Probe>> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        let mut addrs: Vec<usize> = all.iter().map(|n| &**n as *const Probe as usize).collect();
+        addrs.sort_unstable();
+        addrs.dedup();
+        assert_eq!(addrs.len(), all.len(), "two live nodes in one slot");
+        for n in &all {
+            assert_eq!(n.parent.as_ref().unwrap().id, 2);
+        }
+        assert_eq!(
+            shared.pins().load(Ordering::Relaxed) as usize,
+            1 + all.len()
+        );
+        drop(all);
+        assert_eq!(shared.pins().load(Ordering::Relaxed), 1);
+    }
+
+    /// A slot holds the reference it was given, leads back to the same node, and gives its
+    /// reference back when dropped; in 4 bytes.
+    #[test]
+    fn slots_lead_back_to_their_node_and_own_a_reference() {
+        assert_eq!(std::mem::size_of::<Slot<Probe>>(), 4);
+        let n = probe(7, None);
+        let kept = n.clone();
+        let s = Slot::new(n);
+        assert_eq!(s.id, 7);
+        assert_eq!(kept.pins().load(Ordering::Relaxed), 2);
+        let back = s.to_ref();
+        assert!(Ref::ptr_eq(&back, &kept));
+        assert_eq!(kept.pins().load(Ordering::Relaxed), 3);
+        drop(back);
+        let again = Slot::new(s.into_ref());
+        assert_eq!(kept.pins().load(Ordering::Relaxed), 2);
+        drop(again);
+        assert_eq!(kept.pins().load(Ordering::Relaxed), 1);
+        // The last reference held by a slot drops the node and frees its slot (for the next
+        // node on this thread, the lowest free slot of its chunk may be that one).
+        let parent = probe(8, None);
+        let child = Slot::new(probe(9, Some(parent.clone())));
+        assert_eq!(parent.pins().load(Ordering::Relaxed), 2);
+        drop(child);
+        assert_eq!(parent.pins().load(Ordering::Relaxed), 1);
+        assert_eq!(kept.id, 7);
+    }
+
     /// The slots of a chunk that overlap bytes `from..to` of it.
     fn slots_in(from: usize, to: usize) -> impl Iterator<Item = usize> {
         (0..SLOTS).filter(move |i| (i + 1) * SLOT < to && (i + 2) * SLOT > from)
@@ -602,6 +787,7 @@ pub(crate) mod tests {
     /// 4 KiB on a 64 KiB-page kernel would zero the 60 KiB of live nodes after it), never the
     /// header's page, and every page holding only free slots is in one.
     #[test]
+    #[cfg_attr(miri, ignore = "arithmetic only, and minutes under Miri")]
     fn free_page_runs_are_whole_pages_of_the_system_size_without_a_live_slot() {
         let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
         let mut random = move || {
