@@ -27,7 +27,7 @@ use crate::sandbox::userns::{self, IdMapRange};
 use crate::sandbox::{self, caps, seccomp, SandboxError, SandboxMode};
 use crate::socket_lock::{self, LockError, SocketId};
 use crate::socket_path::NotASocket;
-use crate::vhost_user::backend::UnsharedMemory;
+use crate::vhost_user::backend::{LoadJob, LoadKeeper, UnsharedMemory};
 use crate::vhost_user::FsBackend;
 
 /// Where the vhost-user socket comes from.
@@ -165,6 +165,23 @@ pub enum DaemonError {
     DropCaps(#[source] io::Error),
     #[error("--seccomp")]
     Seccomp(#[source] seccomp::Error),
+}
+
+/// The device's state loads run on the thread that keeps the capability to open file handles
+/// (`--migration-mode=file-handles`): the transport asks for it through its own trait, and
+/// knows nothing of the sandbox.
+impl LoadKeeper for caps::Keeper {
+    fn run(&self, job: LoadJob) -> Result<(), LoadJob> {
+        caps::Keeper::run(self, job)
+    }
+
+    fn close(&self) {
+        caps::Keeper::close(self)
+    }
+
+    fn is_open(&self) -> bool {
+        caps::Keeper::is_open(self)
+    }
 }
 
 /// The signals that stop the daemon.
