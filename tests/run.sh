@@ -50,7 +50,8 @@
 #     own in a private mount namespace and is stopped at the end);
 #   - root's ~/.cargo: the crates downloaded, and cargo-fuzz (cargo install); in root's own
 #     rustup (not a sudo user's), Rust 1.95.0 with rustfmt and clippy, the lint gate's release
-#     (RUST_LINT in tests/cargo-env.sh), when missing;
+#     (RUST_LINT in tests/cargo-env.sh), and its aarch64 standard library (LINT_CROSS, for
+#     clippy --target aarch64-unknown-linux-gnu), when missing;
 #   - the checkout: target/ (builds, target/min-rust for the minimum Rust's, test output, guest
 #     and libvirt logs), tests/fuzz/target/, tests/fuzz/corpus/ and tests/fuzz/artifacts/. Under sudo, every file the run made in the
 #     checkout is given back to the user who ran sudo when it ends, so that the user's own
@@ -80,6 +81,12 @@ if [ -n "$LINT" ]; then
     echo "== cargo $LINT clippy -D warnings (the daemon as it ships, then the workspace: tests, frontend, benchmark)"
     cargo "$LINT" clippy --locked -- -D warnings
     cargo "$LINT" clippy --workspace --all-targets --locked -- -D warnings
+    if lint_cross_target; then
+        echo "== cargo $LINT clippy --target $LINT_CROSS -D warnings (its types and system call numbers; checked, not linked)"
+        cargo "$LINT" clippy --target "$LINT_CROSS" --workspace --all-targets --locked -- -D warnings
+    else
+        echo "== no clippy for $LINT_CROSS (why: above); not failing"
+    fi
     echo "== cargo $LINT doc (every member, private items too; warnings and broken links are errors)"
     RUSTUP_TOOLCHAIN="${LINT#+}" tests/doc.sh
 else
