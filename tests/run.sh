@@ -28,7 +28,7 @@
 #     `apt-get update` (tests/guest/install.sh);
 #   - packages: qemu-system-x86 10 from bookworm-backports, busybox-static, cpio, gcc,
 #     libc6-dev, findutils, strace, xz-utils, make, tcc, stress-ng, fio, git, python3
-#     (tests/guest/install.sh); uidmap (tests/rootless.rs); systemd, groff-base, man-db, the
+#     (tests/guest/install.sh); uidmap (tests/it/rootless.rs); systemd, groff-base, man-db, the
 #     shell linter shellcheck, libvirt-clients, libxml2-utils, debhelper, dpkg-dev, lintian
 #     (tests/packaging.sh; the .deb it builds is installed and purged again in the run);
 #     python3-venv, udev (which upgrades systemd to bookworm's latest), kmod, file
@@ -43,7 +43,7 @@
 #     /var/cache/virtiofsd-guest/trixie-rust, the crates it downloaded inside it
 #     (tests/min-rust.sh);
 #   - users: the system user and group virtiofsd-rootless, with 65,536 subordinate uids and gids
-#     in /etc/subuid and /etc/subgid (tests/rootless.rs); the system user and group
+#     in /etc/subuid and /etc/subgid (tests/it/rootless.rs); the system user and group
 #     libvirt-qemu (tests/libvirt/run.sh);
 #   - directories libvirt uses: /var/log/libvirt/qemu, /var/lib/libvirt/qemu,
 #     /var/cache/libvirt/qemu, /etc/libvirt (libvirtd itself runs with a configuration of its

@@ -501,7 +501,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     }
 
     /// Most chains in flight at once so far, and the most allowed, with a thread pool. For the
-    /// pool's tests (tests/pool.rs); the daemon does not use it.
+    /// pool's tests (tests/it/pool.rs); the daemon does not use it.
     #[doc(hidden)]
     pub fn pool_peak(&self) -> Option<(usize, usize)> {
         let pool = self.pool.as_ref()?;
@@ -510,7 +510,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     }
 
     /// The same device, whose queue stops wait at most `wait` for their requests. For the
-    /// pool's tests (tests/pool.rs); the daemon keeps the default.
+    /// pool's tests (tests/it/pool.rs); the daemon keeps the default.
     #[doc(hidden)]
     pub fn with_stop_wait(mut self, wait: Duration) -> Self {
         self.stop_wait = wait;
