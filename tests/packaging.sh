@@ -233,7 +233,7 @@ units() {
 check_cmd "systemd-analyze verify virtiofsd@share1.socket and .service" units
 
 # The service's hardening, as systemd scores it (9.6 "UNSAFE" without any; 5.3 with the unit's:
-# what is left out is said why in the unit). tests/sandbox.rs runs the daemon with the unit's
+# what is left out is said why in the unit). tests/it/sandbox.rs runs the daemon with the unit's
 # capability bounding set.
 unit_security() {
     need systemd-analyze systemd || return 1

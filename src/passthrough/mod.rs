@@ -14,7 +14,7 @@
 //!
 //! # Layout
 //! Each line uses only the modules of the lines below it (`doc/architecture.md`, checked by
-//! `tests/architecture.rs`):
+//! `tests/it/architecture.rs`):
 //! - `ops`: the requests, one method each (`impl FileSystem for PassthroughFs`); `migration`:
 //!   the nodes and handles a migration saves and finds again;
 //! - this module: [`PassthroughFs`], the descriptors of nodes, opening by name, listings, INIT

@@ -170,6 +170,8 @@ pub fn attr_from_stat(st: &libc::stat64, flags: u32) -> abi::Attr {
         mtimensec: st.st_mtime_nsec as u32,
         ctimensec: st.st_ctime_nsec as u32,
         mode: st.st_mode,
+        // st_nlink is a u64 on x86_64, a u32 already on aarch64.
+        #[allow(clippy::useless_conversion)]
         nlink: u32::try_from(st.st_nlink).unwrap_or(u32::MAX),
         uid: st.st_uid,
         gid: st.st_gid,

@@ -255,7 +255,7 @@ pub struct Stamp {
     ctime: (i64, i64),
     mtime: (i64, i64),
     size: i64,
-    nlink: u64,
+    nlink: libc::nlink_t,
 }
 
 impl Stamp {

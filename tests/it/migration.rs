@@ -7,7 +7,7 @@
 //! both `--migration-on-error` actions, both cache modes the guest test uses, and states that
 //! are truncated, corrupted or foreign.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;

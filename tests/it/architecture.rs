@@ -824,6 +824,28 @@ fn layers_use_only_what_the_layer_table_allows() {
     );
 }
 
+/// The transport asks for what a state load needs through a trait of its own, which the daemon
+/// implements: the table keeps it from the sandbox, and no longer lets it use any of it.
+#[test]
+fn the_transport_never_uses_the_sandbox() {
+    let doc = read(DOC);
+    let rows = table_after(&doc, "## Layers and the rule each boundary keeps");
+    let row = rows
+        .iter()
+        .find(|r| r[0].starts_with("`src/vhost_user/`"))
+        .expect("the transport's row of the layer table");
+    assert!(
+        items(&row[3]).iter().any(|i| i == "`sandbox`"),
+        "{DOC}: the transport's \"never uses\" cell must name `sandbox`: {:?}",
+        row[3]
+    );
+    assert!(
+        !backticked(&row[2]).iter().any(|b| b.starts_with("sandbox")),
+        "{DOC}: the transport's \"may use\" cell names the sandbox: {:?}",
+        row[2]
+    );
+}
+
 #[test]
 fn passthrough_modules_use_only_the_rows_below_their_own() {
     let doc = read(DOC);

@@ -1,7 +1,7 @@
 //! Several request queues served at once, pipelined requests on one queue, and every legal way
 //! of laying a request out in descriptors.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;

@@ -2,7 +2,7 @@
 //! the test frontend: they exclude host processes' OFD, POSIX and flock locks and each other,
 //! go at FLUSH, RELEASE and FORGET, are bounded, and a waiting SETLKW holds up no other request.
 
-mod common;
+use crate::common;
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -500,7 +500,7 @@ fn destroy_answers_waiters_with_enolck_and_drops_every_lock() {
     assert!(host_can_write(&d, "f", 0, 0));
 }
 
-/// The cost of a lock: `cargo test --release --test locks -- --ignored --nocapture` prints the
+/// The cost of a lock: `cargo test --release --test it locks:: -- --ignored --nocapture` prints the
 /// mean round trip of GETATTR, of SETLK taking and dropping a lock (two requests), and of FLUSH
 /// with no lock held (the request a close costs with record locks on), one at a time on one
 /// queue. doc/performance.md quotes it. It checks only that a lock costs no more than ten

@@ -4,7 +4,7 @@
 //! (`--modcaps` changes them), exits 0 when the frontend disconnects or on SIGTERM, and the
 //! socket file is removed.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

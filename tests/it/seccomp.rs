@@ -4,7 +4,7 @@
 //! threads start after the filter is installed: that they serve shows that thread creation
 //! works under it (clone3 answered ENOSYS, then clone with the thread flags).
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;

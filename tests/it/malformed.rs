@@ -2,7 +2,7 @@
 //! After each, a normal LOOKUP on the same queue still succeeds and nothing on the host changed
 //! (neither in the shared directory nor next to it).
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;

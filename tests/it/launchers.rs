@@ -6,7 +6,7 @@
 //! added with podman machine and RunCVM run the same launch against the reference `virtiofsd`
 //! 1.14 too when it is installed.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::fd::AsRawFd;

@@ -1,7 +1,7 @@
 //! The documents against the binary, wherever that can be checked mechanically:
 //!
 //! - the long flags `virtiofsd --help` lists are exactly those `doc/virtiofsd.1` describes
-//!   (`tests/cli.rs` checks `doc/configuration.md` the same way);
+//!   (`tests/it/cli.rs` checks `doc/configuration.md` the same way);
 //! - a document that says a flag, or a value of one, does not exist ("has no `--x`", "is not
 //!   available", ...; libvirt's `<sandbox mode='...'/>` stands for `--sandbox=...`) is checked
 //!   by starting the binary with it: the claim holds only if the binary refuses it;

@@ -4,7 +4,7 @@
 //! Ownership on the host follows the guest only when the daemon runs as root (it then creates
 //! files as the caller); the tests that depend on it are skipped otherwise.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -4,7 +4,7 @@
 //! `trusted.*` and `security.*` attributes and some mode changes need root on the host; those
 //! tests are skipped otherwise.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -8,7 +8,7 @@
 //! daemon gets from `exec`), so that the code between fork and exec only calls
 //! async-signal-safe functions.
 
-mod common;
+use crate::common;
 
 use common::wait_exit;
 

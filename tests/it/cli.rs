@@ -4,7 +4,7 @@
 //! lacks (a missing shared directory, ...) exits 1 as with the reference;
 //! `--print-capabilities`, `--version`; `--help` and `doc/configuration.md` agree.
 
-mod common;
+use crate::common;
 
 use common::wait_exit;
 

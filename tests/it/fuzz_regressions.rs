@@ -3,7 +3,7 @@
 //! covers a path worth keeping (malformed headers, huge lengths, descriptor loops), stays a
 //! plain `cargo test` check. See `tests/fuzz/README.md` for how to add one.
 
-#[path = "fuzz/harness/mod.rs"]
+#[path = "../fuzz/harness/mod.rs"]
 mod harness;
 
 use std::path::Path;

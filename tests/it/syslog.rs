@@ -5,7 +5,7 @@
 //! never the 1 it is inside its pid namespace), and the deprecation warnings of the command
 //! line must be among them. Needs root (a mount namespace); says it is skipped otherwise.
 
-mod common;
+use crate::common;
 
 use std::ffi::CString;
 use std::fs;

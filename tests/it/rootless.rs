@@ -11,7 +11,7 @@
 //! own group as a supplementary group, as a login would give it. Not run as root, the test
 //! says it is skipped.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

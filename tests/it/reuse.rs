@@ -8,7 +8,7 @@
 //! `..` confusion, no syncfs through it. Each sends the raw requests a hostile guest would; the
 //! symlink case is the one `stress-ng --symlink` meets in a benign guest.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -376,6 +376,9 @@ fn root_with_id_maps_serves_a_socket_in_a_root_only_directory() {
     let run = base.path().join("run");
     fs::create_dir(&share).unwrap();
     fs::create_dir(&run).unwrap();
+    // Writable by its owner alone, whatever the umask of this process (other modules of the
+    // test crate clear it).
+    fs::set_permissions(&share, fs::Permissions::from_mode(0o755)).unwrap();
     std::os::unix::fs::chown(&share, Some(HOST_BASE), Some(HOST_BASE)).unwrap();
     // Like /run: root's, writable by root alone.
     fs::set_permissions(&run, fs::Permissions::from_mode(0o755)).unwrap();

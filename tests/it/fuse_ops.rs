@@ -1,7 +1,7 @@
 //! Every FUSE opcode the daemon serves, success and error paths, driven through the test
 //! frontend over a real vhost-user connection; each change is checked on the host afterwards.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

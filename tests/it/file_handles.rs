@@ -3,7 +3,7 @@
 //! renamed on the host are still reached, and `mandatory` refuses to start where handles
 //! cannot be had.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;

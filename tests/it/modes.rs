@@ -1,7 +1,7 @@
 //! Daemon-wide settings: `--readonly` and the `--cache` modes (open flags, entry and attribute
 //! timeouts, INIT flags), plus `--writeback` and `--no-readdirplus`.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::time::Duration;
@@ -170,7 +170,7 @@ struct Expect {
 
 fn check_cache_mode(mode: CacheMode, want: Expect) {
     // A guest that always opens: in `always` mode the daemon would otherwise refuse OPEN
-    // (tests/no_open.rs covers that).
+    // (tests/it/no_open.rs covers that).
     let mut d = Daemon::with(Options::default().cache(mode).without_no_open());
     let flags = u64::from(d.init.unwrap().flags);
     assert_eq!(

@@ -2,7 +2,7 @@
 //! bad command line; `daemon::serve` refusing a bad configuration; the device configuration
 //! space.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::process::{CommandExt, ExitStatusExt};

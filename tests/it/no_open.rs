@@ -4,7 +4,7 @@
 //! Without those INIT flags, in any other cache mode, or with the guest's locks held on the host
 //! (the default), nothing changes.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
