@@ -27,7 +27,7 @@ use crate::sandbox::userns::{self, IdMapRange};
 use crate::sandbox::{self, caps, seccomp, SandboxError, SandboxMode};
 use crate::socket_lock::{self, LockError, SocketId};
 use crate::socket_path::NotASocket;
-use crate::vhost_user::backend::UnsharedMemory;
+use crate::vhost_user::backend::{LoadJob, LoadKeeper, UnsharedMemory};
 use crate::vhost_user::FsBackend;
 
 /// Where the vhost-user socket comes from.
@@ -165,6 +165,23 @@ pub enum DaemonError {
     DropCaps(#[source] io::Error),
     #[error("--seccomp")]
     Seccomp(#[source] seccomp::Error),
+}
+
+/// The device's state loads run on the thread that keeps the capability to open file handles
+/// (`--migration-mode=file-handles`): the transport asks for it through its own trait, and
+/// knows nothing of the sandbox.
+impl LoadKeeper for caps::Keeper {
+    fn run(&self, job: LoadJob) -> Result<(), LoadJob> {
+        caps::Keeper::run(self, job)
+    }
+
+    fn close(&self) {
+        caps::Keeper::close(self)
+    }
+
+    fn is_open(&self) -> bool {
+        caps::Keeper::is_open(self)
+    }
 }
 
 /// The signals that stop the daemon.
@@ -425,7 +442,27 @@ pub fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), DaemonError> {
 /// modes the guest asks for: the umask is cleared once the socket exists. Once the shared
 /// directory is open, and before the frontend is accepted, the seccomp filter of `--seccomp` is
 /// installed on every thread (those started later inherit it).
-pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonError> {
+///
+/// Its phases, in this order (each a private function below): `set_up_process`, `make_socket`,
+/// `enter_userns_and_check_share` (in the user namespace of `--uid-map`, once the socket
+/// exists), `confine` (sandbox and capabilities, still single-threaded), `serve_confined` (the
+/// shared directory opened, the seccomp filter, one frontend served), `shut_down`.
+pub fn run(cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonError> {
+    set_up_process(opts)?;
+    // One daemon per socket path: a second one stops here instead of replacing the socket
+    // (see `socket_lock`). The lock is held until this process, and the sandbox's child, exit:
+    // it is dropped last, after the socket file is removed.
+    let (_lock, mut socket) = make_socket(&cfg.socket, opts.socket_group)?;
+    enter_userns_and_check_share(&cfg)?;
+    let (confined, keeper) = confine(&cfg, opts, &mut socket)?;
+    let (result, socket_file) = serve_confined(cfg, opts.seccomp, socket, confined, keeper);
+    shut_down(socket_file);
+    result
+}
+
+/// The set-up of the process before the socket exists: the stop signals blocked, the umask of
+/// the socket, the open-files limit, the allocator, the supplementary groups.
+fn set_up_process(opts: &ProcessOptions) -> Result<(), DaemonError> {
     // A stop signal that arrives before the daemon waits for it (once the socket exists, a
     // service manager may send one at any time) waits, pending.
     block_stop_signals()?;
@@ -452,51 +489,90 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
              checked against them"
         ),
     }
-    let socket_path = match &cfg.socket {
+    Ok(())
+}
+
+/// The listening socket [`run`] made at `--socket-path` (or took with `--fd`).
+struct Socket {
+    listener: UnixListener,
+    /// The socket file made, if any (see [`SocketFile`]).
+    made: Option<SocketId>,
+    /// `--socket-path`; `None` with `--fd`.
+    path: Option<PathBuf>,
+    /// Removed when dropped, unless a supervising parent removes it.
+    file: SocketFile,
+}
+
+/// Takes the socket's lock (at `--socket-path`) and makes the listening socket (or takes the
+/// one of `--fd`). The lock comes back apart, for [`run`] to hold to its end.
+fn make_socket(
+    spec: &SocketSpec,
+    group: Option<libc::gid_t>,
+) -> Result<(Option<socket_lock::SocketLock>, Socket), DaemonError> {
+    let path = match spec {
         SocketSpec::Path(p) => Some(p.clone()),
         SocketSpec::Fd(_) => None,
     };
-    // One daemon per socket path: a second one stops here instead of replacing the socket
-    // (see `socket_lock`). The lock is held until this process, and the sandbox's child, exit.
-    let _lock = socket_path
+    let lock = path
         .as_deref()
         .map(|p| socket_lock::acquire(p, std::process::id()))
         .transpose()?;
-    let (listener, made) = bind_listener(&cfg.socket, opts.socket_group).inspect_err(|_| {
+    let (listener, made) = bind_listener(spec, group).inspect_err(|_| {
         // No socket made: the lock file this daemon made goes too.
-        if let Some(p) = &socket_path {
+        if let Some(p) = &path {
             socket_lock::remove_lock_file(p);
         }
     })?;
-    let mut socket_file = SocketFile(socket_path.clone().map(|p| (p, made)));
-    // The socket and its lock file are made first, with the ids and capabilities the daemon was
-    // started with: once in its user namespace, root of the host has no right left in a
-    // directory such as /run (not even to open the lock file there), and `--socket-group`
-    // names a host group. The listener and the lock stay open across the switch. Still
-    // single-threaded here, as entering a user namespace requires.
-    if !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty() {
+    let file = SocketFile(path.clone().map(|p| (p, made)));
+    Ok((
+        lock,
+        Socket {
+            listener,
+            made,
+            path,
+            file,
+        },
+    ))
+}
+
+/// Enters the user namespace of `--uid-map`/`--gid-map`, if any, refuses a shared directory
+/// the daemon cannot list there, then clears the umask.
+///
+/// The socket and its lock file are made first, with the ids and capabilities the daemon was
+/// started with: once in its user namespace, root of the host has no right left in a directory
+/// such as /run (not even to open the lock file there), and `--socket-group` names a host
+/// group. The listener and the lock stay open across the switch. Still single-threaded here,
+/// as entering a user namespace requires.
+fn enter_userns_and_check_share(cfg: &DaemonConfig) -> Result<(), DaemonError> {
+    let in_userns = !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty();
+    if in_userns {
         userns::enter_user_namespace(&cfg.uid_map, &cfg.gid_map)
             .map_err(DaemonError::UserNamespace)?;
         info!("running in a user namespace");
     }
-    check_share_access(
-        &cfg.fs.root_dir,
-        cfg.fs.readonly,
-        !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty(),
-    )?;
+    check_share_access(&cfg.fs.root_dir, cfg.fs.readonly, in_userns)?;
     // Modes from the guest are applied as given; the guest kernel already applied its umask.
     nix::sys::stat::umask(Mode::empty());
+    Ok(())
+}
 
-    // Still single-threaded: forks and enters namespaces. A supervised child cannot name the
-    // socket file any more; its parent removes it.
+/// Enters the sandbox of `--sandbox` and drops the capabilities the daemon does not use;
+/// starts the capability keeper of a migration destination that needs one. Still
+/// single-threaded when called: it forks and enters namespaces. A supervised child cannot name
+/// the socket file any more: its parent removes it, so `socket` forgets it.
+fn confine(
+    cfg: &DaemonConfig,
+    opts: &ProcessOptions,
+    socket: &mut Socket,
+) -> Result<(sandbox::Confined, Option<Arc<caps::Keeper>>), DaemonError> {
     let confined = sandbox::enter(
         opts.sandbox,
         &cfg.fs.root_dir,
-        socket_path.as_deref().map(|p| (p, made)),
-        listener.as_raw_fd(),
+        socket.path.as_deref().map(|p| (p, socket.made)),
+        socket.listener.as_raw_fd(),
     )?;
     if confined.supervised {
-        std::mem::forget(std::mem::replace(&mut socket_file, SocketFile(None)));
+        std::mem::forget(std::mem::replace(&mut socket.file, SocketFile(None)));
     }
     // Capabilities belong to threads, and threads copy them: drop them before any starts.
     // DAC_READ_SEARCH is kept only to open file handles (`--inode-file-handles`, and a
@@ -530,11 +606,26 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         }
         false => None,
     };
+    Ok((confined, keeper))
+}
 
-    handle_stop_signals(socket_file.0.clone())?;
+/// Starts the thread that waits for the stop signals, opens the shared directory as the
+/// confined process names it, installs the seccomp filter of `--seccomp` once set-up is done,
+/// and serves one frontend until it disconnects. Gives back the socket file to remove (even
+/// when the stop-signal thread did not start).
+fn serve_confined(
+    mut cfg: DaemonConfig,
+    seccomp_action: seccomp::Action,
+    socket: Socket,
+    confined: sandbox::Confined,
+    keeper: Option<Arc<caps::Keeper>>,
+) -> (Result<(), DaemonError>, SocketFile) {
+    let Socket { listener, file, .. } = socket;
+    if let Err(e) = handle_stop_signals(file.0.clone()) {
+        return (Err(e), file);
+    }
     let shown = cfg.fs.root_dir.clone();
     cfg.fs.root_dir = confined.root_dir;
-    let seccomp_action = opts.seccomp;
     let result = serve_with(cfg, confined.proc_self_fd, keeper, &shown, move || {
         // Set-up is done: the shared directory is open, the socket listens, the request
         // threads of --thread-pool-size and the signal thread run (the filter reaches them
@@ -545,8 +636,13 @@ pub fn run(mut cfg: DaemonConfig, opts: &ProcessOptions) -> Result<(), DaemonErr
         }
         Ok(Listener::from(listener))
     });
+    (result, file)
+}
+
+/// Removes the socket file the daemon made (none when a supervising parent removes it, or with
+/// `--fd`); the socket's lock goes after it, as [`run`] returns.
+fn shut_down(socket_file: SocketFile) {
     drop(socket_file);
-    result
 }
 
 /// Listens, accepts one frontend and serves it until it disconnects. Touches no process-wide

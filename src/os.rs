@@ -1,18 +1,11 @@
-//! Descriptors and errno values as several layers use them.
+//! Descriptors as several layers use them.
 //!
 //! A leaf: it uses `std`, `libc` and `nix`, and nothing else of this crate, so every layer may
 //! use it without depending on another layer (the sandbox opens `/proc/self/fd` the way the
 //! passthrough file system does, without reaching into it).
 
-use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
-
-/// The error for the raw `errno` value `e`: what a file system method returns (the FUSE server
-/// replies with that errno; every error without one becomes `EIO`).
-pub fn errno(e: i32) -> io::Error {
-    io::Error::from_raw_os_error(e)
-}
 
 /// Opens the directory `path` with `O_PATH`, close-on-exec: the shared directory,
 /// `/proc/self/fd` (by the sandbox too, before it hides `/proc`), a thread's working directory.
@@ -26,11 +19,6 @@ pub fn open_path_dir(path: &Path) -> nix::Result<OwnedFd> {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
-
-    #[test]
-    fn errno_keeps_the_value() {
-        assert_eq!(errno(libc::ENOENT).raw_os_error(), Some(libc::ENOENT));
-    }
 
     #[test]
     fn open_path_dir_opens_directories_only() {

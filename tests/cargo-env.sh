@@ -110,6 +110,37 @@ lint_toolchain() {
     fi
 }
 
+# The other target the lint gate runs clippy for: its types (c_char, nlink_t) and system call
+# numbers differ from x86_64's, and debian/control builds it. Only its standard library is
+# needed (clippy checks, it links nothing): no cross linker, no C toolchain.
+LINT_CROSS=aarch64-unknown-linux-gnu
+
+# lint_cross_target: succeeds when rustup's Rust RUST_LINT has LINT_CROSS's standard library,
+# added to root's own rustup when missing (a sudo user's rustup is only used, never changed);
+# otherwise says why on stderr and fails, and the caller skips that clippy run (a download
+# that did not work fails no gate).
+lint_cross_target() {
+    command -v rustup >/dev/null 2>&1 || {
+        echo "# no clippy for $LINT_CROSS: no rustup" >&2
+        return 1
+    }
+    if ! rustup target list --installed --toolchain "$RUST_LINT" 2>/dev/null | grep -qx "$LINT_CROSS"; then
+        if [ -n "${RUSTUP_HOME:-}" ] && [ "${RUSTUP_HOME}" != "$(getent passwd 0 | cut -d: -f6)/.rustup" ]; then
+            echo "# no clippy for $LINT_CROSS: Rust $RUST_LINT of $RUSTUP_HOME has no standard library" \
+                "for it, and a sudo user's rustup is not changed (rustup target add $LINT_CROSS" \
+                "--toolchain $RUST_LINT, as that user)" >&2
+            return 1
+        fi
+        echo "# adding $LINT_CROSS's standard library to Rust $RUST_LINT, for its clippy" >&2
+        local err
+        if ! err="$(rustup target add "$LINT_CROSS" --toolchain "$RUST_LINT" 2>&1)"; then
+            echo "# no clippy for $LINT_CROSS: rustup target add $LINT_CROSS --toolchain $RUST_LINT" \
+                "failed: $(printf '%s\n' "$err" | grep -m1 -i 'error' || printf '%s\n' "$err" | head -n 1)" >&2
+            return 1
+        fi
+    fi
+}
+
 # give_back_checkout DIR: under sudo, when DIR belongs to the user who ran sudo, every file
 # root owns below DIR (what this run made there: target/, tests/fuzz/corpus, ...) goes back to
 # that user and group. Does not cross into other file systems mounted below DIR.

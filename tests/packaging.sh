@@ -168,7 +168,8 @@ copyright_crates() {
     for t in x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu; do
         (cd "$ROOT" && cargo tree --locked --package "$PKG" --target "$t" \
             --edges normal,no-proc-macro --prefix none --format '{p}|{l}') || return 1
-    done | sed 's/ (\*)$//' | sort -u | grep -v "^$PKG " >"$WORK/linked.txt"
+    done | sed 's/ (\*)$//' | sort -u | grep -v "^$PKG " |
+        grep -v '^[^|]* (/' >"$WORK/linked.txt" # not this tree's own crates (crates/fuse)
     while IFS='|' read -r p lic; do
         name="${p%% *}"; ver="${p#* v}"; ver="${ver%% *}"
         n=$((n + 1))
@@ -232,7 +233,7 @@ units() {
 check_cmd "systemd-analyze verify virtiofsd@share1.socket and .service" units
 
 # The service's hardening, as systemd scores it (9.6 "UNSAFE" without any; 5.3 with the unit's:
-# what is left out is said why in the unit). tests/sandbox.rs runs the daemon with the unit's
+# what is left out is said why in the unit). tests/it/sandbox.rs runs the daemon with the unit's
 # capability bounding set.
 unit_security() {
     need systemd-analyze systemd || return 1

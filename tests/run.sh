@@ -16,7 +16,8 @@
 # installed for root's own rustup when missing), so that a newer stable's new lints do not turn
 # a run red; without rustup, or without that release, lints are reported and fail nothing. The
 # minimum release (RUST_MIN) is built and unit-tested with Debian 13's cargo in a chroot
-# (tests/min-rust.sh).
+# (tests/min-rust.sh). Miri runs the node slab's and tables' unit tests (tests/miri.sh) with
+# rustup's nightly toolchain, adding its miri component when missing (skipped when it cannot).
 #
 # Time: 20 to 30 minutes on a 2-core machine without KVM once everything is installed (the
 # guest boots run under TCG; the minimum Rust's build and unit tests, 4.6 min of CPU, took 9 of
@@ -28,7 +29,7 @@
 #     `apt-get update` (tests/guest/install.sh);
 #   - packages: qemu-system-x86 10 from bookworm-backports, busybox-static, cpio, gcc,
 #     libc6-dev, findutils, strace, xz-utils, make, tcc, stress-ng, fio, git, python3
-#     (tests/guest/install.sh); uidmap (tests/rootless.rs); systemd, groff-base, man-db, the
+#     (tests/guest/install.sh); uidmap (tests/it/rootless.rs); systemd, groff-base, man-db, the
 #     shell linter shellcheck, libvirt-clients, libxml2-utils, debhelper, dpkg-dev, lintian
 #     (tests/packaging.sh; the .deb it builds is installed and purged again in the run);
 #     python3-venv, udev (which upgrades systemd to bookworm's latest), kmod, file
@@ -43,14 +44,16 @@
 #     /var/cache/virtiofsd-guest/trixie-rust, the crates it downloaded inside it
 #     (tests/min-rust.sh);
 #   - users: the system user and group virtiofsd-rootless, with 65,536 subordinate uids and gids
-#     in /etc/subuid and /etc/subgid (tests/rootless.rs); the system user and group
+#     in /etc/subuid and /etc/subgid (tests/it/rootless.rs); the system user and group
 #     libvirt-qemu (tests/libvirt/run.sh);
 #   - directories libvirt uses: /var/log/libvirt/qemu, /var/lib/libvirt/qemu,
 #     /var/cache/libvirt/qemu, /etc/libvirt (libvirtd itself runs with a configuration of its
 #     own in a private mount namespace and is stopped at the end);
 #   - root's ~/.cargo: the crates downloaded, and cargo-fuzz (cargo install); in root's own
 #     rustup (not a sudo user's), Rust 1.95.0 with rustfmt and clippy, the lint gate's release
-#     (RUST_LINT in tests/cargo-env.sh), when missing;
+#     (RUST_LINT in tests/cargo-env.sh), when missing, and its aarch64 standard library (LINT_CROSS, for
+#     clippy --target aarch64-unknown-linux-gnu), when missing; the nightly toolchain's miri and
+#     rust-src components, and Miri's sysroot (tests/miri.sh), when missing;
 #   - the checkout: target/ (builds, target/min-rust for the minimum Rust's, test output, guest
 #     and libvirt logs), tests/fuzz/target/, tests/fuzz/corpus/ and tests/fuzz/artifacts/. Under sudo, every file the run made in the
 #     checkout is given back to the user who ran sudo when it ends, so that the user's own
@@ -80,6 +83,12 @@ if [ -n "$LINT" ]; then
     echo "== cargo $LINT clippy -D warnings (the daemon as it ships, then the workspace: tests, frontend, benchmark)"
     cargo "$LINT" clippy --locked -- -D warnings
     cargo "$LINT" clippy --workspace --all-targets --locked -- -D warnings
+    if lint_cross_target; then
+        echo "== cargo $LINT clippy --target $LINT_CROSS -D warnings (its types and system call numbers; checked, not linked)"
+        cargo "$LINT" clippy --target "$LINT_CROSS" --workspace --all-targets --locked -- -D warnings
+    else
+        echo "== no clippy for $LINT_CROSS (why: above); not failing"
+    fi
     echo "== cargo $LINT doc (every member, private items too; warnings and broken links are errors)"
     RUSTUP_TOOLCHAIN="${LINT#+}" tests/doc.sh
 else
@@ -95,6 +104,12 @@ fi
 echo "== unit and in-process integration tests (the daemon's, the test frontend's, the benchmark's)"
 # The daemon's integration tests drive it through the test frontend (crates/frontend).
 mkdir -p target && cargo test --workspace --locked --all-targets 2>&1 | tee target/test-output.txt
+
+echo "== a hostile guest takes and drops a million locks: descriptors and memory stay flat (release build)"
+cargo test --release --locked --test it -- --ignored locks::a_million_lock_cycles --nocapture
+
+echo "== Miri: the node's slab and tables under cargo +nightly miri test (tests/miri.sh; skipped without rustup's nightly miri)"
+tests/miri.sh
 
 echo "== the minimum Rust ($RUST_MIN): Debian 13's cargo and rustc in a trixie chroot build the daemon and run its unit tests (tests/min-rust.sh)"
 tests/min-rust.sh

@@ -4,7 +4,7 @@
 //! A flag is either supported (it does what it says) or refused at start with exit status 2 and
 //! a message that names it and says it is not implemented yet; none is silently ignored. The
 //! defaults are the reference's.
-//! `doc/configuration.md` describes each flag; `tests/cli.rs` checks both against the binary.
+//! `doc/configuration.md` describes each flag; `tests/it/cli.rs` checks both against the binary.
 //!
 //! clap parses each flag into the type its value has in the daemon (`args.rs`), so a malformed
 //! value is refused by clap, naming the flag, before anything else is looked at.

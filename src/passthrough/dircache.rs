@@ -18,7 +18,7 @@
 //!
 //! Timestamps are coarse (a clock tick, not a nanosecond): a change made in the same tick as the
 //! stamp was taken would leave the stamp as it was. A snapshot is therefore only stored when its
-//! stamp was already [`SETTLE`](super::key::SETTLE) old when reading began ("settled"): any later change then
+//! stamp was already [`SETTLE`](super::node::key::SETTLE) old when reading began ("settled"): any later change then
 //! produces a newer time and cannot be missed. Directories changed within the last second are
 //! read afresh by every handle, each copy charged like any other.
 //!
@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::budget::{Budget, Charge, Overflow};
 use super::dir::DirSnapshot;
-use super::key::{InodeKey, Stamp};
+use super::node::key::{InodeKey, Stamp};
 
 /// Directories remembered as too large for a snapshot.
 const TOO_BIG_KEPT: usize = 64;
@@ -203,7 +203,7 @@ impl<K: Hash + Eq + Copy> DirCache<K> {
             let last = Arc::strong_count(&c.snap) == 1;
             drop(c);
             if last {
-                super::inode::freed(size);
+                super::node::memory::freed(size);
             }
         }
     }

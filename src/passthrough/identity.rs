@@ -14,9 +14,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::PoisonError;
 
 use super::file_handle::FileHandle;
-use super::inode::{InodeData, InodeStore, NewInode, Node, NotAdded, Source};
-use super::key::{self, SETTLE};
-use super::key::{Identity, InodeKey};
+use super::node::inode::{InodeData, InodeStore, NewInode, Node, NotAdded, Source};
+use super::node::key::{self, SETTLE};
+use super::node::key::{Identity, InodeKey};
 use super::sys::{self, error, StatExtra};
 
 /// File systems whose birth time is stamped once, at creation, and never changes (the

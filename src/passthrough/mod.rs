@@ -4,7 +4,7 @@
 //! The guest is untrusted. Every operation is performed relative to a descriptor under the shared
 //! directory: node ids map to host files reached by parent and name, `O_PATH | O_NOFOLLOW`
 //! descriptors, or file handles the daemon took itself from such descriptors and never takes
-//! from the guest (`inode`, `file_handle`), names from the guest
+//! from the guest (`node`, `file_handle`), names from the guest
 //! are single components (no `/`, not empty, at most 255 bytes; `.` and `..` are refused by the
 //! calls that create or remove names), and no host path is ever built from guest names. Symlinks
 //! are never followed on the host: lookups use `O_NOFOLLOW`, stat and chown use
@@ -14,21 +14,23 @@
 //!
 //! # Layout
 //! Each line uses only the modules of the lines below it (`doc/architecture.md`, checked by
-//! `tests/architecture.rs`):
+//! `tests/it/architecture.rs`):
 //! - `ops`: the requests, one method each (`impl FileSystem for PassthroughFs`); `migration`:
 //!   the nodes and handles a migration saves and finds again;
 //! - this module: [`PassthroughFs`], the descriptors of nodes, opening by name, listings, INIT
 //!   negotiation; it lends `identity` and `xattr` what they need of it (`nodes`, `xattrs`);
 //! - `identity`: telling a node's file from a later file with the same inode number;
 //!   `dircache`: directory snapshots shared between handles, under one memory budget;
-//! - `inode`: node id ↔ host file table with lookup counts;
+//! - `node`: a node, in a folder of its own (its modules sit on this line and the two last):
+//!   `node::inode`, the node's data and the node id ↔ host file tables with lookup counts;
 //! - `handle`: open files and directories; `io_fds`: per-inode descriptors for requests
 //!   without a handle (no-open mode); `locks`: the guest's locks, held on the host; `file_handle`: file handles, kept instead of descriptors
 //!   with `--inode-file-handles`;
-//! - `dir`: directory snapshots and streamed listings served by READDIR / READDIRPLUS; `key`:
-//!   what identifies a host file or a directory's state; `config`: the settings; `xattr`:
+//! - `dir`: directory snapshots and streamed listings served by READDIR / READDIRPLUS;
+//!   `node::key`: what identifies a host file or a directory's state; `node::memory`: the
+//!   memory given back after FORGET; `config`: the settings; `xattr`:
 //!   extended attributes, ACL gating, security labels, set-id clearing;
-//! - `budget`: the listings' memory budget; `slab`: the memory of the nodes; `sys`: thin
+//! - `budget`: the listings' memory budget; `node::slab`: the memory of the nodes; `sys`: thin
 //!   wrappers over the syscalls; `xattrmap`:
 //!   the `--xattrmap` language; `threadfs`: per-thread working directory and umask;
 //!   `credentials`: creating files as the guest caller when running as root.
@@ -41,13 +43,11 @@ mod dircache;
 mod file_handle;
 mod handle;
 mod identity;
-mod inode;
 mod io_fds;
-mod key;
 mod locks;
 mod migration;
+mod node;
 mod ops;
-mod slab;
 mod sys;
 #[cfg(test)]
 mod tests;
@@ -64,7 +64,7 @@ use std::time::Duration;
 
 pub use config::{CacheMode, Config, InodeFileHandles, Negotiate};
 pub use credentials::drop_supplementary_groups;
-pub use inode::allocator_gives_memory_back;
+pub use node::memory::allocator_gives_memory_back;
 
 use crate::filesystem::{
     Context, DirEntry, Entry, FileLock, FileSystem, LateReply, LockKind, Opened, SecCtx, SetAttr,
@@ -77,9 +77,10 @@ use dircache::DirCache;
 use file_handle::{FileHandle, MountFds};
 use handle::{HandleData, HandleStore};
 use identity::{At, MountIdentities, Nodes};
-use inode::{InodeData, InodeStore, Node, Origin, PathFd, Source};
 use io_fds::{Access, IoFd, IoFds};
-use key::{InodeKey, Stamp};
+use node::inode::{InodeData, InodeStore, Node, Origin, PathFd, Source};
+use node::key::{self, InodeKey, Stamp};
+use node::slab;
 use sys::{error, ProcName};
 use xattr::Xattrs;
 

@@ -154,7 +154,7 @@ impl FileSystem for PassthroughFs {
         }
         // After the listing went, so that its pages go back too.
         if f.give_back {
-            inode::give_back_free_memory();
+            node::memory::give_back_free_memory();
         }
     }
 

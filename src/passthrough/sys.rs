@@ -9,14 +9,14 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 /// The empty name, for `AT_EMPTY_PATH` calls on the descriptor itself.
 pub const EMPTY: &CStr = c"";
 
 /// An `io::Error` for a raw `errno` value.
-pub use crate::os::errno as error;
+pub use crate::filesystem::errno as error;
 
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 {
@@ -665,6 +665,60 @@ mod tests {
             libc::S_IFBLK,
         ] {
             assert_eq!(dtype_to_mode(mode_to_dtype(m | 0o644)), m);
+        }
+    }
+}
+
+/// A descriptor set at most once and kept until dropped (then closed): what a node keeps of
+/// its file, in 4 bytes (-1 while none is set). Shared between threads: the first to set one
+/// keeps it.
+#[derive(Debug)]
+pub struct OnceFd(AtomicI32);
+
+impl OnceFd {
+    /// `fd`, or none yet.
+    pub fn new(fd: Option<OwnedFd>) -> Self {
+        OnceFd(AtomicI32::new(fd.map_or(-1, IntoRawFd::into_raw_fd)))
+    }
+
+    /// The descriptor, if one was set.
+    pub fn get(&self) -> Option<BorrowedFd<'_>> {
+        let fd = self.0.load(Ordering::Acquire);
+        // SAFETY: a descriptor set here is owned by `self` and closed only when it is dropped,
+        // which the borrow of `self` outlives.
+        (fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(fd) })
+    }
+
+    /// Keeps `fd` unless a descriptor was set already (then `fd` is closed); returns the
+    /// descriptor kept.
+    pub fn set(&self, fd: OwnedFd) -> BorrowedFd<'_> {
+        let raw = fd.as_raw_fd();
+        match self
+            .0
+            .compare_exchange(-1, raw, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                // Owned by `self` now (closed when it is dropped).
+                let _ = fd.into_raw_fd();
+                // SAFETY: as in `get`: set here, owned by `self`.
+                unsafe { BorrowedFd::borrow_raw(raw) }
+            }
+            Err(kept) => {
+                drop(fd);
+                // SAFETY: as in `get`: set by another thread, owned by `self`.
+                unsafe { BorrowedFd::borrow_raw(kept) }
+            }
+        }
+    }
+}
+
+impl Drop for OnceFd {
+    fn drop(&mut self) {
+        let fd = *self.0.get_mut();
+        if fd >= 0 {
+            // SAFETY: the descriptor was set once and given to `self`, which nothing else
+            // closes; no borrow of it outlives `self`.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
         }
     }
 }

@@ -2285,7 +2285,7 @@ fn a_node_with_no_slot_left_is_refused_with_enfile_and_the_daemon_goes_on() {
     std::fs::write(tmp.path().join("f"), b"x").unwrap();
     std::fs::create_dir(tmp.path().join("d")).unwrap();
     let fs = new_fs(tmp.path());
-    slab::tests::with_room(0, || {
+    node::slab::tests::with_room(0, || {
         assert_eq!(errno(fs.lookup(&ctx(), ROOT_ID, c"f")), libc::ENFILE);
         assert_eq!(
             errno(fs.symlink(&ctx(), c"f", ROOT_ID, c"l", &[])),
@@ -2311,7 +2311,7 @@ fn a_node_with_no_slot_left_is_refused_with_enfile_and_the_daemon_goes_on() {
             .unwrap();
         assert!(matches!(
             fs.inodes.restore(7, n, 1),
-            Err(inode::NotAdded::NoRoom)
+            Err(node::inode::NotAdded::NoRoom)
         ));
     });
     assert_eq!(fs.inodes.len(), 1, "only the root");

@@ -76,7 +76,7 @@ pub struct Group {
 /// setrlimit, execve...), are not on it; those allowed only with some arguments are in
 /// [`RESTRICTED`], `clone3` in [`ANSWERED_ENOSYS`].
 pub const ALLOWED: &[Group] = &[
-    // FUSE requests on files and directories: src/passthrough (sys.rs, inode.rs, handle.rs,
+    // FUSE requests on files and directories: src/passthrough (sys.rs, node/inode.rs, handle.rs,
     // dir.rs), through src/idmap. Descriptors are opened relative to the shared directory,
     // inodes referenced by file handle (name_to_handle_at, open_by_handle_at), and /proc/self/fd
     // paths re-opened.

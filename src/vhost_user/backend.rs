@@ -42,7 +42,23 @@ use crate::fuse::io::Writer as _;
 use crate::fuse::server::{status_reply, Handled, Server};
 use crate::logging::warn_throttled;
 use crate::migration;
-use crate::sandbox::caps::Keeper;
+
+/// A job a [`LoadKeeper`] runs: one state load.
+pub type LoadJob = Box<dyn FnOnce() + Send>;
+
+/// What a migration destination's state load needs and the threads that serve the guest must
+/// not have (with `--migration-mode=file-handles`, the capability to open file handles): one
+/// thread that runs the load with it, until it is closed. The device asks for it through this
+/// trait only; the daemon, which sets the process up, hands it one ([`FsBackend::with_keeper`]).
+pub trait LoadKeeper: Send + Sync {
+    /// Runs `job` with what a load needs; gives it back when closed.
+    fn run(&self, job: LoadJob) -> Result<(), LoadJob>;
+    /// Ends it: no load runs from now on. Returns once what it kept is given up (a second
+    /// call, or one made while the first waits, returns at once).
+    fn close(&self);
+    /// Whether it still runs jobs.
+    fn is_open(&self) -> bool;
+}
 
 /// Largest virtqueue the device accepts.
 pub const MAX_QUEUE_SIZE: usize = 32768;
@@ -351,7 +367,7 @@ pub struct FsBackend<F: FileSystem + 'static> {
     transfer: Mutex<Option<Transfer>>,
     /// The thread that alone holds the capability a load needs (`--migration-mode=file-handles`),
     /// until a session is served or a state was taken over.
-    keeper: Option<Arc<Keeper>>,
+    keeper: Option<Arc<dyn LoadKeeper>>,
     /// Adaptive polling of the available rings after a pass (`--poll-window`).
     poll: Poll,
     /// Most time stopping queues waits for their requests ([`STOP_WAIT`]; shorter in tests).
@@ -423,8 +439,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         self
     }
 
-    /// The same device, whose state loads run on `keeper`'s thread with its capabilities.
-    pub fn with_keeper(mut self, keeper: Arc<Keeper>) -> Self {
+    /// The same device, whose state loads run on `keeper`, with what it keeps for them.
+    pub fn with_keeper(mut self, keeper: Arc<dyn LoadKeeper>) -> Self {
         // The guest's session started: no state is loaded from now on, and the keeper's
         // capability is gone before the guest has the reply to its INIT.
         let k = keeper.clone();
@@ -485,18 +501,18 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     }
 
     /// Most chains in flight at once so far, and the most allowed, with a thread pool. For the
-    /// pool's tests (tests/pool.rs); the daemon does not use it.
-    #[doc(hidden)]
-    pub fn pool_peak(&self) -> Option<(usize, usize)> {
+    /// pool's tests (`backend/pool_tests.rs`); the daemon does not use it.
+    #[cfg(test)]
+    fn pool_peak(&self) -> Option<(usize, usize)> {
         let pool = self.pool.as_ref()?;
         let b = pool.backlog.lock().unwrap_or_else(PoisonError::into_inner);
         Some((b.peak, pool.limit))
     }
 
     /// The same device, whose queue stops wait at most `wait` for their requests. For the
-    /// pool's tests (tests/pool.rs); the daemon keeps the default.
-    #[doc(hidden)]
-    pub fn with_stop_wait(mut self, wait: Duration) -> Self {
+    /// pool's tests (`backend/pool_tests.rs`); the daemon keeps the default.
+    #[cfg(test)]
+    fn with_stop_wait(mut self, wait: Duration) -> Self {
         self.stop_wait = wait;
         self
     }
@@ -1068,3 +1084,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         Ok(())
     }
 }
+
+// The thread pool under a flood, and queue stops, driven through the test frontend.
+#[cfg(test)]
+mod pool_tests;

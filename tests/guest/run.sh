@@ -24,10 +24,13 @@
 #                             locks-always  the locks suite, daemon --cache always
 #                             locks-never the locks suite, daemon --cache never, with SQLite
 #                                         writers in the host and the guest on one database
+#                             locks-guests two guests at once, a daemon each (--cache never)
+#                                         on one share: each refused the other's locks, waits
+#                                         for them, SQLite writers in both and the host
 #                             noshare     QEMU without share=on (-m 256M, no memory backend):
 #                                         the daemon must say guest memory is not shared
 #                             all = main,readonly,xattr,escape,always,locks,locks-always,
-#                             locks-never,noshare; full = all eleven
+#                             locks-never,locks-guests,noshare; full = all twelve
 #   --timeout SECONDS       kill a guest that has not powered off after this long (default 300)
 #   --accel auto|tcg|kvm    auto (default) uses KVM only if a short probe boot proves it works;
 #                           kvm uses it without a probe
@@ -45,7 +48,7 @@ set -uo pipefail
 OUT="$ROOT/target/guest-tests"
 
 KERNELS="6.12"
-SUITES="main readonly xattr escape always locks locks-always locks-never noshare"
+SUITES="main readonly xattr escape always locks locks-always locks-never locks-guests noshare"
 TIMEOUT=300
 ACCEL=auto
 while [ $# -gt 0 ]; do
@@ -63,16 +66,16 @@ while [ $# -gt 0 ]; do
 done
 [ "$KERNELS" = all ] && KERNELS="6.12 6.1"
 SUITES="${SUITES//,/ }"
-SUITES="${SUITES//full/main readonly cache-never writeback xattr escape always locks locks-always locks-never noshare}"
-SUITES="${SUITES//all/main readonly xattr escape always locks locks-always locks-never noshare}"
+SUITES="${SUITES//full/main readonly cache-never writeback xattr escape always locks locks-always locks-never locks-guests noshare}"
+SUITES="${SUITES//all/main readonly xattr escape always locks locks-always locks-never locks-guests noshare}"
 for k in $KERNELS; do
     case "$k" in 6.12|6.1) ;; *) bad_usage "--kernel must be 6.12, 6.1 or all" ;; esac
 done
 case "$ACCEL" in auto|tcg|kvm) ;; *) bad_usage "--accel takes auto, tcg or kvm" ;; esac
 for s in $SUITES; do
     case "$s" in
-        main|readonly|cache-never|writeback|xattr|escape|always|locks|locks-always|locks-never|noshare) ;;
-        *) bad_usage "--suite takes main, readonly, cache-never, writeback, xattr, escape, always, locks, locks-always, locks-never, noshare, all or full" ;;
+        main|readonly|cache-never|writeback|xattr|escape|always|locks|locks-always|locks-never|locks-guests|noshare) ;;
+        *) bad_usage "--suite takes main, readonly, cache-never, writeback, xattr, escape, always, locks, locks-always, locks-never, locks-guests, noshare, all or full" ;;
     esac
 done
 need_root "the daemon has to chown and mknod for the guest"
@@ -309,7 +312,7 @@ snapshot() {
 prepare_locks() {
     local f
     mkdir -p "$1/locks"
-    for f in flock posix ofd g-flock g-posix g-ofd range ofd2 kill; do
+    for f in flock posix ofd g-flock g-posix g-ofd range ofd2 kill sem sem-host; do
         head -c 4096 /dev/zero > "$1/locks/$f.f"
     done
     # The database two writers share (locks suite under --cache never): rollback journal.
@@ -362,6 +365,124 @@ locks_mark() {
         locks-guest-hold) host_try "$2" "$3/host-try-held.txt" ;;
         locks-guest-released) host_try "$2" "$3/host-try-released.txt" ;;
     esac
+}
+
+# prepare_locks2 SHARE SQLITE: the files of the two-guest locks suite (in-guest/suite-locks2.sh),
+# in SHARE/l2: the lock files, the markers' directory, the database and, with SQLITE=1, its row
+# count (which makes the guests and the host write it).
+prepare_locks2() {
+    local f
+    mkdir -p "$1/l2/sync"
+    for f in flock posix ofd range kill sh-flock sh-posix sh-ofd close-ofd close-posix close-flock; do
+        head -c 4096 /dev/zero > "$1/l2/$f.f"
+    done
+    sqlite3 "$1/l2/db.sqlite" \
+        'PRAGMA journal_mode=DELETE; CREATE TABLE t (who TEXT, i INTEGER);' > /dev/null
+    [ "$2" = 1 ] && echo "$SQLITE_ROWS" > "$1/l2/sqlite-rows"
+    chmod -R a+rwX "$1/l2"
+}
+
+# boot_pair KERNEL NAME SQLITE DAEMON_FLAGS...: two guests at once running the two-guest locks
+# suite, each with its own daemon (DAEMON_FLAGS) on one share; with SQLITE=1 they write the
+# database, and guest A's #MARK locks2-sqlite starts the host's SQLite writer.
+boot_pair() {
+    local k="$1" bname="$2" sqlite="$3"; shift 3
+    local flags=("$@")
+    BOOT_FLAGS="${flags[*]}"
+    local dir="$WORK/$k-$bname" logs="$OUT/$k-$bname" prefix="[$k] $bname: "
+    rm -rf "$logs"; mkdir -p "$dir/share" "$logs"
+    local share="$dir/share" r x
+    prepare_locks2 "$share" "$sqlite"
+    echo "# boot: kernel $k, $bname (two guests at once, guest suite locks2, a daemon each), daemon flags: ${flags[*]}"
+    local -A pdpid pqpid
+    for r in a b; do
+        start_daemon "$dir/vfs-$r.sock" "$share" "$logs/daemon-$r.log" "${flags[@]}" --log-level debug
+        pdpid[$r]=$DPID
+        if ! wait_socket "$dir/vfs-$r.sock" "$DPID"; then
+            result fail "${prefix}daemon $r listens on its socket" "$(tail -n 20 "$logs/daemon-$r.log")"
+            for x in a b; do [ -n "${pdpid[$x]:-}" ] && reap "${pdpid[$x]}" 0; done
+            return
+        fi
+    done
+    local t0=$SECONDS
+    for r in a b; do
+        start_guest "$logs/console-$r.log" "$logs/qemu-$r.log" "$CACHE/kernel-$k/vmlinuz" \
+            "$WORK/initramfs-$k.cpio" 512M "guest_suite=locks2 guest_role=$r guest_cache=never" \
+            -smp 2 -chardev "socket,id=vfs,path=$dir/vfs-$r.sock" \
+            -device vhost-user-fs-pci,chardev=vfs,tag=share,num-request-queues=2
+        pqpid[$r]=$QPID
+    done
+    pair_mark() {
+        case "$1" in
+            locks2-sqlite)
+                ( sqlite_writer "$share/l2/db.sqlite" host > "$logs/host-sqlite.txt" 2>&1
+                  echo "exit $?" >> "$logs/host-sqlite.txt"; : > "$share/l2/host-sqlite-done" ) &
+                track $!
+                ;;
+        esac
+    }
+    local -A pqrc
+    QPID=${pqpid[a]}
+    watch_guest "$TIMEOUT" pair_mark "$logs/console-a.log"
+    pqrc[a]="$QRC"
+    local left=$((TIMEOUT - (SECONDS - t0)))
+    [ "$left" -gt 0 ] || left=0
+    reap "${pqpid[b]}" "$left"
+    pqrc[b]="$REAPED"
+    [ "${pqrc[b]}" = running ] && pqrc[b]=timeout
+    echo "# the two guests took $((SECONDS - t0))s (QEMU exit status A ${pqrc[a]}, B ${pqrc[b]})"
+    for r in a b; do
+        local R="${r^^}" con="$logs/console-$r.log" drc
+        reap "${pdpid[$r]}" 10
+        drc="$REAPED"
+        [ "$drc" = running ] && drc="still running 10 s after QEMU exited (killed)"
+        touch "$con"
+        report_tap "$con" "${prefix}$R: "
+        if [ "${pqrc[$r]}" = timeout ]; then
+            result fail "${prefix}guest $R finished within ${TIMEOUT}s" \
+                "last test started: $(grep '^#RUN' "$con" | tail -n 1)
+console tail:
+$(tr -d '\r' < "$con" | tail -n 25)"
+        elif ! grep -q '^#DONE' "$con"; then
+            result fail "${prefix}guest $R ran to the end and powered off" \
+                "QEMU exit status ${pqrc[$r]}; console tail:
+$(tr -d '\r' < "$con" | tail -n 25)
+qemu log:
+$(tail -n 10 "$logs/qemu-$r.log")"
+        else
+            check "${prefix}guest $R powered off (QEMU exit status)" "${pqrc[$r]}" 0 "QEMU exit status"
+        fi
+        if [ "$drc" = 0 ]; then
+            result ok "${prefix}daemon $r exits 0 after its guest disconnects"
+        else
+            result fail "${prefix}daemon $r exits 0 after its guest disconnects" \
+                "daemon exit: $drc; log tail:
+$(tail -n 15 "$logs/daemon-$r.log")"
+        fi
+    done
+    host_checks_locks2 "$k" "$dir" "$logs" "$prefix" "$sqlite"
+    return 0
+}
+
+host_checks_locks2() {
+    local k="$1" dir="$2" logs="$3" prefix="$4" b="$3/console-b.log" w
+    for w in posix flock ofd; do
+        echo "# ${prefix}B's SETLKW ($w) woke $(data_of "$b" "setlkw-wait-$w-ms") ms after it began waiting (about 2 s of it before A's holder was told to exit)"
+    done
+    echo "# ${prefix}B's killed waiters (F_SETLKW, flock) were in state $(data_of "$b" killed-waiter-state) and were gone $(data_of "$b" killed-waiter-gone-ms) ms after B told A's holder to exit"
+    if [ "$5" != 1 ]; then
+        result skip "${prefix}SQLite writers in two guests and the host" \
+            "run on the first kernel of the run only (${KERNELS%% *})"
+        return
+    fi
+    check "${prefix}SQLite: the host's writer committed every transaction" \
+        "$(cat "$logs/host-sqlite.txt" 2>/dev/null)" "exit 0" "host writer output"
+    check "${prefix}SQLite: the database the host reads after the three writers" \
+        "$(sqlite3 "$dir/share/l2/db.sqlite" 'PRAGMA integrity_check;' \
+            "SELECT who || ' ' || count(*) || ' ' || count(DISTINCT i) FROM t GROUP BY who ORDER BY who;" 2>&1 | tr '\n' ' ')" \
+        "ok guest-a $SQLITE_ROWS $SQLITE_ROWS guest-b $SQLITE_ROWS $SQLITE_ROWS host $SQLITE_ROWS $SQLITE_ROWS " \
+        "integrity, rows per writer"
+    echo "# ${prefix}SQLite: $SQLITE_ROWS transactions took $(data_of "$logs/console-a.log" sqlite-guest-s) s in A, $(data_of "$b" sqlite-guest-s) s in B, beside each other and the host's"
 }
 
 # boot_mark MARK (watch_guest's handler in boot, whose dpid, logs and share it uses): a
@@ -753,6 +874,12 @@ host_checks_locks() {
         "flock ok posix ok posix-after ok ofd ok getlk unlocked " "host attempts"
     check "${prefix}the host's holder took its locks" "$(cat "$logs/host-hold.txt" 2>/dev/null)" "" \
         "host holder output"
+    # The guest's semantics checks (suite-locks.sh) run by a host process on the share itself:
+    # the expectations are those of Linux on a local file system.
+    local sem
+    sem="$("$WORK/helpers/locks" semantics "$dir/share/locks/sem-host.f" local 2>&1)"
+    check "${prefix}host: the OFD, POSIX and flock semantics checks hold on the host's own file" \
+        "$(printf '%s\n' "$sem" | grep -v '^ok ' | head -n 5)" "" "failed checks"
     local w
     for w in posix flock ofd; do
         echo "# ${prefix}SETLKW ($w) woke $(data_of "$con" "setlkw-wait-$w-ms") ms after it began waiting (about 1 s of it before the release)"
@@ -888,6 +1015,8 @@ for k in $KERNELS; do
             locks) boot "$k" locks locks --cache auto ;;
             locks-always) boot "$k" locks-always locks --cache always ;;
             locks-never) boot "$k" locks-never locks --cache never ;;
+            locks-guests) boot_pair "$k" locks-guests "$([ "$k" = "$first_kernel" ] && echo 1)" \
+                --cache never ;;
             noshare) boot_noshare "$k" ;;
         esac
     done

@@ -20,7 +20,7 @@
 # carry the command's output and exit code), kmod (depmod); a venv with virtme-ng from PyPI in
 # the cache dir; the full 6.12 kernel package (vmlinuz and its modules: vng loads overlay.ko
 # for its writable overlays of /etc, /tmp, ...) unpacked in the cache dir; the test user
-# virtiofsd-rootless (the one tests/rootless.rs makes).
+# virtiofsd-rootless (the one tests/it/rootless.rs makes).
 #
 # Usage: tests/guest/virtme-ng.sh [options]
 #   --daemon PATH   test this binary instead of building target/release/virtiofsd

@@ -12,7 +12,7 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use virtiofsd::fuse::abi::ROOT_ID;
+use virtiofs_fuse::abi::ROOT_ID;
 
 use crate::daemon::Running;
 use crate::workloads::{forget_all, fuse, list_dir, Refs, Session};

@@ -14,7 +14,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use virtiofsd::fuse::abi::{self, opcode, Pod, ROOT_ID};
+use virtiofs_fuse::abi::{self, opcode, Pod, ROOT_ID};
 use virtiofsd_frontend::FuseClient;
 
 use crate::daemon::Running;

@@ -37,7 +37,7 @@ use virtiofsd_frontend::{FrontendConfig, FsFrontend};
 
 use daemon::{DaemonSpec, Running, Strace};
 use report::{Machine, Results};
-use virtiofsd::fuse::abi;
+use virtiofs_fuse::abi;
 use workloads::{fuse, Session, Settings, Workload};
 
 /// Benchmark this virtio-fs daemon against the reference virtiofsd.

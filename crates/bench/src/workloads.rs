@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use virtiofsd::fuse::abi::{self, opcode, Pod, ROOT_ID};
+use virtiofs_fuse::abi::{self, opcode, Pod, ROOT_ID};
 use virtiofsd_frontend::{FsFrontend, FuseClient, FuseResult};
 
 use crate::daemon::{CpuTime, Running};

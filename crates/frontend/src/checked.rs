@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! use virtiofsd_frontend::FsFrontend;
-//! use virtiofsd::fuse::abi::ROOT_ID;
+//! use virtiofs_fuse::abi::ROOT_ID;
 //!
 //! let mut fs = FsFrontend::connect("/tmp/vfsd.sock", 1).unwrap();
 //! let mut c = fs.client(0).unwrap();
@@ -27,7 +27,7 @@ use super::fuse_client::{
     FuseClient, KernelState, XattrReply, DEFAULT_INIT_FLAGS, DEFAULT_MAX_READAHEAD,
     INIT_COMPAT_MINOR, INIT_MINOR, LINUX_5_4_INIT_FLAGS, PAGE_SIZE,
 };
-use virtiofsd::fuse::abi::{self, opcode, Pod};
+use virtiofs_fuse::abi::{self, opcode, Pod};
 
 fn exact<T: Pod>(op: u32, body: &[u8]) -> Result<T> {
     let size = std::mem::size_of::<T>();

@@ -25,7 +25,7 @@ use vmm_sys_util::event::{
 
 use super::virtqueue::{Next, RawDesc, VIRTQ_DESC_F_NEXT};
 use super::*;
-use virtiofsd::fuse::abi::{self, opcode, InHeader, OutHeader, Pod, ROOT_ID};
+use virtiofs_fuse::abi::{self, opcode, InHeader, OutHeader, Pod, ROOT_ID};
 
 /// Answered with the request's arguments as body.
 const ECHO_OPCODE: u32 = 0x7e57_0001;

@@ -25,7 +25,7 @@ use std::time::Duration;
 use super::error::{Error, FuseResult, Result};
 use super::memory::{Arena, GuestMemory};
 use super::virtqueue::{Buffer, RawDesc, UsedElem, Virtqueue};
-use virtiofsd::fuse::abi::{self, opcode, InHeader, OutHeader, Pod};
+use virtiofs_fuse::abi::{self, opcode, InHeader, OutHeader, Pod};
 
 /// Step between request ids, as in Linux (the low bit marks interrupts).
 pub const UNIQUE_STEP: u64 = 2;

@@ -15,7 +15,7 @@
 //!
 //! ```no_run
 //! use virtiofsd_frontend::FsFrontend;
-//! use virtiofsd::fuse::abi::ROOT_ID;
+//! use virtiofs_fuse::abi::ROOT_ID;
 //!
 //! let mut fs = FsFrontend::connect("/tmp/vfsd.sock", 1).unwrap();
 //! let mut client = fs.client(0).unwrap();

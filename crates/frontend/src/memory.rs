@@ -23,7 +23,7 @@ use vm_memory::{
 };
 
 use super::error::{Error, Result};
-use virtiofsd::fuse::abi::Pod;
+use virtiofs_fuse::abi::Pod;
 
 /// Default size of guest memory: 64 MiB.
 pub const DEFAULT_MEM_SIZE: usize = 64 << 20;

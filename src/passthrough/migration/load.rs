@@ -20,9 +20,9 @@ use crate::passthrough::dir::{DirSnapshot, Listing};
 use crate::passthrough::file_handle::{self, FileHandle};
 use crate::passthrough::handle::HandleData;
 use crate::passthrough::identity::At;
-use crate::passthrough::inode::{InodeData, Node, NotAdded, Origin, Source};
-use crate::passthrough::key::InodeKey;
 use crate::passthrough::locks::{Carried, OnLost, Seg, HANDOVER_TIMEOUT, MAX_RANGES, TO_EOF};
+use crate::passthrough::node::inode::{InodeData, Node, NotAdded, Origin, Source};
+use crate::passthrough::node::key::InodeKey;
 use crate::passthrough::sys::{self, error};
 use crate::passthrough::{open_path_flags, PassthroughFs};
 

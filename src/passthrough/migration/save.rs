@@ -18,8 +18,8 @@ use crate::migration::{Encoder, Mode, OnError, StateError};
 use crate::passthrough::dir::{DirSnapshot, Listing};
 use crate::passthrough::file_handle::FileHandle;
 use crate::passthrough::identity::At;
-use crate::passthrough::inode::{InodeData, Node};
 use crate::passthrough::locks::Carried;
+use crate::passthrough::node::inode::{InodeData, Node};
 use crate::passthrough::sys::{self, error};
 use crate::passthrough::{open_path_flags, PassthroughFs};
 

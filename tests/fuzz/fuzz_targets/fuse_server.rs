@@ -1,5 +1,5 @@
 //! Fuzz target: the FUSE server fed raw request bytes.
-//! The harness is `harness/fuse_server.rs`, which `tests/fuzz_regressions.rs` also replays.
+//! The harness is `harness/fuse_server.rs`, which `tests/it/fuzz_regressions.rs` also replays.
 #![no_main]
 
 #[path = "../harness/mod.rs"]

@@ -1,5 +1,5 @@
 //! Fuzz target: a migration destination's passthrough file system fed forged states.
-//! The harness is `harness/migration_state.rs`, which `tests/fuzz_regressions.rs` also replays.
+//! The harness is `harness/migration_state.rs`, which `tests/it/fuzz_regressions.rs` also replays.
 #![no_main]
 
 #[path = "../harness/mod.rs"]

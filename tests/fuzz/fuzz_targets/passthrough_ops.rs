@@ -1,5 +1,5 @@
 //! Fuzz target: passthrough filesystem operation sequences on a temporary directory.
-//! The harness is `harness/passthrough_ops.rs`, which `tests/fuzz_regressions.rs` also replays.
+//! The harness is `harness/passthrough_ops.rs`, which `tests/it/fuzz_regressions.rs` also replays.
 #![no_main]
 
 #[path = "../harness/mod.rs"]

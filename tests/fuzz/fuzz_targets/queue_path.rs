@@ -1,5 +1,5 @@
 //! Fuzz target: the virtqueue path from raw guest memory to replies.
-//! The harness is `harness/queue_path.rs`, which `tests/fuzz_regressions.rs` also replays.
+//! The harness is `harness/queue_path.rs`, which `tests/it/fuzz_regressions.rs` also replays.
 #![no_main]
 
 #[path = "../harness/mod.rs"]

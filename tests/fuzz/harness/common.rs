@@ -6,11 +6,11 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
-use virtiofsd::filesystem::{
+use virtiofs_fuse::abi;
+use virtiofs_fuse::filesystem::{
     Context, DirEntry, Entry, FileSystem, Opened, SecCtx, SetAttr, XattrReply,
 };
-use virtiofsd::fuse::abi;
-use virtiofsd::fuse::io::{ZeroCopyReader, ZeroCopyWriter};
+use virtiofs_fuse::io::{ZeroCopyReader, ZeroCopyWriter};
 
 /// Answers every request with fixed data: node 2 for any name, three directory entries, a
 /// 4 KiB file of `0xAB` bytes for READ, `/dev/null` for WRITE. Anything not listed is ENOSYS.

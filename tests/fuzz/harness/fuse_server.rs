@@ -6,8 +6,8 @@
 //! check. The server must never panic, and every reply it reports must fit its buffer and carry
 //! a consistent header.
 
-use virtiofsd::fuse::io::{SliceReader, VecWriter};
-use virtiofsd::fuse::server::Server;
+use virtiofs_fuse::io::{SliceReader, VecWriter};
+use virtiofs_fuse::server::Server;
 
 use super::common;
 

@@ -16,9 +16,10 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use virtiofsd::filesystem::{Context, FileSystem};
-use virtiofsd::fuse::abi::{init, ROOT_ID};
-use virtiofsd::migration::{Decoder, Mode, OnError};
+use virtiofs_fuse::abi::{init, ROOT_ID};
+use virtiofs_fuse::filesystem::{Context, FileSystem};
+use virtiofs_fuse::migration::Decoder;
+use virtiofsd::migration::{Mode, OnError};
 use virtiofsd::passthrough::config::{CacheMode, Config};
 use virtiofsd::passthrough::PassthroughFs;
 

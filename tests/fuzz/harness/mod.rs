@@ -1,5 +1,5 @@
 //! The fuzz harnesses, shared by the cargo-fuzz targets (`fuzz_targets/*.rs`) and by the
-//! regression test of the main crate (`tests/fuzz_regressions.rs`), which replays every file
+//! regression test of the main crate (`tests/it/fuzz_regressions.rs`), which replays every file
 //! under `tests/fuzz/regressions/<target>/` through the same `run` function. Each `run` takes
 //! the raw input bytes and panics when an invariant breaks.
 #![allow(dead_code)]

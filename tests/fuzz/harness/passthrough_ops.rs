@@ -15,9 +15,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use virtiofsd::filesystem::{Context, FileSystem, SetAttr, SetTime};
-use virtiofsd::fuse::abi::ROOT_ID;
-use virtiofsd::fuse::io::{SliceReader, VecWriter};
+use virtiofs_fuse::abi::ROOT_ID;
+use virtiofs_fuse::filesystem::{Context, FileSystem, SetAttr, SetTime};
+use virtiofs_fuse::io::{SliceReader, VecWriter};
 use virtiofsd::passthrough::config::{CacheMode, Config};
 use virtiofsd::passthrough::PassthroughFs;
 

@@ -8,8 +8,8 @@
 //! bit 1: event index enabled. At most 64 chains are popped, so no input can loop forever.
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use virtiofsd::fuse::io::{SliceReader, VecWriter};
-use virtiofsd::fuse::server::Server;
+use virtiofs_fuse::io::{SliceReader, VecWriter};
+use virtiofs_fuse::server::Server;
 use virtiofsd::vhost_user::descriptor::split_chain;
 use virtiofsd::vhost_user::descriptor::GuestMemory;
 use virtiofsd_frontend::VringLayout;

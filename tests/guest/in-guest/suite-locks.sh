@@ -117,6 +117,16 @@ t_killed_waiter() {
     eq "$(locks try posix-wr $L/kill.f 0 0)" ok "the killed waiter's lock was dropped"
 }
 
+# The semantics xfstests generic/478 (OFD against POSIX) and generic/504 (flock) check, as the
+# guest sees them through this daemon (helpers/locks.c, semantics): OFD and POSIX locks of one
+# process conflict, two open file descriptions are two OFD owners, closing another descriptor
+# drops POSIX locks only, flock through a dup is the same lock, flock conversions. The pids
+# F_GETLK and F_OFD_GETLK report are those of a FUSE client ("fuse"; doc/locks.md, F_GETLK).
+t_semantics() {
+    locks semantics $L/sem.f fuse > /tmp/sem.out 2>&1 || { grep -v '^ok ' /tmp/sem.out; fail "$(grep -c '^not ok' /tmp/sem.out) checks failed"; }
+    echo "$(grep -c '^ok ' /tmp/sem.out) checks passed"
+}
+
 # SQLite (rollback journal) written by the host and by the guest at once, each transaction
 # its own: no row lost and the database intact. Only with --cache never: in the other modes
 # the guest may read pages of the database it cached before the host's last commit, which no
@@ -141,5 +151,6 @@ t locks-setlkw-wakes-when-the-host-releases t_setlkw_wakes
 t locks-guest-holds-refuse-the-host t_guest_holds
 t locks-two-processes-exclude-each-other t_two_processes
 t locks-killed-waiter-ends-with-the-release t_killed_waiter
+t locks-ofd-posix-flock-semantics-in-one-process t_semantics
 guest_cache="$(sed -n 's/.*guest_cache=\([^ ]*\).*/\1/p' /proc/cmdline)"
 [ "$guest_cache" = never ] && t locks-sqlite-host-and-guest-writers t_sqlite
