@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use super::dir::Listing;
@@ -25,6 +25,9 @@ pub struct HandleData {
     /// replaced on each READDIR at offset 0. A streamed listing's READDIRs hold the lock while
     /// they read `file`.
     pub dir: Option<Mutex<Option<Listing>>>,
+    /// A lock the guest took through it was lost in a migration (it could not be taken again
+    /// on the destination): the guest gets `EBADF` on it, as for a handle the migration lost.
+    pub lost: AtomicBool,
 }
 
 impl HandleData {
@@ -33,6 +36,7 @@ impl HandleData {
             inode,
             file,
             dir: None,
+            lost: AtomicBool::new(false),
         }
     }
 
@@ -41,6 +45,7 @@ impl HandleData {
             inode,
             file,
             dir: Some(Mutex::new(None)),
+            lost: AtomicBool::new(false),
         }
     }
 
@@ -81,7 +86,9 @@ impl HandleStore {
     pub fn get(&self, h: u64, inode: u64) -> io::Result<Arc<HandleData>> {
         let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
         match map.get(&h) {
-            Some(data) if data.inode == inode => Ok(data.clone()),
+            Some(data) if data.inode == inode && !data.lost.load(Ordering::Relaxed) => {
+                Ok(data.clone())
+            }
             _ => Err(sys::error(libc::EBADF)),
         }
     }

@@ -49,6 +49,12 @@ pub const MAX_BACKOFF: Duration = Duration::from_millis(32);
 const FIRST_BACKOFF: Duration = Duration::from_millis(1);
 /// Lock descriptors when nothing else is said.
 pub const DEFAULT_MAX_FDS: usize = super::config::DEFAULT_MAX_LOCK_FDS;
+/// How long a migration destination goes on trying to take the locks it carried that were
+/// still held when it loaded the state (by the source daemon, which lets them go when its QEMU
+/// disconnects after the switch-over): past it, the owner's handle gets errors.
+pub const HANDOVER_TIMEOUT: Duration = Duration::from_secs(20);
+/// Pause between two tries of a hand-over.
+const HANDOVER_PERIOD: Duration = Duration::from_millis(5);
 
 /// A lock request checked: the range is `start..=end` with `end` at most [`TO_EOF`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,14 +238,50 @@ impl Record {
 
 type Key = (u64, u64, LockKind);
 
-/// The locks one owner holds on one node, as a migration sees them.
+/// The locks one owner holds on one node, as a migration carries them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Held {
+pub struct Carried {
     pub node: u64,
     pub owner: u64,
     pub kind: LockKind,
-    /// POSIX ranges; for flock one range `0..=TO_EOF` of the flock's type.
+    /// The handle the record was made through (its RELEASE ends it; its errors tell the guest
+    /// a lock that could not be taken again).
+    pub fh: u64,
+    pub pid: u32,
+    /// Whether its description may write (write record locks need it).
+    pub writable: bool,
+    /// POSIX: the ranges held, sorted and apart.
     pub segs: Vec<Seg>,
+    /// flock: `F_RDLCK` or `F_WRLCK`.
+    pub flock: Option<i32>,
+}
+
+/// Called when a carried lock could not be taken again in [`HANDOVER_TIMEOUT`].
+pub type OnLost = Box<dyn FnOnce() + Send>;
+
+/// Locks a migration destination carried that were still taken when it loaded the state: taken
+/// by the waiter thread as soon as they are free (every [`HANDOVER_PERIOD`]), until `deadline`.
+struct Handover {
+    key: Key,
+    /// The record's description.
+    fd: Arc<LockFd>,
+    /// POSIX ranges still to take.
+    segs: Vec<Seg>,
+    /// flock still to take.
+    flock: Option<i32>,
+    deadline: Instant,
+    /// The node as the log names it (its names escaped).
+    what: String,
+    lost: Option<OnLost>,
+}
+
+/// What a try of a hand-over came to.
+enum Handed {
+    /// Everything taken, or the record went meanwhile (FLUSH, RELEASE, FORGET).
+    Done,
+    Pending,
+    /// Past the deadline: the record went, and the owner's handle gets errors.
+    Expired,
 }
 
 #[derive(Default)]
@@ -314,6 +356,10 @@ struct Waiter {
 #[derive(Default)]
 struct WaitList {
     list: Vec<Waiter>,
+    /// Locks carried by a migration not taken yet.
+    handovers: Vec<Handover>,
+    /// The next try of the hand-overs.
+    next_handover: Option<Instant>,
     /// The waiter thread runs.
     running: bool,
 }
@@ -328,7 +374,13 @@ pub struct Locks {
     waiting: Mutex<WaitList>,
     /// Waiters (read without the lock, so that an unlock with none waiting costs no lock).
     waiter_count: AtomicUsize,
+    /// Hand-overs pending (read without the lock, so that a request costs nothing when none).
+    handover_count: AtomicUsize,
     wake: Condvar,
+    /// Notified when hand-overs settle.
+    settled: Condvar,
+    /// [`HANDOVER_TIMEOUT`] (tests shorten it).
+    handover_timeout: Mutex<Duration>,
     /// Itself, for the waiter thread.
     me: Weak<Locks>,
 }
@@ -346,7 +398,10 @@ impl Locks {
             max_ranges: AtomicUsize::new(MAX_RANGES),
             waiting: Mutex::new(WaitList::default()),
             waiter_count: AtomicUsize::new(0),
+            handover_count: AtomicUsize::new(0),
             wake: Condvar::new(),
+            settled: Condvar::new(),
+            handover_timeout: Mutex::new(HANDOVER_TIMEOUT),
             me: me.clone(),
         })
     }
@@ -354,6 +409,15 @@ impl Locks {
     /// Most lock descriptors held at once.
     pub fn set_max_fds(&self, n: usize) {
         self.max_fds.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// How long a hand-over is tried (tests shorten it).
+    #[cfg(test)]
+    pub fn set_handover_timeout(&self, d: Duration) {
+        *self
+            .handover_timeout
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = d;
     }
 
     /// Most ranges held at once (tests lower it).
@@ -477,6 +541,7 @@ impl Locks {
         req: &Req,
         open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
     ) -> io::Result<()> {
+        self.settle(req.node);
         let Some(fd) = self.owner_fd(req, open)? else {
             return Ok(());
         };
@@ -633,6 +698,7 @@ impl Locks {
         if req.typ == libc::F_UNLCK {
             return Err(error(libc::EINVAL));
         }
+        self.settle(req.node);
         let own = self.table().get(req.key()).map(|r| r.fd.clone());
         let conflict = match &own {
             Some(fd) => sys::ofd_getlk(fd.fd(), &req.range())?,
@@ -734,32 +800,241 @@ impl Locks {
         self.poke(node);
     }
 
-    /// Every lock held, for a migration.
-    pub fn held(&self) -> Vec<Held> {
+    /// Every lock held, for a migration: each owner's record on each node that holds
+    /// something (idle records are not carried; their owners' next lock opens anew).
+    /// Locks a hand-over still waits for count as held (this daemon, a destination a moment
+    /// ago, is migrated again before it took them).
+    pub fn carried(&self) -> Vec<Carried> {
+        // The waiters' list before the table, as everywhere both are taken.
+        let w = self.waiting();
         let t = self.table();
-        let mut v: Vec<Held> = t
+        let pending = |key: Key| {
+            w.handovers
+                .iter()
+                .find(|h| h.key == key && t.get(key).is_some_and(|r| Arc::ptr_eq(&r.fd, &h.fd)))
+        };
+        let mut v: Vec<Carried> = t
             .nodes
             .iter()
             .flat_map(|(node, list)| {
-                list.iter()
-                    .filter(|(_, _, r)| !r.is_empty())
-                    .map(move |(owner, kind, r)| Held {
+                list.iter().filter_map(move |(owner, kind, r)| {
+                    let (mut segs, mut flock) = (r.segs.clone(), r.flock);
+                    if let Some(h) = pending((*node, *owner, *kind)) {
+                        for s in &h.segs {
+                            segs = apply(&segs, s.start, s.end, s.typ);
+                        }
+                        flock = flock.or(h.flock);
+                    }
+                    (!segs.is_empty() || flock.is_some()).then(|| Carried {
                         node: *node,
                         owner: *owner,
                         kind: *kind,
-                        segs: match r.flock {
-                            Some(typ) => vec![Seg {
-                                start: 0,
-                                end: TO_EOF,
-                                typ,
-                            }],
-                            None => r.segs.clone(),
-                        },
+                        fh: r.fh,
+                        pid: r.pid,
+                        writable: r.fd.writable,
+                        segs,
+                        flock,
                     })
+                })
             })
             .collect();
+        drop(t);
+        drop(w);
         v.sort_by_key(|h| (h.node, h.owner, h.kind == LockKind::Flock));
         v
+    }
+
+    /// Takes again, on a migration destination, the locks `c` its source held: a description
+    /// from `open` (counted in the descriptors' bound), and each range (or the flock) taken
+    /// at once when free. What another holds still (the source daemon, until its QEMU
+    /// disconnects; or anyone) is pending: the waiter thread takes it as soon as it is free,
+    /// and requests on the node wait for that ([`Locks::settle`]); past
+    /// [`HANDOVER_TIMEOUT`] the record goes and `lost` is called. Whether something is
+    /// pending; an error (`EEXIST` for an owner that has a record already, `ENOLCK` past a
+    /// bound, `EBADF` for a write lock on a file this daemon cannot open for writing, the
+    /// open's own) leaves nothing behind.
+    pub fn adopt(
+        &self,
+        c: &Carried,
+        open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
+        what: String,
+        lost: OnLost,
+    ) -> io::Result<bool> {
+        let key = (c.node, c.owner, c.kind);
+        {
+            let t = self.table();
+            if t.get(key).is_some() {
+                return Err(error(libc::EEXIST));
+            }
+            if t.ranges.saturating_add(c.segs.len()) > self.max_ranges.load(Ordering::Relaxed) {
+                warn_throttled!("carried lock refused: too many ranges held already (ENOLCK)");
+                return Err(error(libc::ENOLCK));
+            }
+        }
+        let fd = self.new_fd(open)?;
+        if c.segs.iter().any(|s| s.typ == libc::F_WRLCK) && !fd.writable {
+            return Err(error(libc::EBADF));
+        }
+        let mut t = self.table();
+        let mut taken: Vec<Seg> = Vec::new();
+        let mut pending: Vec<Seg> = Vec::new();
+        for s in &c.segs {
+            match sys::ofd_setlk(fd.fd(), &range_lock(s.typ, s.start, s.end)) {
+                Ok(()) => taken = apply(&taken, s.start, s.end, s.typ),
+                Err(e) if would_block(&e) => pending.push(*s),
+                Err(e) => {
+                    let _ = sys::ofd_setlk(fd.fd(), &range_lock(libc::F_UNLCK, 0, TO_EOF));
+                    return Err(e);
+                }
+            }
+        }
+        let (mut flock, mut flock_pending) = (None, None);
+        if let Some(typ) = c.flock {
+            let op = match typ {
+                libc::F_WRLCK => libc::LOCK_EX,
+                _ => libc::LOCK_SH,
+            };
+            match sys::flock(fd.fd(), op | libc::LOCK_NB) {
+                Ok(()) => flock = Some(typ),
+                Err(e) if would_block(&e) => flock_pending = Some(typ),
+                Err(e) => return Err(e),
+            }
+        }
+        t.insert(
+            key,
+            Record {
+                fd: fd.clone(),
+                fh: c.fh,
+                pid: c.pid,
+                segs: taken,
+                flock,
+            },
+        );
+        drop(t);
+        if pending.is_empty() && flock_pending.is_none() {
+            return Ok(false);
+        }
+        let mut w = self.waiting();
+        let now = Instant::now();
+        w.handovers.push(Handover {
+            key,
+            fd,
+            segs: pending,
+            flock: flock_pending,
+            deadline: now
+                + *self
+                    .handover_timeout
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner),
+            what,
+            lost: Some(lost),
+        });
+        w.next_handover = Some(now + HANDOVER_PERIOD);
+        self.handover_count
+            .store(w.handovers.len(), Ordering::Release);
+        self.run_thread(&mut w)?;
+        Ok(true)
+    }
+
+    /// Whether some lock of `node` carried by a migration is still pending.
+    fn handing_over(&self, node: u64) -> bool {
+        self.handover_count.load(Ordering::Acquire) != 0
+            && self.waiting().handovers.iter().any(|h| h.key.0 == node)
+    }
+
+    /// Waits until the locks of `node` a migration carried are taken again (or given up, at
+    /// most [`HANDOVER_TIMEOUT`] after the load): a request on the node is never answered from
+    /// a half-restored state. Costs one atomic load when nothing is pending.
+    fn settle(&self, node: u64) {
+        if self.handover_count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut w = self.waiting();
+        loop {
+            let Some(deadline) = w
+                .handovers
+                .iter()
+                .filter(|h| h.key.0 == node)
+                .map(|h| h.deadline)
+                .max()
+            else {
+                return;
+            };
+            // The waiter thread gives up on it at the deadline; a little after that, this
+            // request goes on whatever happened (it never waits unbounded).
+            let end = deadline + MAX_BACKOFF;
+            let now = Instant::now();
+            if now >= end {
+                return;
+            }
+            w = self
+                .settled
+                .wait_timeout(w, end - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Starts the waiter thread unless it runs (`w` is the waiters' list, locked).
+    fn run_thread(&self, w: &mut WaitList) -> io::Result<()> {
+        if w.running {
+            self.wake.notify_one();
+            return Ok(());
+        }
+        let me = self.me.clone();
+        std::thread::Builder::new()
+            .name("virtiofsd-locks".into())
+            .spawn(move || wait_loop(me))?;
+        w.running = true;
+        Ok(())
+    }
+
+    /// Tries the hand-overs (`w` locked, then the table: the order `wait` takes them in),
+    /// keeps those still pending, and says when they settle.
+    fn try_handovers(&self, w: &mut WaitList) {
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        {
+            let mut t = self.table();
+            let mut kept = Vec::new();
+            for mut h in std::mem::take(&mut w.handovers) {
+                match try_handover(&mut t, &mut h, now) {
+                    Handed::Done => {}
+                    Handed::Pending => kept.push(h),
+                    Handed::Expired => expired.push(h),
+                }
+            }
+            w.handovers = kept;
+        }
+        self.handover_count
+            .store(w.handovers.len(), Ordering::Release);
+        if w.handovers.is_empty() && w.next_handover.is_some() {
+            log::info!("migration: the hand-over of the guest's locks is over");
+        }
+        w.next_handover = (!w.handovers.is_empty()).then(|| now + HANDOVER_PERIOD);
+        self.settled.notify_all();
+        for mut h in expired {
+            warn_throttled!(
+                "migration: a lock the guest held on {} (owner {:#x}, {:?}) could not be taken \
+                 again within {} s (another holds it now): the handle it was taken through gets \
+                 EBADF",
+                h.what,
+                h.key.1,
+                h.key.2,
+                HANDOVER_TIMEOUT.as_secs()
+            );
+            if let Some(lost) = h.lost.take() {
+                lost();
+            }
+            // What the record took is let go: the node's waiters try again now (as `poke`
+            // does, with the waiters' list already locked here).
+            let node = h.key.0;
+            drop(h);
+            for x in w.list.iter_mut().filter(|x| x.req.node == node) {
+                x.next = now;
+                x.backoff = FIRST_BACKOFF;
+            }
+        }
     }
 
     /// Queues `reply` to be answered once `req` can be taken (on `fd` when its owner has no
@@ -774,6 +1049,7 @@ impl Locks {
             warn_throttled!("SETLKW refused: {MAX_WAITERS} requests are waiting already (ENOLCK)");
             return Err(error(libc::ENOLCK));
         }
+        self.settle(req.node);
         let Some(fd) = self.owner_fd(&req, open)? else {
             // An unlock never waits.
             return Err(error(libc::EINVAL));
@@ -795,23 +1071,12 @@ impl Locks {
             backoff: FIRST_BACKOFF,
         });
         self.waiter_count.store(w.list.len(), Ordering::Release);
-        if !w.running {
-            let me = self.me.clone();
-            let started = std::thread::Builder::new()
-                .name("virtiofsd-locks".into())
-                .spawn(move || wait_loop(me));
-            match started {
-                Ok(_) => w.running = true,
-                Err(e) => {
-                    let gone = w.list.pop();
-                    self.waiter_count.store(w.list.len(), Ordering::Release);
-                    drop(w);
-                    drop(gone);
-                    return Err(e);
-                }
-            }
-        } else {
-            self.wake.notify_one();
+        if let Err(e) = self.run_thread(&mut w) {
+            let gone = w.list.pop();
+            self.waiter_count.store(w.list.len(), Ordering::Release);
+            drop(w);
+            drop(gone);
+            return Err(e);
         }
         Ok(())
     }
@@ -872,7 +1137,8 @@ impl Locks {
 
     /// One try of a waiter: `Some(errno)` once it is answered.
     fn try_waiter(&self, w: &Waiter) -> Attempt {
-        if self.still_taken(w) {
+        // A lock carried by a migration is taken before any waiter of its node.
+        if self.handing_over(w.req.node) || self.still_taken(w) {
             return Attempt::Waiting;
         }
         w.reply.attempt(|| match self.set_on(&w.req, &w.fd) {
@@ -881,6 +1147,47 @@ impl Locks {
             Err(e) => Some(e.raw_os_error().unwrap_or(libc::EIO)),
         })
     }
+}
+
+/// One try of a hand-over, under the table's lock.
+fn try_handover(t: &mut Table, h: &mut Handover, now: Instant) -> Handed {
+    let Some(r) = t.get_mut(h.key) else {
+        return Handed::Done;
+    };
+    if !Arc::ptr_eq(&r.fd, &h.fd) {
+        return Handed::Done;
+    }
+    let before = r.segs.len();
+    let mut still = Vec::new();
+    for s in std::mem::take(&mut h.segs) {
+        match sys::ofd_setlk(h.fd.fd(), &range_lock(s.typ, s.start, s.end)) {
+            Ok(()) => r.segs = apply(&r.segs, s.start, s.end, s.typ),
+            Err(_) => still.push(s),
+        }
+    }
+    h.segs = still;
+    if let Some(typ) = h.flock {
+        let op = match typ {
+            libc::F_WRLCK => libc::LOCK_EX,
+            _ => libc::LOCK_SH,
+        };
+        if sys::flock(h.fd.fd(), op | libc::LOCK_NB).is_ok() {
+            r.flock = Some(typ);
+            h.flock = None;
+        }
+    }
+    let after = r.segs.len();
+    t.ranges = t.ranges + after - before;
+    if h.segs.is_empty() && h.flock.is_none() {
+        return Handed::Done;
+    }
+    if now < h.deadline {
+        return Handed::Pending;
+    }
+    // Given up: the record goes with what it took (the guest is told through its handle).
+    let gone = t.remove_where(h.key.0, |o, k, _| o == h.key.1 && k == h.key.2);
+    unlock_all(&gone);
+    Handed::Expired
 }
 
 /// Whether `req` is a record write lock (which a read-only description cannot take).
@@ -986,16 +1293,25 @@ fn wait_loop(me: Weak<Locks>) {
         let mut w = locks.waiting();
         w.list.retain(|x| !x.reply.is_answered());
         locks.waiter_count.store(w.list.len(), Ordering::Release);
-        if w.list.is_empty() {
+        if w.list.is_empty() && w.handovers.is_empty() {
             w.running = false;
             return;
         }
         let now = Instant::now();
+        if w.next_handover.is_some_and(|t| t <= now) {
+            locks.try_handovers(&mut w);
+        }
         let due: Vec<usize> = (0..w.list.len())
             .filter(|&i| w.list[i].next <= now)
             .collect();
         if due.is_empty() {
-            let next = w.list.iter().map(|x| x.next).min().unwrap_or(now);
+            let next = w
+                .list
+                .iter()
+                .map(|x| x.next)
+                .chain(w.next_handover)
+                .min()
+                .unwrap_or(now);
             let pause = next.saturating_duration_since(now).min(MAX_BACKOFF);
             let w = locks
                 .wake
@@ -1172,7 +1488,7 @@ mod tests {
         locks.set(&req(1, U, 0, TO_EOF), opener(&p)).unwrap();
         // Owner 1 holds nothing: its description stays, idle, until its FLUSH.
         assert_eq!((locks.fds(), locks.ranges()), (2, 1));
-        assert!(locks.held().iter().all(|h| h.owner == 2));
+        assert!(locks.carried().iter().all(|h| h.owner == 2));
         locks.flush(7, 2);
         locks.flush(7, 1);
         assert_eq!((locks.fds(), locks.ranges()), (0, 0));
@@ -1216,7 +1532,7 @@ mod tests {
         // Owner 1's idle description goes; owner 2 keeps its lock.
         locks.set(&req(3, W, 2, 2), opener(&p)).unwrap();
         assert_eq!(locks.fds(), 2);
-        let owners: Vec<u64> = locks.held().iter().map(|h| h.owner).collect();
+        let owners: Vec<u64> = locks.carried().iter().map(|h| h.owner).collect();
         assert_eq!(owners, [2, 3]);
         // No idle one left: a fourth owner is refused.
         assert_eq!(
@@ -1240,8 +1556,8 @@ mod tests {
         assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
         locks.set(&req(1, U, 0, TO_EOF), opener(&p)).unwrap();
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 0);
-        assert_eq!(locks.held().len(), 1);
-        assert_eq!(locks.held()[0].owner, 2);
+        assert_eq!(locks.carried().len(), 1);
+        assert_eq!(locks.carried()[0].owner, 2);
     }
 
     #[test]
@@ -1260,7 +1576,7 @@ mod tests {
             libc::ENOLCK
         );
         // Owner 1 (handle 1) keeps its lock.
-        assert_eq!(locks.held().len(), 1);
+        assert_eq!(locks.carried().len(), 1);
     }
 
     #[test]
@@ -1291,6 +1607,175 @@ mod tests {
 
     /// Whether a fresh description could take `typ` on `start..start+len` now (the host's
     /// view, not the table's).
+    fn carried(owner: u64, segs: Vec<Seg>, flock: Option<i32>) -> Carried {
+        Carried {
+            node: 7,
+            owner,
+            kind: match flock {
+                Some(_) => LockKind::Flock,
+                None => LockKind::Posix,
+            },
+            fh: 1,
+            pid: owner as u32,
+            writable: true,
+            segs,
+            flock,
+        }
+    }
+
+    fn flag() -> (Arc<std::sync::atomic::AtomicBool>, OnLost) {
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let set = lost.clone();
+        (lost, Box::new(move || set.store(true, Ordering::Relaxed)))
+    }
+
+    /// A migration destination adopting locks another description (the source daemon's)
+    /// still holds: what is free is taken at once, the rest once the holder lets go; a request
+    /// of another owner on the node waits for that, and then finds the carried owner holding.
+    #[test]
+    fn carried_locks_held_elsewhere_are_handed_over_and_requests_wait_for_them() {
+        let (_d, p) = tmpfile();
+        let source = Locks::new();
+        source.set(&req(1, W, 0, 99), opener(&p)).unwrap();
+        let locks = Locks::new();
+        let (lost, on_lost) = flag();
+        let c = carried(1, vec![seg(0, 99, W), seg(200, 299, R)], None);
+        assert!(locks.adopt(&c, opener(&p), "f".into(), on_lost).unwrap());
+        // The free range is held already, the other pending: both are the owner's, for a
+        // migration of this daemon again.
+        assert_eq!(
+            locks.carried()[0].segs,
+            vec![seg(0, 99, W), seg(200, 299, R)]
+        );
+        let gone = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            source.clear();
+        });
+        let started = Instant::now();
+        let r = locks.set(&req(2, W, 50, 60), opener(&p));
+        let waited = started.elapsed();
+        gone.join().unwrap();
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EAGAIN));
+        assert!(
+            waited >= Duration::from_millis(250),
+            "answered after {waited:?}"
+        );
+        assert!(waited < HANDOVER_TIMEOUT, "answered after {waited:?}");
+        assert_eq!(
+            locks.carried()[0].segs,
+            vec![seg(0, 99, W), seg(200, 299, R)]
+        );
+        assert!(!lost.load(Ordering::Relaxed));
+        assert!(
+            !host_free(&p, W, 0, 100),
+            "the hand-over holds the range on the host"
+        );
+        locks.clear();
+        assert!(host_free(&p, W, 0, 0));
+    }
+
+    /// A carried lock someone else keeps past the hand-over's time: the record goes, the
+    /// owner's handle is told, and a waiter of the node is tried again (and answered) as for
+    /// any release; nothing is held after.
+    #[test]
+    fn a_carried_lock_never_freed_is_given_up_and_waiters_go_on() {
+        let (_d, p) = tmpfile();
+        let outsider = std::fs::File::open(&p).unwrap();
+        sys::flock(outsider.as_fd(), libc::LOCK_EX | libc::LOCK_NB).unwrap();
+        let range = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        sys::ofd_setlk(range.as_fd(), &range_lock(W, 0, 9)).unwrap();
+        let locks = Locks::new();
+        locks.set_handover_timeout(Duration::from_millis(300));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reply = LateReply::new(move |e| tx.send(e).unwrap());
+        locks.wait(req(3, W, 0, 9), opener(&p), reply).unwrap();
+        let (lost, on_lost) = flag();
+        assert!(locks
+            .adopt(
+                &carried(1, Vec::new(), Some(W)),
+                opener(&p),
+                "f".into(),
+                on_lost
+            )
+            .unwrap());
+        let started = Instant::now();
+        while !lost.load(Ordering::Relaxed) {
+            assert!(started.elapsed() < Duration::from_secs(5), "never given up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(locks.carried().is_empty(), "the given-up record stays");
+        drop(range);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 0);
+        drop(outsider);
+        locks.clear();
+        // The answered waiter's descriptor goes with the waiter thread's next round.
+        let started = Instant::now();
+        while locks.fds() != 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{} held",
+                locks.fds()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A carried record past the ranges' bound, or of a write lock on a description that may
+    /// not write, is refused and leaves nothing behind.
+    #[test]
+    fn carried_locks_count_in_the_bounds() {
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        locks.set_max_ranges(1);
+        let (_, on_lost) = flag();
+        let c = carried(1, vec![seg(0, 9, W), seg(20, 29, W)], None);
+        let e = locks
+            .adopt(&c, opener(&p), "f".into(), on_lost)
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOLCK));
+        locks.set_max_ranges(MAX_RANGES);
+        let read_only = |p: &std::path::Path| {
+            let p = p.to_path_buf();
+            move || Ok((std::fs::File::open(&p)?.into(), false))
+        };
+        let (_, on_lost) = flag();
+        let e = locks
+            .adopt(
+                &carried(1, vec![seg(0, 9, W)], None),
+                read_only(&p),
+                "f".into(),
+                on_lost,
+            )
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+        assert_eq!(locks.fds(), 0);
+        assert!(locks.carried().is_empty());
+        let (_, on_lost) = flag();
+        locks.set_max_fds(1);
+        assert!(!locks
+            .adopt(
+                &carried(1, Vec::new(), Some(W)),
+                opener(&p),
+                "f".into(),
+                on_lost
+            )
+            .unwrap());
+        let (_, on_lost) = flag();
+        let e = locks
+            .adopt(
+                &carried(2, vec![seg(0, 9, R)], None),
+                opener(&p),
+                "f".into(),
+                on_lost,
+            )
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOLCK), "past --max-lock-fds");
+    }
+
     fn host_free(p: &std::path::Path, typ: i32, start: i64, len: i64) -> bool {
         let f = std::fs::OpenOptions::new()
             .read(true)
@@ -1329,12 +1814,12 @@ mod tests {
             // Queue B: `dropped` (what runs after the table's lock is let go).
             locks.dropped(7, gone);
             drop(fd);
-            let table_says = locks.held().iter().any(|h| h.owner == 1);
+            let table_says = locks.carried().iter().any(|h| h.owner == 1);
             assert_eq!(
                 table_says,
                 !host_free(&p, W, 5, 1),
                 "SETLK first: {setlk_first}; the table and the host disagree: {:?}",
-                locks.held()
+                locks.carried()
             );
             assert!(host_free(&p, W, 0, 1), "the flushed lock on 0 stays");
             locks.flush(7, 1);
@@ -1357,18 +1842,18 @@ mod tests {
         locks.set(&f(2, R), opener(&p)).unwrap();
         assert!(would_block(&locks.set(&f(1, W), opener(&p)).unwrap_err()));
         assert!(
-            locks.held().iter().all(|h| h.owner != 1),
+            locks.carried().iter().all(|h| h.owner != 1),
             "owner 1 still recorded: {:?}",
-            locks.held()
+            locks.carried()
         );
         locks.set(&f(2, U), opener(&p)).unwrap();
         let host = std::fs::File::open(&p).unwrap();
         sys::flock(host.as_fd(), libc::LOCK_EX | libc::LOCK_NB).unwrap();
-        assert!(locks.held().is_empty(), "{:?}", locks.held());
+        assert!(locks.carried().is_empty(), "{:?}", locks.carried());
         // Owner 1 takes its lock again once the host process lets go.
         drop(host);
         locks.set(&f(1, W), opener(&p)).unwrap();
-        assert_eq!(locks.held().len(), 1);
+        assert_eq!(locks.carried().len(), 1);
     }
 
     /// A try that finds the lock taken (a waiter's, every few milliseconds) asks the host and
@@ -1397,8 +1882,8 @@ mod tests {
         // joins the write lock on 63).
         locks.set(&req(2, U, 0, TO_EOF), opener(&p)).unwrap();
         locks.set(&req(1, W, 64, 1000), opener(&p)).unwrap();
-        let held = locks.held();
-        let own: Vec<&Held> = held.iter().filter(|h| h.owner == 1).collect();
+        let held = locks.carried();
+        let own: Vec<&Carried> = held.iter().filter(|h| h.owner == 1).collect();
         assert_eq!(own.len(), 1);
         assert_eq!(own[0].segs.len(), 64);
         assert_eq!(own[0].segs[63], seg(63, 1000, W));
@@ -1487,7 +1972,11 @@ mod tests {
             || !forgotten.load(Ordering::SeqCst),
         );
         assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOLCK));
-        assert!(locks.held().is_empty(), "orphan record: {:?}", locks.held());
+        assert!(
+            locks.carried().is_empty(),
+            "orphan record: {:?}",
+            locks.carried()
+        );
         assert!(host_free(&p, W, 0, 0));
         assert_eq!(locks.fds(), 0);
         // The same for a SETLKW that waits.
@@ -1501,6 +1990,6 @@ mod tests {
             rx.recv_timeout(Duration::from_secs(5)).unwrap(),
             libc::ENOLCK
         );
-        assert!(locks.held().is_empty());
+        assert!(locks.carried().is_empty());
     }
 }

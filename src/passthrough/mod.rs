@@ -1298,6 +1298,12 @@ impl PassthroughFs {
     /// each time, opened without waiting for a lease to break (`O_NONBLOCK`); only regular files
     /// and directories.
     fn lock_fd(&self, inode: u64, fh: u64) -> io::Result<(OwnedFd, bool)> {
+        self.lock_fd_as(inode, self.handle_writable(inode, fh)?)
+    }
+
+    /// A lock description of `inode`, read-write when `writable` and the daemon may write the
+    /// file (`lock_fd`; a migration destination opens a carried record's so).
+    fn lock_fd_as(&self, inode: u64, writable: bool) -> io::Result<(OwnedFd, bool)> {
         let data = self.inode(inode)?;
         let kind = data.key.kind();
         check_openable(kind)?;
@@ -1308,7 +1314,7 @@ impl PassthroughFs {
                 false,
             ));
         }
-        if !self.cfg.readonly && self.handle_writable(inode, fh)? {
+        if !self.cfg.readonly && writable {
             match self.open_node(&data, flags | libc::O_RDWR) {
                 Ok(fd) => return Ok((fd, true)),
                 Err(e)

@@ -218,12 +218,33 @@ path = lambda names: (LOC_PATH, struct.pack("<I", len(names)) + b"".join(by(n) f
 child = lambda parent, name: (LOC_CHILD, struct.pack("<Q", parent) + by(name))
 
 
-def state(name, nxt, nodes, handles=b"", nhandles=0, ranges=None, opts=1):
+def state(name, nxt, nodes, handles=b"", nhandles=0, ranges=None, opts=1, locks=None):
     body = struct.pack("<QQI", nxt, nxt, len(nodes)) + b"".join(nodes)
     body += struct.pack("<I", nhandles) + handles
+    if locks is not None and ranges is None:
+        ranges = []
     if ranges is not None:
         body += struct.pack("<I", len(ranges)) + b"".join(struct.pack("<QQ", a, b) for a, b in ranges)
+    if locks is not None:
+        sec = struct.pack("<I", len(locks)) + b"".join(locks)
+        body += bytes([1]) + struct.pack("<Q", len(sec)) + sec
     write("migration_state", name, bytes([opts]) + body)
+
+
+# The locks section (bit 3 of the options agrees on locks first): per owner and node, its
+# node, owner, handle, pid, whether its description may write, then a flock's type or a record
+# lock's ranges (start, end, type).
+F_RDLCK, F_WRLCK = 0, 1
+
+
+def lock_flock(nid, owner, typ=F_WRLCK, fh=0):
+    return struct.pack("<QQQIBBi", nid, owner, fh, 1, 1, 1, typ)
+
+
+def lock_ranges(nid, owner, segs, count=None, fh=0):
+    n = len(segs) if count is None else count
+    return struct.pack("<QQQIBBI", nid, owner, fh, 1, 1, 0, n) + b"".join(
+        struct.pack("<QQi", a, b, t) for a, b, t in segs)
 
 
 # A chain a name a level, past the share's 64 levels (the rest lost), and its twin by paths.
@@ -254,5 +275,26 @@ state("ranges-bad", 100, [node(2, S_IFDIR, path([b"d"]))],
       ranges=[(2, 5), (1, 3), (50, 40), (60, 60), (90, 200), (20, 30), (25, 35)])
 # Many lost nodes (each a range), with a limit of 16.
 state("many-lost-max16", 20000, [node(2 + 2 * i, S_IFREG, lost(2)) for i in range(5000)], opts=5)
+
+# Locks on the root's `f`: taken; more owners than lock descriptors; ranges not sorted, past
+# the end of a file, of an unknown type, or more than the state holds; a lock on an unknown
+# node, and on a lost one (guest-error).
+f_node = [node(2, S_IFREG, path([b"f"]))]
+state("locks-taken", 10, f_node, opts=9,
+      locks=[lock_flock(2, 7), lock_ranges(2, 8, [(0, 9, F_WRLCK), (20, 29, F_RDLCK)])])
+state("locks-many-owners", 10, f_node, opts=9,
+      locks=[lock_ranges(2, 100 + i, [(i, i, F_RDLCK)]) for i in range(2000)])
+state("locks-bad-ranges", 10, f_node, opts=9,
+      locks=[lock_ranges(2, 8, [(20, 29, F_RDLCK), (0, 9, F_WRLCK)])])
+state("locks-past-eof", 10, f_node, opts=9,
+      locks=[lock_ranges(2, 8, [(0, 1 << 63, F_WRLCK)])])
+state("locks-bad-type", 10, f_node, opts=9, locks=[lock_flock(2, 7, typ=5)])
+state("locks-absurd-count", 10, f_node, opts=9,
+      locks=[lock_ranges(2, 8, [(0, 9, F_WRLCK)], count=0xFFFFFFF0)])
+state("locks-unknown-node", 10, f_node, opts=9, locks=[lock_flock(9, 7)])
+state("locks-lost-node", 10, f_node + [node(3, S_IFREG, lost(2))], opts=9,
+      locks=[lock_flock(3, 7)])
+state("locks-not-agreed", 10, f_node, opts=1, locks=[lock_flock(2, 7)])
+state("locks-twice", 10, f_node, opts=9, locks=[lock_flock(2, 7), lock_flock(2, 7)])
 
 print("seeds written to", OUT)

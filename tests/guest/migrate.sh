@@ -6,7 +6,10 @@
 # 8 MiB file in a loop during the migration (page cache dropped, so each read is served by a
 # daemon into guest memory: the dirty log must carry those pages to the destination). After
 # the switch-over, on the destination, it goes on with all of them and makes new files; the
-# host checks every byte. Runs, each a fresh pair of daemons and VMs:
+# host checks every byte. A guest process holds a flock and a fcntl lock on files of the share
+# across the migration and goes on running on the destination: the host cannot take them once
+# the source daemon is gone, and can once the guest let them go. Runs, each a fresh pair of
+# daemons and VMs:
 #   find-paths   --cache=auto    --migration-on-error=guest-error  (a held file deleted on the
 #                                 host before the switch-over: an error on that file only)
 #   find-paths   --cache=always  --migration-on-error=guest-error  (the same)
@@ -56,7 +59,7 @@ at_exit unmount_all
 prepare_daemon "$OUT/migrate-build.log"
 
 # The initramfs: busybox, /init, the suites, the dirhold helper.
-build_helpers "$WORK/helpers" dirhold
+build_helpers "$WORK/helpers" dirhold locks
 kit_initramfs "$WORK/initramfs.cpio" "$KERNEL" "$WORK/helpers"
 
 # Both QEMUs run under TCG (as doc/migration.md says); there is no --accel here.
@@ -156,13 +159,31 @@ one() {
     done
     echo "# migration $status after $((SECONDS - t0)) s"
     check "${p}QEMU migrated the guest" "$status" completed
+    qmp "$DIR/qmp-src.sock" quit >>"$LOGS/qmp.log" 2>&1
+    reap "$qsrc" 30; check "${p}source QEMU quits" "$REAPED" 0
+    reap "$dsrc" 15; check "${p}source daemon exits 0 once its QEMU is gone" "$REAPED" 0
+    # The source daemon let the guest's locks go as it exited; the destination took them over
+    # (it tries every 5 ms): the host cannot take them.
+    sleep 1
+    local h="$WORK/helpers/locks"
+    check "${p}host: the guest's flock is held on the destination" \
+        "$("$h" try flock-ex "$share/work/lock-flock" 0 0)" EAGAIN
+    check "${p}host: the guest's fcntl lock is held on the destination" \
+        "$("$h" try posix-wr "$share/work/lock-posix" 50 10)" EAGAIN
     # The end of the migration, for the guest: 100 files fewer free inodes.
     mkdir -p "$share/.signal"
     local f
     for f in $(seq 1 100); do : > "$share/.signal/$f"; done
-    qmp "$DIR/qmp-src.sock" quit >>"$LOGS/qmp.log" 2>&1
-    reap "$qsrc" 30; check "${p}source QEMU quits" "$REAPED" 0
-    reap "$dsrc" 15; check "${p}source daemon exits 0 once its QEMU is gone" "$REAPED" 0
+    # Once the guest let its locks go, the host takes them (and says so with 50 more files).
+    if wait_for "$LOGS/console-dst.log" '^#MARK locks-released' 240; then
+        check "${p}host: takes the flock the guest released" \
+            "$("$h" try flock-ex "$share/work/lock-flock" 0 0)" ok
+        check "${p}host: takes the fcntl lock the guest released" \
+            "$("$h" try posix-wr "$share/work/lock-posix" 50 10)" ok
+    else
+        result fail "${p}guest released its locks" "$(tr -d '\r' < "$LOGS/console-dst.log" | tail -n 20)"
+    fi
+    for f in $(seq 101 150); do : > "$share/.signal/$f"; done
     reap "$qdst" 300; check "${p}destination guest ran to the end and powered off" "$REAPED" 0
     reap "$ddst" 15; check "${p}destination daemon exits 0" "$REAPED" 0
     local c="$LOGS/console-dst.log"

@@ -1461,66 +1461,322 @@ fn a_sandboxed_destination_serves_the_bottom_of_a_deep_chain() {
     remove_chain(&src.share);
 }
 
-fn lock_all(fh: u64, owner: u64) -> abi::LkIn {
+fn lk(fh: u64, owner: u64, typ: i32, start: u64, end: u64) -> abi::LkIn {
     abi::LkIn {
         fh,
         owner,
         lk: abi::FileLock {
-            start: 0,
-            end: i64::MAX as u64,
-            typ: libc::F_WRLCK as u32,
-            pid: 1,
+            start,
+            end,
+            typ: typ as u32,
+            pid: owner as u32,
         },
         lk_flags: 0,
         padding: 0,
     }
 }
 
-#[test]
-fn with_abort_a_held_lock_fails_the_save_and_stays_held() {
-    let opts = Options::default();
-    let mut src = source(opts);
-    let a = src.file("db", b"data");
-    let fh = src.open(a, libc::O_RDWR);
-    src.c.setlk(a, &lock_all(fh, 7)).unwrap();
-    src.fe.stop_queues().unwrap();
-    assert!(
-        src.fe.save_state().is_err(),
-        "a state was sent without the guest's lock"
-    );
-    let host = fs::OpenOptions::new()
+fn flk(fh: u64, owner: u64, typ: i32) -> abi::LkIn {
+    abi::LkIn {
+        lk_flags: abi::LK_FLOCK,
+        ..lk(fh, owner, typ, 0, i64::MAX as u64)
+    }
+}
+
+/// Whether a host process (a new open file description) may take a write lock on
+/// `start..start+len` (`F_OFD_SETLK`, dropped again at once).
+fn host_may_lock(path: &std::path::Path, start: i64, len: i64) -> bool {
+    use std::os::fd::AsRawFd;
+    let f = fs::OpenOptions::new()
+        .read(true)
         .write(true)
-        .open(src.host("db"))
+        .open(path)
         .unwrap();
-    // SAFETY: plain flock on an open descriptor.
-    let r = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&host), libc::LOCK_EX) };
-    assert_eq!(r, 0, "flock and record locks do not conflict");
     let fl = libc::flock {
         l_type: libc::F_WRLCK as libc::c_short,
         l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 0,
-        l_len: 0,
+        l_start: start,
+        l_len: len,
         l_pid: 0,
     };
     // SAFETY: `fl` lives across the call.
-    let r = unsafe {
-        libc::fcntl(
-            std::os::fd::AsRawFd::as_raw_fd(&host),
-            libc::F_OFD_SETLK,
-            &fl,
-        )
-    };
-    assert_eq!(r, -1, "the guest's lock is still held at the source");
+    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) == 0 }
+}
+
+/// Whether a host process may take an exclusive `flock` (`LOCK_NB`, dropped again at once).
+fn host_may_flock(path: &std::path::Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(path).unwrap();
+    // SAFETY: plain flock on an open descriptor.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// The guest's locks in `carried_locks`: a POSIX owner's two ranges, an OFD lock (the guest
+/// names its open file as the owner) and a flock.
+struct GuestLocks {
+    posix: (u64, u64),
+    ofd: (u64, u64),
+    flock: (u64, u64),
+}
+
+const POSIX_OWNER: u64 = 0x7000;
+const OFD_OWNER: u64 = 0xf11e;
+const FLOCK_OWNER: u64 = 0xf10c;
+
+fn take_guest_locks(src: &mut Daemon) -> GuestLocks {
+    let a = src.file("db", b"data");
+    let b = src.file("ofd", b"data");
+    let f = src.file("lockfile", b"");
+    let (fa, fb, ff) = (
+        src.open(a, libc::O_RDWR),
+        src.open(b, libc::O_RDWR),
+        src.open(f, libc::O_RDONLY),
+    );
+    src.c
+        .setlk(a, &lk(fa, POSIX_OWNER, libc::F_WRLCK, 0, 99))
+        .unwrap();
+    src.c
+        .setlk(a, &lk(fa, POSIX_OWNER, libc::F_RDLCK, 200, 299))
+        .unwrap();
+    src.c
+        .setlk(b, &lk(fb, OFD_OWNER, libc::F_WRLCK, 0, i64::MAX as u64))
+        .unwrap();
+    src.c
+        .setlk(f, &flk(ff, FLOCK_OWNER, libc::F_WRLCK))
+        .unwrap();
+    GuestLocks {
+        posix: (a, fa),
+        ofd: (b, fb),
+        flock: (f, ff),
+    }
+}
+
+/// Whether the host can take any of the guest's locks.
+fn host_takes_any(d: &Daemon) -> [bool; 4] {
+    [
+        host_may_lock(&d.host("db"), 0, 100),
+        host_may_lock(&d.host("db"), 200, 100),
+        host_may_lock(&d.host("ofd"), 0, 0),
+        host_may_flock(&d.host("lockfile")),
+    ]
+}
+
+/// The source holds its guest's locks while the destination loads the state; once the source
+/// is gone the destination holds them (the host cannot take them), and they are the guest's to
+/// drop there.
+fn locks_carried(name: &str, m: Migration) {
+    eprintln!("mode {name}");
+    let opts = Options::default().migration(m);
+    let mut src = source(opts.clone());
+    let g = take_guest_locks(&mut src);
+    assert_eq!(
+        host_takes_any(&src),
+        [false; 4],
+        "{name}: held at the source"
+    );
+    let (mut dst, loaded) = migrate(&mut src, opts);
+    loaded.unwrap_or_else(|e| panic!("{name}: a state with locks refused: {e}"));
+    // The source still holds them (its QEMU has not disconnected yet).
+    assert_eq!(host_takes_any(&src), [false; 4], "{name}");
+    src.fe.disconnect();
+    // A request on a node waits for its hand-over: another owner of the destination's guest
+    // then finds each lock held by the carried owner (its pid), not by an outsider (0).
+    let (a, fa) = g.posix;
+    for (start, typ) in [(0, libc::F_RDLCK), (250, libc::F_WRLCK)] {
+        let got = dst
+            .c
+            .getlk(a, &lk(fa, 0x99, typ, start, start))
+            .unwrap_or_else(|e| panic!("{name}: GETLK: errno {e}"));
+        assert_ne!(got.typ, libc::F_UNLCK as u32, "{name}: range {start} free");
+        assert_eq!(
+            got.pid, POSIX_OWNER as u32,
+            "{name}: holder of range {start}"
+        );
+    }
+    let (b, fb) = g.ofd;
+    let got = dst.c.getlk(b, &lk(fb, 0x99, libc::F_RDLCK, 0, 0)).unwrap();
+    assert_eq!(got.pid, OFD_OWNER as u32, "{name}: the OFD lock's holder");
+    let (f, ff) = g.flock;
+    assert_eq!(
+        dst.c.setlk(f, &flk(ff, 0x99, libc::F_WRLCK)),
+        Err(libc::EAGAIN),
+        "{name}: another owner's flock"
+    );
+    // The source's daemon is gone from the locks (it let them go at the disconnect): what the
+    // host cannot take now, the destination holds.
+    assert_eq!(
+        host_takes_any(&dst),
+        [false; 4],
+        "{name}: held at the destination"
+    );
+    // Its guest's handles are whole, and its owners drop their locks there.
+    assert_eq!(dst.c.read(a, fa, 0, 4).unwrap(), b"data");
+    dst.c
+        .setlk(a, &lk(fa, POSIX_OWNER, libc::F_UNLCK, 0, 99))
+        .unwrap();
+    assert_eq!(host_takes_any(&dst), [true, false, false, false], "{name}");
+    dst.c.flush(a, fa, POSIX_OWNER).unwrap();
+    dst.c
+        .setlk(b, &lk(fb, OFD_OWNER, libc::F_UNLCK, 0, i64::MAX as u64))
+        .unwrap();
+    dst.c
+        .setlk(f, &flk(ff, FLOCK_OWNER, libc::F_UNLCK))
+        .unwrap();
+    assert_eq!(host_takes_any(&dst), [true; 4], "{name}: all dropped");
 }
 
 #[test]
-fn with_guest_error_a_held_lock_is_saved_without_it() {
+fn held_locks_are_carried_to_the_destination_in_every_mode() {
+    let mut modes = vec![("find-paths", paths()), ("find-paths checked", checked())];
+    if is_root() {
+        modes.push(("file-handles", handles()));
+    }
+    for (name, m) in modes {
+        locks_carried(name, m);
+    }
+}
+
+#[test]
+fn a_carried_lock_an_outsider_took_meanwhile_gives_its_handle_ebadf() {
     let opts = Options::default().migration(guest_error(Migration::default()));
     let mut src = source(opts.clone());
-    let a = src.file("db", b"data");
-    let fh = src.open(a, libc::O_RDWR);
-    src.c.setlk(a, &lock_all(fh, 7)).unwrap();
-    let (mut dst, loaded) = migrate(&mut src, opts);
+    let g = take_guest_locks(&mut src);
+    let state = saved(&mut src);
+    src.fe.disconnect();
+    // Once the source let go and before the destination takes them, a host process takes the
+    // flock and one of the POSIX ranges.
+    let outsider = fs::File::open(src.host("lockfile")).unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain flock on an open descriptor.
+        let r = unsafe { libc::flock(outsider.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the source never let the flock go"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let started = std::time::Instant::now();
+    let (mut dst, loaded) = migrate_state(&src, &state, opts);
+    loaded.expect("a lock held elsewhere at the load is handed over later, not refused");
+    let (f, ff) = g.flock;
+    // The hand-over of the flock is given up after its bound (20 s; the test frontend waits
+    // 10 s for a reply, so the request is sent after it): then the handle the lock came
+    // through gets EBADF, and the other files go on.
+    std::thread::sleep(std::time::Duration::from_secs(21).saturating_sub(started.elapsed()));
+    let r = dst.c.getlk(f, &lk(0, 0x99, libc::F_RDLCK, 0, 0));
+    assert!(r.is_ok(), "GETLK after the hand-over: {r:?}");
+    assert_eq!(
+        dst.c.read(f, ff, 0, 1).err(),
+        Some(libc::EBADF),
+        "the lost lock's handle"
+    );
+    let (a, fa) = g.posix;
+    assert_eq!(dst.c.read(a, fa, 0, 4).unwrap(), b"data");
+    assert!(
+        !host_may_lock(&dst.host("db"), 0, 100),
+        "the POSIX lock was carried"
+    );
+    drop(outsider);
+}
+
+#[test]
+fn with_abort_a_locked_file_gone_before_the_load_fails_it() {
+    let opts = Options::default();
+    let mut src = source(opts.clone());
+    take_guest_locks(&mut src);
+    let state = saved(&mut src);
+    fs::remove_file(src.host("ofd")).unwrap();
+    let (_dst, loaded) = migrate_state(&src, &state, opts);
+    assert!(loaded.is_err(), "loaded without the OFD lock's file");
+}
+
+/// The locks section of a real state of one flock: its bytes at the end of the payload,
+/// changed by `f`, resealed.
+fn patched_locks(state: &[u8], f: impl FnOnce(&mut [u8])) -> Vec<u8> {
+    let mut payload = virtiofsd::migration::open(state).unwrap().to_vec();
+    // The section: its count (u32), then one record of node, owner, handle (u64 each), pid
+    // (u32), writable, kind (u8 each), the flock's type (i32).
+    let len = 4 + 8 * 3 + 4 + 1 + 1 + 4;
+    let at = payload.len() - len;
+    f(&mut payload[at..]);
+    virtiofsd::migration::seal(&payload)
+}
+
+/// A real state of one flock with its record sent twice (the counts and section lengths
+/// made right for it).
+fn lock_twice(state: &[u8]) -> Vec<u8> {
+    let mut p = virtiofsd::migration::open(state).unwrap().to_vec();
+    let record = 8 * 3 + 4 + 1 + 1 + 4;
+    let count = p.len() - record - 4;
+    let rec = p[p.len() - record..].to_vec();
+    let add = |p: &mut Vec<u8>, at: usize, n: u64| {
+        let v = u64::from_le_bytes(p[at..at + 8].try_into().unwrap()) + n;
+        p[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    };
+    p[count..count + 4].copy_from_slice(&2u32.to_le_bytes());
+    add(&mut p, count - 8, record as u64);
+    let session = u64::from_le_bytes(p[..8].try_into().unwrap()) as usize;
+    add(&mut p, 8 + session, record as u64);
+    p.extend_from_slice(&rec);
+    virtiofsd::migration::seal(&p)
+}
+
+#[test]
+fn a_forged_locks_section_is_refused_cleanly() {
+    // guest-error: a record it refuses is the state's fault, never a lock lost alone.
+    let opts = Options::default().migration(guest_error(Migration::default()));
+    let mut src = source(opts.clone());
+    let f = src.file("lockfile", b"");
+    let ff = src.open(f, libc::O_RDONLY);
+    src.c
+        .setlk(f, &flk(ff, FLOCK_OWNER, libc::F_WRLCK))
+        .unwrap();
+    let state = saved(&mut src);
+    let forged = [
+        (
+            "absurd count",
+            patched_locks(&state, |b| b[..4].copy_from_slice(&u32::MAX.to_le_bytes())),
+        ),
+        (
+            "unknown node",
+            patched_locks(&state, |b| {
+                b[4..12].copy_from_slice(&(1u64 << 40).to_le_bytes())
+            }),
+        ),
+        (
+            "unknown kind",
+            patched_locks(&state, |b| b[4 + 24 + 4 + 1] = 9),
+        ),
+        (
+            "bad type",
+            patched_locks(&state, |b| {
+                b[4 + 24 + 4 + 2..].copy_from_slice(&77i32.to_le_bytes())
+            }),
+        ),
+        // A record lock of 2^31 ranges, in a state far too short for them.
+        (
+            "absurd ranges",
+            patched_locks(&state, |b| {
+                b[4 + 24 + 4 + 1] = 0;
+                b[4 + 24 + 4 + 2..].copy_from_slice(&(1u32 << 31).to_le_bytes());
+            }),
+        ),
+    ];
+    let forged = forged
+        .into_iter()
+        .chain([("an owner twice", lock_twice(&state))]);
+    for (what, blob) in forged {
+        let (mut dst, loaded) = migrate_state(&src, &blob, opts.clone());
+        assert!(loaded.is_err(), "{what}: taken");
+        assert!(dst.c.getattr(f, None).is_err(), "{what}: served");
+    }
+    // The real one is taken.
+    src.fe.disconnect();
+    let (_dst, loaded) = migrate_state(&src, &state, opts);
     loaded.unwrap();
-    assert_eq!(dst.c.read(a, fh, 0, 4).unwrap(), b"data");
 }

@@ -7,13 +7,16 @@
 //! share may change.
 //!
 //! Input: one byte of options (bit 0: `--migration-on-error=guest-error`, else `abort`; bit 1:
-//! `--migration-mode=file-handles`; bit 2: `--max-nodes=16`, else a million), then the file
-//! system's section of a state (`next node id`, `next handle`, nodes, handles, ranges of stale
-//! ids), without the container: a checksum would stop every mutation at the door.
+//! `--migration-mode=file-handles`; bit 2: `--max-nodes=16`, else a million; bit 3: the session
+//! agreed on POSIX and flock locks first, as a destination's INIT flags do, so that a locks
+//! section is taken), then the file system's section of a state (`next node id`, `next handle`,
+//! nodes, handles, ranges of stale ids, the guest's locks), without the container: a checksum
+//! would stop every mutation at the door. The locks a state carries are real locks on the
+//! share's files, dropped with the file system.
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use virtiofs_fuse::abi::ROOT_ID;
+use virtiofs_fuse::abi::{init, ROOT_ID};
 use virtiofs_fuse::filesystem::{Context, FileSystem};
 use virtiofs_fuse::migration::Decoder;
 use virtiofsd::migration::{Mode, OnError};
@@ -87,6 +90,9 @@ pub fn run(data: &[u8]) {
         }
         cfg.max_nodes = if opts & 4 != 0 { 16 } else { 1 << 20 };
         let fs = PassthroughFs::new(cfg).expect("open the shared directory");
+        if opts & 8 != 0 {
+            let _ = fs.init(init::POSIX_LOCKS | init::FLOCK_LOCKS);
+        }
         let loaded = fs.load_state(&mut Decoder::new(state));
         if loaded.is_ok() {
             let ctx = Context::default();

@@ -26,6 +26,18 @@ t_setup() {
 }
 t migrate-setup t_setup
 
+# Locks held across the migration by a process that keeps running on the destination: a flock
+# and a fcntl (POSIX) write lock, on files of the share. The host probes them after the
+# switch-over once the source daemon is gone (refused: the destination holds them), then again
+# once this guest let them go (taken).
+echo lock > /mnt/work/lock-flock
+echo lock > /mnt/work/lock-posix
+/helpers/locks hold /tmp/locks-ready /tmp/locks-release flock-ex /mnt/work/lock-flock 0 0 \
+    posix-wr /mnt/work/lock-posix 0 100 > /tmp/locks-hold 2>&1 &
+lockhold=$!
+n=0
+while [ ! -e /tmp/locks-ready ] && [ $n -lt 100 ]; do n=$((n + 1)); sleep 0.1; done
+
 # Held across the migration by this shell: fd 5 appends, fd 6 reads, fd 7 the victim.
 exec 5>>/mnt/work/held-w 6</mnt/work/held-r 7</mnt/work/victim
 cd /mnt/work
@@ -61,6 +73,27 @@ t_loop() {
     eq "$bad" 0 "reads with wrong data during the migration"
 }
 t migrate-reads-correct-during t_loop
+
+t_locks() {
+    [ -e /tmp/locks-ready ] || fail "the locks were never taken: $(cat /tmp/locks-hold)"
+    [ -d /proc/$lockhold ] || fail "the lock holder is gone: $(cat /tmp/locks-hold)"
+    : > /tmp/locks-release
+    n=0
+    while [ -d /proc/$lockhold ] && ! grep -q '^State:.*Z' /proc/$lockhold/status 2>/dev/null; do
+        n=$((n + 1)); [ $n -gt 100 ] && fail "the lock holder did not exit"
+        sleep 0.1
+    done
+    # The host probes again now, and says so with 50 more files than the 100 that ended the
+    # migration (fewer free inodes: 140 counts the second batch whatever else changed).
+    mark locks-released
+    n=0
+    while [ $((free_before - $(stat -f -c %d /mnt))) -lt 140 ]; do
+        n=$((n + 1)); [ $n -gt 600 ] && fail "the host never probed the released locks"
+        sleep 0.1
+    done
+    return 0
+}
+t migrate-locks-held-then-released t_locks
 
 t_cached_big() {
     # Filled by the last reads before the switch-over (daemon writes into guest memory that
