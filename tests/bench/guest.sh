@@ -13,9 +13,9 @@
 #          the guest's locks stay in the guest, and --cache=always runs in no-open mode (no
 #          OPEN, FLUSH, RELEASE, OPENDIR, RELEASEDIR); a second table sets it beside ours
 # one boot per column per round, alternating (ours, ref, 9p, tmpfs, ours, ...) in the order
-# --columns gives. Prints seconds
-# per step (medians over the rounds), the ratios, whether the targets of issues 8 and 14 are met,
-# and one line describing the machine. A benchmark, not a test: tests/run.sh does not run it.
+# --columns gives. Prints seconds per step (medians over the rounds), the ratios, whether the
+# targets of issues 8 and 14 are met, and one line describing the machine. A benchmark, not a
+# test: tests/run.sh does not run it.
 #
 # Steps (from the tree's root; "cold" = after `echo 3 > /proc/sys/vm/drop_caches` in the guest):
 #   find-cold, find-warm   find . | wc -l
