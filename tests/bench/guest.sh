@@ -9,9 +9,13 @@
 #          NINEP_OPTS (default trans=virtio,version=9p2000.L,msize=512 KiB,cache=loose: 9p's
 #          fastest mode, where the guest keeps pages, attributes and entries like --cache=always)
 #   tmpfs  no daemon: the same tree made on a tmpfs inside the guest, by the same generator
-# one boot per column per round, alternating (ours, ref, 9p, tmpfs, ours, ...). Prints seconds
-# per step (medians over the rounds), the ratios, whether the targets of issues 8 and 14 are met,
-# and one line describing the machine. A benchmark, not a test: tests/run.sh does not run it.
+#   nolocks  (only when --columns names it) ours again with --posix-lock=off --flock=off added:
+#          the guest's locks stay in the guest, and --cache=always runs in no-open mode (no
+#          OPEN, FLUSH, RELEASE, OPENDIR, RELEASEDIR); a second table sets it beside ours
+# one boot per column per round, alternating (ours, ref, 9p, tmpfs, ours, ...) in the order
+# --columns gives. Prints seconds per step (medians over the rounds), the ratios, whether the
+# targets of issues 8 and 14 are met, and one line describing the machine. A benchmark, not a
+# test: tests/run.sh does not run it.
 #
 # Steps (from the tree's root; "cold" = after `echo 3 > /proc/sys/vm/drop_caches` in the guest):
 #   find-cold, find-warm   find . | wc -l
@@ -52,7 +56,8 @@
 #   --churn N        files the create-rm step creates and removes (default 2000)
 #   --build N        sources of the build steps' project (default 400; 0 leaves the build out)
 #   --rounds N       boots per column (default 1); the table shows medians
-#   --columns LIST   comma-separated subset of ours,ref,9p,tmpfs (default all four)
+#   --columns LIST   comma-separated subset of ours,ref,9p,tmpfs,nolocks (default
+#                    ours,ref,9p,tmpfs)
 #   --cache MODES    --cache= of both daemons: one of never, metadata, auto, always, a
 #                    comma-separated list, or all (default always); the boots of each mode
 #                    run after the previous mode's, and each mode gets its own table
@@ -155,7 +160,7 @@ done
 [[ "$QUEUES" =~ ^[1-9][0-9]*$ ]] || bad "QUEUES must be a positive number"
 COLS=()
 for c in ${COLUMNS//,/ }; do
-    case "$c" in ours|ref|9p|tmpfs) COLS+=("$c") ;; *) bad "--columns takes ours, ref, 9p, tmpfs (comma-separated)" ;; esac
+    case "$c" in ours|ref|9p|tmpfs|nolocks) COLS+=("$c") ;; *) bad "--columns takes ours, ref, 9p, tmpfs, nolocks (comma-separated)" ;; esac
 done
 [ "${#COLS[@]}" -gt 0 ] || bad "--columns is empty"
 [[ "$NINEP_OPTS" =~ ^[A-Za-z0-9_.=,]+$ ]] || bad "NINEP_OPTS must be a comma-separated list of mount options"
@@ -196,7 +201,7 @@ for b in "${GUEST_TOOLS[@]}"; do
     [ -x "$b" ] || die "$b is missing on the host (GNU findutils, coreutils, tar, grep, make, tcc and git go into the guest)"
 done
 
-if has_col ours; then
+if has_col ours || has_col nolocks; then
     if [ "$BUILD" = 1 ]; then
         say "cargo build --release --bin virtiofsd (log: $OUT/build.log)"
         build_daemon "$OUT/build.log" || die "cargo build failed; see $OUT/build.log:
@@ -362,7 +367,11 @@ boot() {
         append+=" bench_fs=virtiofs"
         # (start_daemon runs $DAEMON: here the column's)
         local DAEMON="$DAEMON"
-        if [ "$col" = ours ]; then flags=("${OURS_EXTRA[@]}"); else DAEMON="$REF"; flags=("${REF_EXTRA[@]}"); fi
+        case "$col" in
+            ours) flags=("${OURS_EXTRA[@]}") ;;
+            nolocks) flags=("${OURS_EXTRA[@]}" --posix-lock=off --flock=off) ;;
+            *) DAEMON="$REF"; flags=("${REF_EXTRA[@]}") ;;
+        esac
         rm -f "$sock"
         echo "$DAEMON --socket-path $sock --shared-dir $TREE --cache=$CACHE_MODE ${flags[*]}" > "$logs/daemon.cmd"
         start_daemon "$sock" "$TREE" "$logs/daemon.log" "--cache=$CACHE_MODE" "${flags[@]}"
@@ -442,7 +451,7 @@ QEMU log: $(tail -n 5 "$logs/qemu.log")"
             [ -e "$TREE/$line" ] && bad_boot "round $r, $col: $TREE/$line is still there after the boot"
         done
     fi
-    if [ "$REQUESTS" = 1 ] && { [ "$col" = ours ] || [ "$col" = ref ]; }; then
+    if [ "$REQUESTS" = 1 ] && [ "$col" != 9p ] && [ "$col" != tmpfs ]; then
         count_requests "$r" "$col" "$logs"
     fi
 }
@@ -528,8 +537,18 @@ SETUP="Tree: $FILES files of 0-4 KiB in $DIRS directories ($(tree_field dirs) wi
                 p = median(v["9p", st[i]])
                 O[st[i]] = o; R[st[i]] = r; T[st[i]] = t; P[st[i]] = p
                 printf "| %s%s | %s | %s | %s | %s | %s | %s | %s |\n", st[i], (st[i] in D) ? " (diagnostic)" : "", fmt(o), fmt(r), fmt(p), fmt(t), ratio(r, o), ratio(p, o), ratio(o, t)
+                L[st[i]] = median(v["nolocks", st[i]]); if (L[st[i]] != "") nl = 1
             }
             print ""
+            if (nl) {
+                print "ours with --posix-lock=off --flock=off added (nolocks) beside ours:"
+                print ""
+                print "| step | ours s | nolocks s | ours/nolocks |"
+                print "| --- | ---: | ---: | ---: |"
+                for (i = 1; i <= n; i++)
+                    printf "| %s%s | %s | %s | %s |\n", st[i], (st[i] in D) ? " (diagnostic)" : "", fmt(O[st[i]]), fmt(L[st[i]]), ratio(O[st[i]], L[st[i]])
+                print ""
+            }
             if (mode == "auto") {
                 print "Targets (issue 22, --cache=auto):"
                 target("warm tar read >= 2x faster than ref", ratio(R["tar-warm"], O["tar-warm"]), ">=", 2, "speedup")
@@ -610,6 +629,19 @@ if [ -s "$OUT/requests.tsv" ]; then
                     }
                     print ""
                     print "- no step with more requests than ref: " (more == "" ? "met" : "NOT met:" more)
+                    nl = 0
+                    for (i = 1; i <= n; i++) if (c["nolocks", st[i]] != "") nl = 1
+                    if (!nl) exit
+                    print ""
+                    print "ours with --posix-lock=off --flock=off added (nolocks) beside ours:"
+                    print ""
+                    print "| step | ours | nolocks | nolocks by opcode |"
+                    print "| --- | ---: | ---: | --- |"
+                    for (i = 1; i <= n; i++) {
+                        o = median(c["ours", st[i]]); l = median(c["nolocks", st[i]])
+                        if (o == "" && l == "") continue
+                        printf "| %s | %s | %s | %s |\n", st[i], o == "" ? "-" : o, l == "" ? "-" : l, b["nolocks", st[i]]
+                    }
                 }' "$OUT/requests.tsv"
         done
     } > "$OUT/requests.md"
