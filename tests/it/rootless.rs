@@ -152,9 +152,16 @@ fn serve_rootless(r: &Rootless, map_args: &[&str], sandbox: &str) {
     fs::write(share.join("hello"), b"rootless").unwrap();
     std::os::unix::fs::chown(share.join("hello"), Some(r.uid), Some(r.gid)).unwrap();
     // The build tree may not be reachable by the test user (e.g. under /root).
+    // Copied by another process: a copy written here would leave its descriptor open for
+    // writing in the children other tests of this process fork meanwhile (until they exec),
+    // and executing the copy then fails with ETXTBSY.
     let bin = base.join("virtiofsd");
-    fs::copy(BIN, &bin).unwrap();
-    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    let cp = Command::new("install")
+        .args(["-m", "0755", BIN])
+        .arg(&bin)
+        .status()
+        .unwrap();
+    assert!(cp.success(), "install {BIN}: {cp}");
     let socket = base.join("vfs.sock");
 
     let mut cmd = Command::new("unshare");
