@@ -1780,3 +1780,50 @@ fn a_forged_locks_section_is_refused_cleanly() {
     let (_dst, loaded) = migrate_state(&src, &state, opts);
     loaded.unwrap();
 }
+
+#[test]
+fn a_lost_lock_handle_stays_lost_after_a_second_migration() {
+    let opts = Options::default().migration(guest_error(Migration::default()));
+    let mut src = source(opts.clone());
+    let g = take_guest_locks(&mut src);
+    let state = saved(&mut src);
+    src.fe.disconnect();
+    // A host process takes the flock once the source let it go: its hand-over is given up.
+    let outsider = fs::File::open(src.host("lockfile")).unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain flock on an open descriptor.
+        let r = unsafe { libc::flock(outsider.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the source never let the flock go"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let started = std::time::Instant::now();
+    let (mut dst, loaded) = migrate_state(&src, &state, opts.clone());
+    loaded.unwrap();
+    let (f, ff) = g.flock;
+    std::thread::sleep(std::time::Duration::from_secs(21).saturating_sub(started.elapsed()));
+    let _ = dst.c.getlk(f, &lk(0, 0x99, libc::F_RDLCK, 0, 0));
+    assert_eq!(
+        dst.c.read(f, ff, 0, 1).err(),
+        Some(libc::EBADF),
+        "first destination"
+    );
+    // Migrated again: the handle stays lost (it is not sent), the others go on.
+    let (mut dst2, loaded) = migrate(&mut dst, opts);
+    loaded.unwrap();
+    assert_eq!(
+        dst2.c.read(f, ff, 0, 1).err(),
+        Some(libc::EBADF),
+        "second destination: the lost handle works again"
+    );
+    let (a, fa) = g.posix;
+    assert_eq!(dst2.c.read(a, fa, 0, 4).unwrap(), b"data");
+    drop(outsider);
+}

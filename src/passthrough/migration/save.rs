@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 
 use super::{
@@ -35,7 +36,15 @@ impl PassthroughFs {
         let root = self
             .root_path()
             .map_err(|e| io_error("the shared directory's path", e))?;
-        let handles = self.handles.all();
+        // A handle a migration lost a lock of (`HandleData::lost`) is not sent: the next
+        // destination answers EBADF on it, as this daemon does, rather than serve it healthy
+        // without its lock.
+        let handles: Vec<_> = self
+            .handles
+            .all()
+            .into_iter()
+            .filter(|(_, d)| !d.lost.load(Ordering::Relaxed))
+            .collect();
         out.u64(self.inodes.next_id());
         out.u64(self.handles.next_id());
         out.u32(nodes.len() as u32);
