@@ -862,14 +862,30 @@ impl Locks {
     ) -> io::Result<bool> {
         let key = (c.node, c.owner, c.kind);
         {
+            // The waiters' list before the table, as everywhere both are taken.
+            let w = self.waiting();
             let t = self.table();
             if t.get(key).is_some() {
                 return Err(error(libc::EEXIST));
+            }
+            if conflicts_with_others(&t, &w.handovers, c) {
+                // Two owners of one guest never hold conflicting locks at once: a state that
+                // says so was not written by a source (and would have one of them wait out the
+                // hand-over and be lost, with every request on the node waiting for it).
+                warn_throttled!(
+                    "carried lock refused: owner {:#x} on node {} conflicts with another \
+                     owner's (EINVAL)",
+                    c.owner,
+                    c.node
+                );
+                return Err(error(libc::EINVAL));
             }
             if t.ranges.saturating_add(c.segs.len()) > self.max_ranges.load(Ordering::Relaxed) {
                 warn_throttled!("carried lock refused: too many ranges held already (ENOLCK)");
                 return Err(error(libc::ENOLCK));
             }
+            drop(t);
+            drop(w);
         }
         let fd = self.new_fd(open)?;
         if c.segs.iter().any(|s| s.typ == libc::F_WRLCK) && !fd.writable {
@@ -1188,6 +1204,48 @@ fn try_handover(t: &mut Table, h: &mut Handover, now: Instant) -> Handed {
     let gone = t.remove_where(h.key.0, |o, k, _| o == h.key.1 && k == h.key.2);
     unlock_all(&gone);
     Handed::Expired
+}
+
+/// Whether the carried record `c` conflicts with a record of another owner of its node, held
+/// (`t`) or still handed over (`pending`): an overlapping range where either is a write lock,
+/// or two `flock`s one of which is exclusive (record and `flock` locks never conflict).
+fn conflicts_with_others(t: &Table, pending: &[Handover], c: &Carried) -> bool {
+    let mine = (c.node, c.owner, c.kind);
+    let others = t
+        .nodes
+        .get(&c.node)
+        .into_iter()
+        .flatten()
+        .filter(|(o, k, _)| *k == c.kind && (c.node, *o, *k) != mine)
+        .map(|(_, _, r)| (&r.segs[..], r.flock))
+        .chain(
+            pending
+                .iter()
+                .filter(|h| h.key.0 == c.node && h.key.2 == c.kind && h.key != mine)
+                .map(|h| (&h.segs[..], h.flock)),
+        );
+    for (segs, flock) in others {
+        let flocks = matches!((flock, c.flock), (Some(a), Some(b)) if a == libc::F_WRLCK || b == libc::F_WRLCK);
+        if flocks || ranges_conflict(segs, &c.segs) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether two owners' ranges (each sorted and apart) overlap where one is a write lock. Each
+/// range of the shorter list is looked up in the longer one: the ranges of the longer list
+/// looked at for two ranges of the shorter are apart, so it costs the lengths, not their
+/// product.
+fn ranges_conflict(a: &[Seg], b: &[Seg]) -> bool {
+    let (small, big) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    small.iter().any(|s| {
+        let from = big.partition_point(|x| x.end < s.start);
+        big[from..]
+            .iter()
+            .take_while(|x| x.start <= s.end)
+            .any(|x| x.typ == libc::F_WRLCK || s.typ == libc::F_WRLCK)
+    })
 }
 
 /// Whether `req` is a record write lock (which a read-only description cannot take).
@@ -1627,6 +1685,57 @@ mod tests {
         let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let set = lost.clone();
         (lost, Box::new(move || set.store(true, Ordering::Relaxed)))
+    }
+
+    /// A state in which two owners hold conflicting locks on one node (no source writes one)
+    /// is refused at the second record, whether the first one's lock is taken or pending, and
+    /// compatible ones are taken.
+    #[test]
+    fn carried_records_conflicting_with_each_other_are_refused() {
+        let (_d, p) = tmpfile();
+        let outsider = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 200, 299)).unwrap();
+        let locks = Locks::new();
+        let adopt = |owner: u64, segs: Vec<Seg>, flock: Option<i32>| {
+            let (_, on_lost) = flag();
+            locks.adopt(
+                &carried(owner, segs, flock),
+                opener(&p),
+                "f".into(),
+                on_lost,
+            )
+        };
+        let einval = |r: io::Result<bool>| r.unwrap_err().raw_os_error() == Some(libc::EINVAL);
+        // Taken at once (1), pending (2: the outsider holds it).
+        assert!(!adopt(1, vec![seg(0, 9, W), seg(20, 29, R)], None).unwrap());
+        assert!(adopt(2, vec![seg(200, 209, R)], None).unwrap());
+        assert!(
+            einval(adopt(3, vec![seg(5, 5, R)], None)),
+            "against a held write"
+        );
+        assert!(
+            einval(adopt(3, vec![seg(25, 40, W)], None)),
+            "a write against a read"
+        );
+        assert!(
+            einval(adopt(3, vec![seg(205, 300, W)], None)),
+            "against a pending read"
+        );
+        assert_eq!(locks.fds(), 2, "a refused record keeps nothing");
+        // Compatible: reads over reads, ranges apart.
+        assert!(!adopt(4, vec![seg(10, 19, W), seg(21, 21, R)], None).unwrap());
+        assert!(adopt(5, vec![seg(205, 205, R)], None).unwrap());
+        // flock: two shared ones go together, an exclusive one with none; record locks and
+        // flock never conflict.
+        assert!(!adopt(6, vec![], Some(R)).unwrap());
+        assert!(!adopt(7, vec![], Some(R)).unwrap());
+        assert!(einval(adopt(8, vec![], Some(W))));
+        drop(outsider);
+        locks.clear();
     }
 
     /// A migration destination adopting locks another description (the source daemon's)

@@ -1726,6 +1726,48 @@ fn lock_twice(state: &[u8]) -> Vec<u8> {
     virtiofsd::migration::seal(&p)
 }
 
+/// As [`lock_twice`], the second record another owner's: two owners holding one exclusive
+/// flock.
+fn lock_twice_by_two_owners(state: &[u8]) -> Vec<u8> {
+    let mut p = virtiofsd::migration::open(&lock_twice(state))
+        .unwrap()
+        .to_vec();
+    let record = 8 * 3 + 4 + 1 + 1 + 4;
+    let at = p.len() - record + 8;
+    p[at..at + 8].copy_from_slice(&(FLOCK_OWNER + 1).to_le_bytes());
+    virtiofsd::migration::seal(&p)
+}
+
+#[test]
+fn a_state_of_two_owners_holding_conflicting_locks_is_refused() {
+    // guest-error: no source writes such a state, so it is refused, not one of them lost.
+    let opts = Options::default().migration(guest_error(Migration::default()));
+    let mut src = source(opts.clone());
+    let f = src.file("lockfile", b"");
+    let ff = src.open(f, libc::O_RDONLY);
+    src.c
+        .setlk(f, &flk(ff, FLOCK_OWNER, libc::F_WRLCK))
+        .unwrap();
+    let state = saved(&mut src);
+    let blob = lock_twice_by_two_owners(&state);
+    // The source holds the flock: the first record is pending when the second is read.
+    let started = std::time::Instant::now();
+    let (mut dst, loaded) = migrate_state(&src, &blob, opts.clone());
+    assert!(
+        loaded.is_err(),
+        "a state of two owners holding one exclusive flock was taken"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "the refusal waited for the hand-over"
+    );
+    assert!(dst.c.getattr(f, None).is_err(), "served");
+    // Without the source, the first record is taken at once: the second still conflicts.
+    src.fe.disconnect();
+    let (_dst, loaded) = migrate_state(&src, &blob, opts);
+    assert!(loaded.is_err(), "taken once the source let go");
+}
+
 #[test]
 fn a_forged_locks_section_is_refused_cleanly() {
     // guest-error: a record it refuses is the state's fault, never a lock lost alone.

@@ -288,6 +288,15 @@ impl PassthroughFs {
                         format!("owner {:#x} on node {} twice", c.owner, c.node),
                     ));
                 }
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    return Err(StateError::invalid(
+                        "lock",
+                        format!(
+                            "owner {:#x} on node {}: conflicts with another owner's",
+                            c.owner, c.node
+                        ),
+                    ));
+                }
                 Err(e)
                     if opts.on_error == OnError::Abort
                         || crate::passthrough::is_resource_shortage(&e)
