@@ -634,11 +634,15 @@ fn read_carried(input: &mut Decoder<'_>) -> Result<Carried, StateError> {
                 let start = input.u64("lock's range")?;
                 let end = input.u64("lock's range")?;
                 let typ = typ_of(input.i32("lock's type")?, "lock's type")?;
-                let after_last = segs.last().is_none_or(|l| start > l.end);
+                // After the last, and not touching it with the same type (an owner's ranges
+                // are merged so: a record stays as the lock code keeps one).
+                let after_last = segs.last().is_none_or(|l| {
+                    start > l.end && !(l.typ == typ && l.end.checked_add(1) == Some(start))
+                });
                 if start > end || end > TO_EOF || !after_last {
                     return Err(StateError::invalid(
                         "lock's range",
-                        format!("{start}..={end} (not sorted, apart, within the file)"),
+                        format!("{start}..={end} (not sorted, apart, merged, within the file)"),
                     ));
                 }
                 segs.push(Seg { start, end, typ });
