@@ -334,9 +334,17 @@ struct Table {
     nodes: HashMap<u64, Vec<(u64, LockKind, Record)>>,
     /// Ranges held by all records.
     ranges: usize,
+    /// Ranges of hand-overs not taken yet: they count in the bound with those held, as the
+    /// host will hold them.
+    pending: usize,
 }
 
 impl Table {
+    /// Ranges held and pending, which [`MAX_RANGES`] bounds.
+    fn counted(&self) -> usize {
+        self.ranges.saturating_add(self.pending)
+    }
+
     fn get_mut(&mut self, key: Key) -> Option<&mut Record> {
         self.nodes
             .get_mut(&key.0)?
@@ -654,10 +662,10 @@ impl Locks {
                 let max_ranges = self.max_ranges.load(Ordering::Relaxed);
                 // A change adds at most two ranges (the one set, and a range it cuts in two):
                 // the bound is looked at before the host is asked only when that may pass it.
-                if t.ranges.saturating_add(2) > max_ranges {
+                if t.counted().saturating_add(2) > max_ranges {
                     let segs = t.get(key).map_or(&[][..], |r| &r.segs[..]);
                     let new = apply(segs, req.start, req.end, req.typ).len();
-                    if new > segs.len() && t.ranges + (new - segs.len()) > max_ranges {
+                    if new > segs.len() && t.counted() + (new - segs.len()) > max_ranges {
                         warn_throttled!(
                             "lock refused: {max_ranges} ranges are held already (ENOLCK)"
                         );
@@ -806,14 +814,23 @@ impl Locks {
     /// DESTROY or disconnect: every lock goes, and every waiter is answered `ENOLCK`.
     pub fn clear(&self) {
         self.cancel(|_| true);
+        // The hand-overs, with the table (the waiters' list first, as everywhere): none is
+        // taken after the records went, nor counted.
+        let mut w = self.waiting();
+        let handovers = std::mem::take(&mut w.handovers);
+        w.next_handover = None;
+        self.handover_count.store(0, Ordering::Release);
+        self.settled.notify_all();
         let all = {
             let mut t = self.table();
             let all = std::mem::take(&mut *t);
             unlock_all(all.nodes.values().flatten().map(|(_, _, r)| r));
             all
         };
-        // Descriptors closed outside the table's lock.
+        drop(w);
+        // Descriptors closed outside the lists' locks.
         drop(all);
+        drop(handovers);
     }
 
     /// Removes the records of `node` that `pick` chooses and drops their locks on the host,
@@ -922,7 +939,7 @@ impl Locks {
                 );
                 return Err(error(libc::EINVAL));
             }
-            if t.ranges.saturating_add(c.segs.len()) > self.max_ranges.load(Ordering::Relaxed) {
+            if t.counted().saturating_add(c.segs.len()) > self.max_ranges.load(Ordering::Relaxed) {
                 warn_throttled!("carried lock refused: too many ranges held already (ENOLCK)");
                 return Err(error(libc::ENOLCK));
             }
@@ -965,6 +982,7 @@ impl Locks {
                 Err(e) => return Err(e),
             }
         }
+        t.pending += pending.len();
         t.insert(
             key,
             Record {
@@ -1216,12 +1234,15 @@ impl Locks {
 
 /// One try of a hand-over, under the table's lock.
 fn try_handover(t: &mut Table, h: &mut Handover, now: Instant) -> Handed {
+    if !t.get(h.key).is_some_and(|r| Arc::ptr_eq(&r.fd, &h.fd)) {
+        // The record went (FLUSH, RELEASE, FORGET): nothing more is taken for it.
+        t.pending = t.pending.saturating_sub(h.segs.len());
+        h.segs.clear();
+        return Handed::Done;
+    }
     let Some(r) = t.get_mut(h.key) else {
         return Handed::Done;
     };
-    if !Arc::ptr_eq(&r.fd, &h.fd) {
-        return Handed::Done;
-    }
     let before = r.segs.len();
     // In order, up to the first still taken (see `Locks::adopt`); what was taken is merged
     // into the record's ranges once.
@@ -1246,6 +1267,7 @@ fn try_handover(t: &mut Table, h: &mut Handover, now: Instant) -> Handed {
     }
     let after = r.segs.len();
     t.ranges = t.ranges + after - before;
+    t.pending = t.pending.saturating_sub(done);
     if h.segs.is_empty() && h.flock.is_none() {
         return Handed::Done;
     }
@@ -1253,6 +1275,8 @@ fn try_handover(t: &mut Table, h: &mut Handover, now: Instant) -> Handed {
         return Handed::Pending;
     }
     // Given up: the record goes with what it took (the guest is told through its handle).
+    t.pending = t.pending.saturating_sub(h.segs.len());
+    h.segs.clear();
     let gone = t.remove_where(h.key.0, |o, k, _| o == h.key.1 && k == h.key.2);
     unlock_all(&gone);
     Handed::Expired
@@ -1737,6 +1761,45 @@ mod tests {
         let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let set = lost.clone();
         (lost, Box::new(move || set.store(true, Ordering::Relaxed)))
+    }
+
+    /// Ranges a hand-over has still to take count in the bound as held ones do, until they
+    /// are taken or their record goes.
+    #[test]
+    fn pending_ranges_count_in_the_bound() {
+        let (_d, p) = tmpfile();
+        let outsider = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, 99)).unwrap();
+        let locks = Locks::new();
+        locks.set_max_ranges(3);
+        let three = vec![seg(0, 9, R), seg(20, 29, R), seg(40, 49, R)];
+        let adopt = |owner: u64| {
+            let (_, on_lost) = flag();
+            let c = carried(owner, three.clone(), None);
+            locks.adopt(&c, opener(&p), "f".into(), on_lost)
+        };
+        assert!(adopt(1).unwrap());
+        assert_eq!(
+            adopt(2).unwrap_err().raw_os_error(),
+            Some(libc::ENOLCK),
+            "3 pending and 3 more past the bound 3"
+        );
+        // Its record goes before it is taken: the room is back.
+        locks.flush(7, 1);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(adopt(3).unwrap());
+        // Taken: held, counted once.
+        drop(outsider);
+        locks.settle(7);
+        assert_eq!(locks.ranges(), 3);
+        assert_eq!(adopt(4).unwrap_err().raw_os_error(), Some(libc::ENOLCK));
+        locks.clear();
+        assert!(!adopt(5).unwrap(), "clear gave the room back");
+        locks.clear();
     }
 
     /// `merged` is what `apply` of each range gives, disjoint or not.
