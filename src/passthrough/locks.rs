@@ -1044,10 +1044,30 @@ impl Locks {
                 return;
             };
             // The waiter thread gives up on it at the deadline; a little after that, this
-            // request goes on whatever happened (it never waits unbounded).
+            // request goes on whatever happened (it never waits unbounded), and gives up the
+            // node's hand-overs itself if the thread has not yet (it is late): none is taken
+            // after this request is answered, over what its owner does meanwhile.
             let end = deadline + MAX_BACKOFF;
             let now = Instant::now();
             if now >= end {
+                let (late, kept): (Vec<Handover>, Vec<Handover>) = std::mem::take(&mut w.handovers)
+                    .into_iter()
+                    .partition(|h| h.key.0 == node);
+                w.handovers = kept;
+                let expired: Vec<Handover> = {
+                    let mut t = self.table();
+                    late.into_iter()
+                        .filter_map(|mut h| give_up(&mut t, &mut h).then_some(h))
+                        .collect()
+                };
+                self.handover_count
+                    .store(w.handovers.len(), Ordering::Release);
+                if w.handovers.is_empty() {
+                    w.next_handover = None;
+                }
+                self.settled.notify_all();
+                self.expire(&mut w, expired, now);
+                self.wake.notify_one();
                 return;
             }
             w = self
@@ -1096,6 +1116,12 @@ impl Locks {
         }
         w.next_handover = (!w.handovers.is_empty()).then(|| now + HANDOVER_PERIOD);
         self.settled.notify_all();
+        self.expire(w, expired, now);
+    }
+
+    /// Tells the guest of the hand-overs given up (`w`, the waiters' list, locked): their
+    /// records went already ([`give_up`]).
+    fn expire(&self, w: &mut WaitList, expired: Vec<Handover>, now: Instant) {
         for mut h in expired {
             warn_throttled!(
                 "migration: a lock the guest held on {} (owner {:#x}, {:?}) could not be taken \
@@ -1274,12 +1300,22 @@ fn try_handover(t: &mut Table, h: &mut Handover, now: Instant) -> Handed {
     if now < h.deadline {
         return Handed::Pending;
     }
-    // Given up: the record goes with what it took (the guest is told through its handle).
+    give_up(t, h);
+    Handed::Expired
+}
+
+/// Gives `h` up, under the table's lock: its record goes with what it took (the guest is told
+/// through its handle, by [`Locks::expire`]); whether it was still the record's (otherwise it
+/// went meanwhile, and nothing is lost).
+fn give_up(t: &mut Table, h: &mut Handover) -> bool {
     t.pending = t.pending.saturating_sub(h.segs.len());
     h.segs.clear();
+    if !t.get(h.key).is_some_and(|r| Arc::ptr_eq(&r.fd, &h.fd)) {
+        return false;
+    }
     let gone = t.remove_where(h.key.0, |o, k, _| o == h.key.1 && k == h.key.2);
     unlock_all(&gone);
-    Handed::Expired
+    true
 }
 
 /// Whether the carried record `c` conflicts with a record of another owner of its node, held
@@ -1799,6 +1835,45 @@ mod tests {
         assert_eq!(adopt(4).unwrap_err().raw_os_error(), Some(libc::ENOLCK));
         locks.clear();
         assert!(!adopt(5).unwrap(), "clear gave the room back");
+        locks.clear();
+    }
+
+    /// A request that waited out a node's hand-over gives it up itself when the waiter thread
+    /// is late: the owner's record goes, its handle is told, and nothing of it is taken later,
+    /// over what the guest did meanwhile.
+    #[test]
+    fn a_hand_over_the_waiter_thread_is_late_for_is_given_up_by_the_request() {
+        let (_d, p) = tmpfile();
+        let outsider = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, 99)).unwrap();
+        let locks = Locks::new();
+        locks.set_handover_timeout(Duration::from_millis(50));
+        let (lost, on_lost) = flag();
+        let c = carried(1, vec![seg(0, 9, W)], None);
+        assert!(locks.adopt(&c, opener(&p), "f".into(), on_lost).unwrap());
+        // The waiter thread is late: its next try is far off.
+        locks.waiting().next_handover = Some(Instant::now() + Duration::from_secs(3600));
+        let t = Instant::now();
+        // Another owner's request on the node waits out the hand-over, then goes on.
+        assert!(locks.set(&req(2, R, 200, 209), opener(&p)).is_ok());
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert!(
+            lost.load(Ordering::Relaxed),
+            "the owner's handle was not told"
+        );
+        assert_eq!(locks.carried().len(), 1, "only the new owner's record");
+        // The holder lets go and the thread comes back: nothing of the hand-over is taken.
+        drop(outsider);
+        locks.waiting().next_handover = Some(Instant::now());
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            host_free(&p, W, 0, 10),
+            "a hand-over given up was taken after all"
+        );
         locks.clear();
     }
 
