@@ -1869,3 +1869,28 @@ fn a_lost_lock_handle_stays_lost_after_a_second_migration() {
     assert_eq!(dst2.c.read(a, fa, 0, 4).unwrap(), b"data");
     drop(outsider);
 }
+
+#[test]
+fn a_refused_lock_state_leaves_no_host_lock() {
+    let opts = Options::default().migration(guest_error(Migration::default()));
+    let mut src = source(opts.clone());
+    let f = src.file("lockfile", b"");
+    let ff = src.open(f, libc::O_RDONLY);
+    src.c
+        .setlk(f, &flk(ff, FLOCK_OWNER, libc::F_WRLCK))
+        .unwrap();
+    let state = saved(&mut src);
+    // The first record is adopted (pending: the source holds it), the second refuses the state.
+    let blob = lock_twice(&state);
+    let (dst, loaded) = migrate_state(&src, &blob, opts);
+    assert!(loaded.is_err());
+    // The migration failed: the guest goes on at the source, which lets its flock go; the
+    // refused destination, still up, takes nothing.
+    src.fe.disconnect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        host_may_flock(&src.host("lockfile")),
+        "the refused destination took the flock"
+    );
+    drop(dst);
+}

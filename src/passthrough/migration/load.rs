@@ -42,6 +42,9 @@ impl PassthroughFs {
         }
         let loaded = self.load_nodes_and_handles(input);
         if loaded.is_err() {
+            // The locks taken and the hand-overs pending first: none is taken after the load
+            // failed (the guest goes on at the source), whoever else cleans up after.
+            self.locks.clear();
             self.handles.clear();
             self.inodes.clear();
         }
