@@ -1894,3 +1894,63 @@ fn a_refused_lock_state_leaves_no_host_lock() {
     );
     drop(dst);
 }
+
+/// The `writable` byte of the last lock record of a state.
+fn last_lock_writable(state: &[u8]) -> u8 {
+    let p = virtiofsd::migration::open(state).unwrap();
+    // node, owner, handle (u64 each), pid (u32), writable (u8), kind (u8), flock type (i32).
+    p[p.len() - (1 + 1 + 4)]
+}
+
+#[test]
+fn a_carried_record_is_writable_only_as_far_as_the_guests_handles() {
+    let opts = Options::default();
+    let mut src = source(opts.clone());
+    let f = src.file("lockfile", b"");
+    let ff = src.open(f, libc::O_RDONLY);
+    src.c
+        .setlk(f, &flk(ff, FLOCK_OWNER, libc::F_WRLCK))
+        .unwrap();
+    let state = saved(&mut src);
+    assert_eq!(last_lock_writable(&state), 0, "read-only handle");
+    // A state that says its description may write, over a read-only handle.
+    let forged = patched_locks(&state, |b| b[4 + 24 + 4] = 1);
+    assert_eq!(last_lock_writable(&forged), 1);
+    src.fe.disconnect();
+    let (mut dst, loaded) = migrate_state(&src, &forged, opts.clone());
+    loaded.unwrap();
+    let again = saved(&mut dst);
+    assert_eq!(
+        last_lock_writable(&again),
+        0,
+        "the destination opened the record's description read-write"
+    );
+}
+
+/// A POSIX owner whose first lock came through a read-only open file and a write lock through
+/// a read-write one keeps its write lock across a migration.
+#[test]
+fn an_owner_moved_to_a_writable_description_keeps_its_write_lock() {
+    let opts = Options::default();
+    let mut src = source(opts.clone());
+    let a = src.file("db", b"data");
+    let ro = src.open(a, libc::O_RDONLY);
+    let rw = src.open(a, libc::O_RDWR);
+    src.c
+        .setlk(a, &lk(ro, POSIX_OWNER, libc::F_RDLCK, 0, 9))
+        .unwrap();
+    src.c
+        .setlk(a, &lk(rw, POSIX_OWNER, libc::F_WRLCK, 20, 29))
+        .unwrap();
+    let (_dst, loaded) = migrate(&mut src, opts);
+    loaded.unwrap();
+    src.fe.disconnect();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // Taken by the destination once the source let go: the host never gets it.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(std::time::Instant::now() < until);
+    assert!(
+        !host_may_lock(&src.host("db"), 20, 10),
+        "the write lock was not carried"
+    );
+}

@@ -1,7 +1,7 @@
 //! The load side of a migration (see the parent module): each node found again as it is read,
 //! then the handles, every field of the state checked and bounded.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -231,6 +231,8 @@ impl PassthroughFs {
         let opts = self.cfg.migration;
         let n = input.count("locks", MIN_CARRIED)?;
         let (mut pending, mut lost) = (0usize, 0usize);
+        // The nodes the restored handles may write, listed at the first record that needs it.
+        let mut writers: Option<HashSet<u64>> = None;
         for _ in 0..n {
             let c = read_carried(input)?;
             let kind_on = match c.kind {
@@ -277,9 +279,30 @@ impl PassthroughFs {
                     h.lost.store(true, Ordering::Relaxed);
                 }
             });
+            // The state's word that the description may write is taken only as far as the
+            // guest's handles say so: the record's own (an OFD or flock record's open file;
+            // none, 0, may), or another of the node's (a POSIX owner moved to a read-write
+            // description by a later write lock through another open file, which it has not
+            // closed: its close would have dropped the record).
+            let writable = c.writable
+                && (self.handle_writable(c.node, c.fh).unwrap_or(false)
+                    || writers
+                        .get_or_insert_with(|| {
+                            self.handles
+                                .all()
+                                .into_iter()
+                                .filter(|(_, h)| {
+                                    h.dir.is_none()
+                                        && sys::fd_access_mode(h.fd())
+                                            .is_ok_and(|m| m != libc::O_RDONLY)
+                                })
+                                .map(|(_, h)| h.inode)
+                                .collect()
+                        })
+                        .contains(&c.node));
             let taken = self.locks.adopt(
                 &c,
-                || self.lock_fd_as(c.node, c.writable),
+                || self.lock_fd_as(c.node, writable),
                 what.clone(),
                 on_lost,
             );
