@@ -1954,3 +1954,58 @@ fn an_owner_moved_to_a_writable_description_keeps_its_write_lock() {
         "the write lock was not carried"
     );
 }
+
+/// A POSIX lock is a process's, on every file of it the process has open: when a migration
+/// loses one, every handle of the file gets EBADF (which of them are the process's, the
+/// daemon cannot tell).
+#[test]
+fn a_posix_owners_lost_lock_gives_every_handle_of_its_file_ebadf() {
+    use std::os::fd::AsRawFd;
+    let opts = Options::default().migration(guest_error(Migration::default()));
+    let mut src = source(opts.clone());
+    let a = src.file("db", b"data");
+    let (fa, fa2) = (src.open(a, libc::O_RDWR), src.open(a, libc::O_RDONLY));
+    src.c
+        .setlk(a, &lk(fa, POSIX_OWNER, libc::F_WRLCK, 0, 99))
+        .unwrap();
+    let state = saved(&mut src);
+    src.fe.disconnect();
+    // A host process takes the range once the source let it go: its hand-over is given up.
+    let outsider = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(src.host("db"))
+        .unwrap();
+    let fl = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 100,
+        l_pid: 0,
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // SAFETY: `fl` lives across the call.
+    while unsafe { libc::fcntl(outsider.as_raw_fd(), libc::F_OFD_SETLK, &fl) } != 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the source never let the lock go"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let started = std::time::Instant::now();
+    let (mut dst, loaded) = migrate_state(&src, &state, opts);
+    loaded.unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(21).saturating_sub(started.elapsed()));
+    let _ = dst.c.getlk(a, &lk(0, 0x99, libc::F_RDLCK, 0, 0));
+    assert_eq!(
+        dst.c.read(a, fa, 0, 1).err(),
+        Some(libc::EBADF),
+        "its handle"
+    );
+    assert_eq!(
+        dst.c.read(a, fa2, 0, 1).err(),
+        Some(libc::EBADF),
+        "another handle of its file"
+    );
+    drop(outsider);
+}

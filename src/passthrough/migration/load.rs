@@ -233,6 +233,8 @@ impl PassthroughFs {
         let (mut pending, mut lost) = (0usize, 0usize);
         // The nodes the restored handles may write, listed at the first record that needs it.
         let mut writers: Option<HashSet<u64>> = None;
+        // Each node's restored handles, listed at the first POSIX record.
+        let mut by_node: Option<HashMap<u64, Arc<[Weak<HandleData>]>>> = None;
         for _ in 0..n {
             let c = read_carried(input)?;
             let kind_on = match c.kind {
@@ -273,12 +275,26 @@ impl PassthroughFs {
                     .map(|h| Arc::downgrade(&h))
                     .unwrap_or_default(),
             };
-            let lost_handle = handle.clone();
-            let on_lost: OnLost = Box::new(move || {
-                if let Some(h) = lost_handle.upgrade() {
-                    h.lost.store(true, Ordering::Relaxed);
-                }
-            });
+            // The handles that get EBADF when the lock is lost: an OFD or flock record's own
+            // open file; for a POSIX owner (a process, whose open files of the node this daemon
+            // cannot tell from other processes'), every handle of the node, so that the
+            // process is told whichever of its files it uses.
+            let told: Arc<[Weak<HandleData>]> = match c.kind {
+                LockKind::Flock => Arc::from(vec![handle]),
+                LockKind::Posix => by_node
+                    .get_or_insert_with(|| {
+                        let mut m: HashMap<u64, Vec<Weak<HandleData>>> = HashMap::new();
+                        for (_, h) in self.handles.all() {
+                            m.entry(h.inode).or_default().push(Arc::downgrade(&h));
+                        }
+                        m.into_iter().map(|(n, v)| (n, Arc::from(v))).collect()
+                    })
+                    .get(&c.node)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::from(Vec::new())),
+            };
+            let lost_handles = told.clone();
+            let on_lost: OnLost = Box::new(move || mark_lost(&lost_handles));
             // The state's word that the description may write is taken only as far as the
             // guest's handles say so: the record's own (an OFD or flock record's open file;
             // none, 0, may), or another of the node's (a POSIX owner moved to a read-write
@@ -345,13 +361,11 @@ impl PassthroughFs {
                     if lost < LOGGED_LOSSES {
                         log::warn!(
                             "migration: the lock the guest holds on {what} (owner {:#x}) is lost \
-                             ({e}); the handle it was taken through gets EBADF",
+                             ({e}); the handles it may have been taken through get EBADF",
                             c.owner
                         );
                     }
-                    if let Some(h) = handle.upgrade() {
-                        h.lost.store(true, Ordering::Relaxed);
-                    }
+                    mark_lost(&told);
                     lost += 1;
                 }
             }
@@ -577,6 +591,13 @@ impl PassthroughFs {
         node.handles.fetch_add(1, Ordering::Relaxed);
         node.set_last_open(&data);
         Ok(())
+    }
+}
+
+/// Makes `handles` answer EBADF (a lock taken through them was lost).
+fn mark_lost(handles: &[Weak<HandleData>]) {
+    for h in handles.iter().filter_map(Weak::upgrade) {
+        h.lost.store(true, Ordering::Relaxed);
     }
 }
 
