@@ -1968,6 +1968,10 @@ fn a_posix_owners_lost_lock_gives_every_handle_of_its_file_ebadf() {
     src.c
         .setlk(a, &lk(fa, POSIX_OWNER, libc::F_WRLCK, 0, 99))
         .unwrap();
+    // Another owner's lock on the file, an OFD one through the other handle.
+    src.c
+        .setlk(a, &lk(fa2, OFD_OWNER, libc::F_RDLCK, 200, 299))
+        .unwrap();
     let state = saved(&mut src);
     src.fe.disconnect();
     // A host process takes the range once the source let it go: its hand-over is given up.
@@ -1993,7 +1997,7 @@ fn a_posix_owners_lost_lock_gives_every_handle_of_its_file_ebadf() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let started = std::time::Instant::now();
-    let (mut dst, loaded) = migrate_state(&src, &state, opts);
+    let (mut dst, loaded) = migrate_state(&src, &state, opts.clone());
     loaded.unwrap();
     std::thread::sleep(std::time::Duration::from_secs(21).saturating_sub(started.elapsed()));
     let _ = dst.c.getlk(a, &lk(0, 0x99, libc::F_RDLCK, 0, 0));
@@ -2007,5 +2011,18 @@ fn a_posix_owners_lost_lock_gives_every_handle_of_its_file_ebadf() {
         Some(libc::EBADF),
         "another handle of its file"
     );
+    // Migrated again: the lost handles are not sent, nor the OFD lock of one of them (no
+    // RELEASE could ever end it there).
+    let (_dst2, loaded) = migrate(&mut dst, opts);
+    loaded.unwrap();
+    dst.fe.disconnect();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !host_may_lock(&src.host("db"), 200, 100) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the lost handle's lock was carried"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     drop(outsider);
 }
