@@ -593,7 +593,9 @@ impl Locks {
         req: &Req,
         open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
     ) -> io::Result<()> {
-        self.settle(req.node);
+        if !self.clear_of_handovers(req)? {
+            self.settle(req.node);
+        }
         let Some(fd) = self.owner_fd(req, open)? else {
             return Ok(());
         };
@@ -1016,6 +1018,43 @@ impl Locks {
         self.handover_count
             .store(w.handovers.len(), Ordering::Release);
         self.run_thread(&mut w)?;
+        Ok(true)
+    }
+
+    /// Whether a SETLK `req` can be answered now, during a hand-over on its node, without
+    /// holding its queue's worker until the hand-over settles: `EAGAIN` when it conflicts with
+    /// a lock another owner has still to take (held by that owner, as far as the guest can
+    /// tell); `true` when it conflicts with none (taking it leaves every pending lock free to
+    /// take), `false` when its own owner has some pending (its ranges are half restored: it
+    /// waits). `true` at once when no hand-over is pending.
+    fn clear_of_handovers(&self, req: &Req) -> io::Result<bool> {
+        if self.handover_count.load(Ordering::Acquire) == 0 {
+            return Ok(true);
+        }
+        let w = self.waiting();
+        let mine = [Seg {
+            start: req.start,
+            end: req.end,
+            typ: req.typ,
+        }];
+        for h in w
+            .handovers
+            .iter()
+            .filter(|h| h.key.0 == req.node && h.key.2 == req.kind)
+        {
+            if h.key == req.key() {
+                return Ok(false);
+            }
+            if req.typ == libc::F_UNLCK {
+                continue;
+            }
+            let flock = h
+                .flock
+                .is_some_and(|f| f == libc::F_WRLCK || req.typ == libc::F_WRLCK);
+            if flock || ranges_conflict(&h.segs, &mine) {
+                return Err(error(libc::EAGAIN));
+            }
+        }
         Ok(true)
     }
 
@@ -1858,8 +1897,8 @@ mod tests {
         // The waiter thread is late: its next try is far off.
         locks.waiting().next_handover = Some(Instant::now() + Duration::from_secs(3600));
         let t = Instant::now();
-        // Another owner's request on the node waits out the hand-over, then goes on.
-        assert!(locks.set(&req(2, R, 200, 209), opener(&p)).is_ok());
+        // A request of the owner on the node waits out the hand-over, then goes on.
+        assert!(locks.set(&req(1, R, 200, 209), opener(&p)).is_ok());
         assert!(t.elapsed() < Duration::from_secs(5));
         assert!(
             lost.load(Ordering::Relaxed),
@@ -1874,6 +1913,38 @@ mod tests {
             host_free(&p, W, 0, 10),
             "a hand-over given up was taken after all"
         );
+        locks.clear();
+    }
+
+    /// A SETLK of another owner during a hand-over is answered at once: `EAGAIN` when it
+    /// conflicts with a pending lock, taken when it does not.
+    #[test]
+    fn a_setlk_during_a_hand_over_is_answered_at_once() {
+        let (_d, p) = tmpfile();
+        let outsider = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, 99)).unwrap();
+        let locks = Locks::new();
+        let (lost, on_lost) = flag();
+        let c = carried(1, vec![seg(0, 9, W), seg(150, 159, R)], None);
+        assert!(locks.adopt(&c, opener(&p), "f".into(), on_lost).unwrap());
+        let t = Instant::now();
+        let e = locks.set(&req(2, R, 5, 5), opener(&p)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN));
+        let e = locks.set(&req(2, W, 155, 300), opener(&p)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN));
+        locks.set(&req(2, R, 155, 155), opener(&p)).unwrap();
+        locks.set(&req(2, W, 200, 209), opener(&p)).unwrap();
+        locks.set(&req(3, U, 0, TO_EOF), opener(&p)).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        // The hand-over goes on, and takes its locks once free.
+        drop(outsider);
+        locks.settle(7);
+        assert!(!lost.load(Ordering::Relaxed));
+        assert!(!host_free(&p, R, 0, 10));
         locks.clear();
     }
 
@@ -2026,10 +2097,15 @@ mod tests {
             source.clear();
         });
         let started = Instant::now();
-        let r = locks.set(&req(2, W, 50, 60), opener(&p));
+        // A SETLK conflicting with a pending lock is answered at once, as if held.
+        let r = locks.set(&req(2, W, 250, 260), opener(&p));
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EAGAIN));
+        assert!(started.elapsed() < Duration::from_millis(250));
+        // A GETLK waits for the hand-over, then finds the carried owner holding.
+        let got = locks.get(&req(2, W, 250, 260), || Ok(std::fs::File::open(&p)?.into()));
         let waited = started.elapsed();
         gone.join().unwrap();
-        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EAGAIN));
+        assert_eq!(got.unwrap().map(|l| (l.typ, l.pid)), Some((R as u32, 1)));
         assert!(
             waited >= Duration::from_millis(250),
             "answered after {waited:?}"
