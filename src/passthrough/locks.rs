@@ -1032,16 +1032,19 @@ impl Locks {
             return Ok(true);
         }
         let w = self.waiting();
+        let t = self.table();
         let mine = [Seg {
             start: req.start,
             end: req.end,
             typ: req.typ,
         }];
-        for h in w
-            .handovers
-            .iter()
-            .filter(|h| h.key.0 == req.node && h.key.2 == req.kind)
-        {
+        // Those whose record is still there (one FLUSH, RELEASE or FORGET ended is no longer
+        // taken, though the waiter thread has not seen it yet).
+        for h in w.handovers.iter().filter(|h| {
+            h.key.0 == req.node
+                && h.key.2 == req.kind
+                && t.get(h.key).is_some_and(|r| Arc::ptr_eq(&r.fd, &h.fd))
+        }) {
             if h.key == req.key() {
                 return Ok(false);
             }
