@@ -909,11 +909,12 @@ impl Locks {
     /// from `open` (counted in the descriptors' bound), and each range (or the flock) taken
     /// at once when free. What another holds still (the source daemon, until its QEMU
     /// disconnects; or anyone) is pending: the waiter thread takes it as soon as it is free,
-    /// and requests on the node wait for that ([`Locks::settle`]); past
-    /// [`HANDOVER_TIMEOUT`] the record goes and `lost` is called. Whether something is
-    /// pending; an error (`EEXIST` for an owner that has a record already, `ENOLCK` past a
-    /// bound, `EBADF` for a write lock on a file this daemon cannot open for writing, the
-    /// open's own) leaves nothing behind.
+    /// and requests on the node wait for that ([`Locks::settle`]); past [`HANDOVER_TIMEOUT`]
+    /// the record goes and `lost` is called. `c.segs` are sorted and apart (`read_carried`).
+    /// Whether something is pending; an error (`EEXIST` for an owner that has a record
+    /// already, `EINVAL` for one conflicting with another owner's, held or pending, `ENOLCK`
+    /// past a bound, pending ranges counted, `EBADF` for a write lock on a file this daemon
+    /// cannot open for writing, the open's own) leaves nothing behind.
     pub fn adopt(
         &self,
         c: &Carried,
