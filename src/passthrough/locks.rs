@@ -1952,6 +1952,41 @@ mod tests {
         locks.clear();
     }
 
+    /// A record that goes (FLUSH, FORGET, DESTROY) during its hand-over has nothing taken for
+    /// it afterwards, and keeps no descriptor.
+    #[test]
+    fn a_record_gone_during_its_hand_over_takes_nothing() {
+        for how in 0..3 {
+            let (_d, p) = tmpfile();
+            let outsider = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&p)
+                .unwrap();
+            sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, 99)).unwrap();
+            let locks = Locks::new();
+            let (lost, on_lost) = flag();
+            let c = carried(1, vec![seg(0, 9, W)], None);
+            assert!(locks.adopt(&c, opener(&p), "f".into(), on_lost).unwrap());
+            match how {
+                0 => locks.flush(7, 1),
+                1 => locks.forget(7),
+                _ => locks.clear(),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            drop(outsider);
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(
+                host_free(&p, W, 0, 100),
+                "case {how}: taken after the record went"
+            );
+            assert_eq!(locks.fds(), 0, "case {how}: descriptor kept");
+            assert_eq!(locks.ranges(), 0, "case {how}");
+            assert_eq!(locks.table().pending, 0, "case {how}: still counted");
+            assert!(!lost.load(Ordering::Relaxed));
+        }
+    }
+
     /// `merged` is what `apply` of each range gives, disjoint or not.
     #[test]
     fn merged_is_apply_of_each_range() {
