@@ -197,6 +197,50 @@ pub fn apply(segs: &[Seg], start: u64, end: u64, typ: i32) -> Vec<Seg> {
     out
 }
 
+/// Adds `s` after the last of `segs` (sorted and apart, all before `s`), merged with it when
+/// they touch and are of one type, as [`apply`] would have it.
+fn push_merged(segs: &mut Vec<Seg>, s: Seg) {
+    if let Some(last) = segs.last_mut() {
+        if last.typ == s.typ && last.end.checked_add(1) == Some(s.start) {
+            last.end = s.end;
+            return;
+        }
+    }
+    segs.push(s);
+}
+
+/// `a` and `b` (each sorted and apart) as one list, neighbours of one type merged: what
+/// [`apply`] of each range of `b` onto `a` gives when no range of `b` overlaps one of `a`, in
+/// one pass. Ranges that overlap: [`apply`] of each (an owner's ranges changed meanwhile).
+fn merged(a: &[Seg], b: &[Seg]) -> Vec<Seg> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() || j < b.len() {
+        let next = match (a.get(i), b.get(j)) {
+            (Some(x), Some(y)) if x.start <= y.start => {
+                i += 1;
+                *x
+            }
+            (Some(x), None) => {
+                i += 1;
+                *x
+            }
+            (_, Some(y)) => {
+                j += 1;
+                *y
+            }
+            (None, None) => break,
+        };
+        if out.last().is_some_and(|l: &Seg| l.end >= next.start) {
+            return b
+                .iter()
+                .fold(a.to_vec(), |acc, s| apply(&acc, s.start, s.end, s.typ));
+        }
+        push_merged(&mut out, next);
+    }
+    out
+}
+
 /// A descriptor held for locks, counted while it is open.
 #[derive(Debug)]
 pub struct LockFd {
@@ -290,9 +334,17 @@ struct Table {
     nodes: HashMap<u64, Vec<(u64, LockKind, Record)>>,
     /// Ranges held by all records.
     ranges: usize,
+    /// Ranges of hand-overs not taken yet: they count in the bound with those held, as the
+    /// host will hold them.
+    pending: usize,
 }
 
 impl Table {
+    /// Ranges held and pending, which [`MAX_RANGES`] bounds.
+    fn counted(&self) -> usize {
+        self.ranges.saturating_add(self.pending)
+    }
+
     fn get_mut(&mut self, key: Key) -> Option<&mut Record> {
         self.nodes
             .get_mut(&key.0)?
@@ -541,7 +593,9 @@ impl Locks {
         req: &Req,
         open: impl FnOnce() -> io::Result<(OwnedFd, bool)>,
     ) -> io::Result<()> {
-        self.settle(req.node);
+        if !self.clear_of_handovers(req)? {
+            self.settle(req.node);
+        }
         let Some(fd) = self.owner_fd(req, open)? else {
             return Ok(());
         };
@@ -610,10 +664,10 @@ impl Locks {
                 let max_ranges = self.max_ranges.load(Ordering::Relaxed);
                 // A change adds at most two ranges (the one set, and a range it cuts in two):
                 // the bound is looked at before the host is asked only when that may pass it.
-                if t.ranges.saturating_add(2) > max_ranges {
+                if t.counted().saturating_add(2) > max_ranges {
                     let segs = t.get(key).map_or(&[][..], |r| &r.segs[..]);
                     let new = apply(segs, req.start, req.end, req.typ).len();
-                    if new > segs.len() && t.ranges + (new - segs.len()) > max_ranges {
+                    if new > segs.len() && t.counted() + (new - segs.len()) > max_ranges {
                         warn_throttled!(
                             "lock refused: {max_ranges} ranges are held already (ENOLCK)"
                         );
@@ -762,14 +816,23 @@ impl Locks {
     /// DESTROY or disconnect: every lock goes, and every waiter is answered `ENOLCK`.
     pub fn clear(&self) {
         self.cancel(|_| true);
+        // The hand-overs, with the table (the waiters' list first, as everywhere): none is
+        // taken after the records went, nor counted.
+        let mut w = self.waiting();
+        let handovers = std::mem::take(&mut w.handovers);
+        w.next_handover = None;
+        self.handover_count.store(0, Ordering::Release);
+        self.settled.notify_all();
         let all = {
             let mut t = self.table();
             let all = std::mem::take(&mut *t);
             unlock_all(all.nodes.values().flatten().map(|(_, _, r)| r));
             all
         };
-        // Descriptors closed outside the table's lock.
+        drop(w);
+        // Descriptors closed outside the lists' locks.
         drop(all);
+        drop(handovers);
     }
 
     /// Removes the records of `node` that `pick` chooses and drops their locks on the host,
@@ -820,9 +883,7 @@ impl Locks {
                 list.iter().filter_map(move |(owner, kind, r)| {
                     let (mut segs, mut flock) = (r.segs.clone(), r.flock);
                     if let Some(h) = pending((*node, *owner, *kind)) {
-                        for s in &h.segs {
-                            segs = apply(&segs, s.start, s.end, s.typ);
-                        }
+                        segs = merged(&segs, &h.segs);
                         flock = flock.or(h.flock);
                     }
                     (!segs.is_empty() || flock.is_some()).then(|| Carried {
@@ -848,11 +909,12 @@ impl Locks {
     /// from `open` (counted in the descriptors' bound), and each range (or the flock) taken
     /// at once when free. What another holds still (the source daemon, until its QEMU
     /// disconnects; or anyone) is pending: the waiter thread takes it as soon as it is free,
-    /// and requests on the node wait for that ([`Locks::settle`]); past
-    /// [`HANDOVER_TIMEOUT`] the record goes and `lost` is called. Whether something is
-    /// pending; an error (`EEXIST` for an owner that has a record already, `ENOLCK` past a
-    /// bound, `EBADF` for a write lock on a file this daemon cannot open for writing, the
-    /// open's own) leaves nothing behind.
+    /// and requests on the node wait for that ([`Locks::settle`]); past [`HANDOVER_TIMEOUT`]
+    /// the record goes and `lost` is called. `c.segs` are sorted and apart (`read_carried`).
+    /// Whether something is pending; an error (`EEXIST` for an owner that has a record
+    /// already, `EINVAL` for one conflicting with another owner's, held or pending, `ENOLCK`
+    /// past a bound, pending ranges counted, `EBADF` for a write lock on a file this daemon
+    /// cannot open for writing, the open's own) leaves nothing behind.
     pub fn adopt(
         &self,
         c: &Carried,
@@ -862,14 +924,30 @@ impl Locks {
     ) -> io::Result<bool> {
         let key = (c.node, c.owner, c.kind);
         {
+            // The waiters' list before the table, as everywhere both are taken.
+            let w = self.waiting();
             let t = self.table();
             if t.get(key).is_some() {
                 return Err(error(libc::EEXIST));
             }
-            if t.ranges.saturating_add(c.segs.len()) > self.max_ranges.load(Ordering::Relaxed) {
+            if conflicts_with_others(&t, &w.handovers, c) {
+                // Two owners of one guest never hold conflicting locks at once: a state that
+                // says so was not written by a source (and would have one of them wait out the
+                // hand-over and be lost, with every request on the node waiting for it).
+                warn_throttled!(
+                    "carried lock refused: owner {:#x} on node {} conflicts with another \
+                     owner's (EINVAL)",
+                    c.owner,
+                    c.node
+                );
+                return Err(error(libc::EINVAL));
+            }
+            if t.counted().saturating_add(c.segs.len()) > self.max_ranges.load(Ordering::Relaxed) {
                 warn_throttled!("carried lock refused: too many ranges held already (ENOLCK)");
                 return Err(error(libc::ENOLCK));
             }
+            drop(t);
+            drop(w);
         }
         let fd = self.new_fd(open)?;
         if c.segs.iter().any(|s| s.typ == libc::F_WRLCK) && !fd.writable {
@@ -878,10 +956,17 @@ impl Locks {
         let mut t = self.table();
         let mut taken: Vec<Seg> = Vec::new();
         let mut pending: Vec<Seg> = Vec::new();
-        for s in &c.segs {
+        // The ranges are sorted and apart (`read_carried`): each taken one goes at the end of
+        // the list. From the first one taken elsewhere on, the rest are pending untried: the
+        // source holds them all (a try costs the host a walk of every lock of the file), and
+        // lets them go at once.
+        for (i, s) in c.segs.iter().enumerate() {
             match sys::ofd_setlk(fd.fd(), &range_lock(s.typ, s.start, s.end)) {
-                Ok(()) => taken = apply(&taken, s.start, s.end, s.typ),
-                Err(e) if would_block(&e) => pending.push(*s),
+                Ok(()) => push_merged(&mut taken, *s),
+                Err(e) if would_block(&e) => {
+                    pending.extend_from_slice(&c.segs[i..]);
+                    break;
+                }
                 Err(e) => {
                     let _ = sys::ofd_setlk(fd.fd(), &range_lock(libc::F_UNLCK, 0, TO_EOF));
                     return Err(e);
@@ -900,6 +985,7 @@ impl Locks {
                 Err(e) => return Err(e),
             }
         }
+        t.pending += pending.len();
         t.insert(
             key,
             Record {
@@ -936,6 +1022,46 @@ impl Locks {
         Ok(true)
     }
 
+    /// Whether a SETLK `req` can be answered now, during a hand-over on its node, without
+    /// holding its queue's worker until the hand-over settles: `EAGAIN` when it conflicts with
+    /// a lock another owner has still to take (held by that owner, as far as the guest can
+    /// tell); `true` when it conflicts with none (taking it leaves every pending lock free to
+    /// take), `false` when its own owner has some pending (its ranges are half restored: it
+    /// waits). `true` at once when no hand-over is pending.
+    fn clear_of_handovers(&self, req: &Req) -> io::Result<bool> {
+        if self.handover_count.load(Ordering::Acquire) == 0 {
+            return Ok(true);
+        }
+        let w = self.waiting();
+        let t = self.table();
+        let mine = [Seg {
+            start: req.start,
+            end: req.end,
+            typ: req.typ,
+        }];
+        // Those whose record is still there (one FLUSH, RELEASE or FORGET ended is no longer
+        // taken, though the waiter thread has not seen it yet).
+        for h in w.handovers.iter().filter(|h| {
+            h.key.0 == req.node
+                && h.key.2 == req.kind
+                && t.get(h.key).is_some_and(|r| Arc::ptr_eq(&r.fd, &h.fd))
+        }) {
+            if h.key == req.key() {
+                return Ok(false);
+            }
+            if req.typ == libc::F_UNLCK {
+                continue;
+            }
+            let flock = h
+                .flock
+                .is_some_and(|f| f == libc::F_WRLCK || req.typ == libc::F_WRLCK);
+            if flock || ranges_conflict(&h.segs, &mine) {
+                return Err(error(libc::EAGAIN));
+            }
+        }
+        Ok(true)
+    }
+
     /// Whether some lock of `node` carried by a migration is still pending.
     fn handing_over(&self, node: u64) -> bool {
         self.handover_count.load(Ordering::Acquire) != 0
@@ -961,10 +1087,30 @@ impl Locks {
                 return;
             };
             // The waiter thread gives up on it at the deadline; a little after that, this
-            // request goes on whatever happened (it never waits unbounded).
+            // request goes on whatever happened (it never waits unbounded), and gives up the
+            // node's hand-overs itself if the thread has not yet (it is late): none is taken
+            // after this request is answered, over what its owner does meanwhile.
             let end = deadline + MAX_BACKOFF;
             let now = Instant::now();
             if now >= end {
+                let (late, kept): (Vec<Handover>, Vec<Handover>) = std::mem::take(&mut w.handovers)
+                    .into_iter()
+                    .partition(|h| h.key.0 == node);
+                w.handovers = kept;
+                let expired: Vec<Handover> = {
+                    let mut t = self.table();
+                    late.into_iter()
+                        .filter_map(|mut h| give_up(&mut t, &mut h).then_some(h))
+                        .collect()
+                };
+                self.handover_count
+                    .store(w.handovers.len(), Ordering::Release);
+                if w.handovers.is_empty() {
+                    w.next_handover = None;
+                }
+                self.settled.notify_all();
+                self.expire(&mut w, expired, now);
+                self.wake.notify_one();
                 return;
             }
             w = self
@@ -1013,6 +1159,12 @@ impl Locks {
         }
         w.next_handover = (!w.handovers.is_empty()).then(|| now + HANDOVER_PERIOD);
         self.settled.notify_all();
+        self.expire(w, expired, now);
+    }
+
+    /// Tells the guest of the hand-overs given up (`w`, the waiters' list, locked): their
+    /// records went already ([`give_up`]).
+    fn expire(&self, w: &mut WaitList, expired: Vec<Handover>, now: Instant) {
         for mut h in expired {
             warn_throttled!(
                 "migration: a lock the guest held on {} (owner {:#x}, {:?}) could not be taken \
@@ -1151,21 +1303,27 @@ impl Locks {
 
 /// One try of a hand-over, under the table's lock.
 fn try_handover(t: &mut Table, h: &mut Handover, now: Instant) -> Handed {
+    if !t.get(h.key).is_some_and(|r| Arc::ptr_eq(&r.fd, &h.fd)) {
+        // The record went (FLUSH, RELEASE, FORGET): nothing more is taken for it.
+        t.pending = t.pending.saturating_sub(h.segs.len());
+        h.segs.clear();
+        return Handed::Done;
+    }
     let Some(r) = t.get_mut(h.key) else {
         return Handed::Done;
     };
-    if !Arc::ptr_eq(&r.fd, &h.fd) {
-        return Handed::Done;
-    }
     let before = r.segs.len();
-    let mut still = Vec::new();
-    for s in std::mem::take(&mut h.segs) {
-        match sys::ofd_setlk(h.fd.fd(), &range_lock(s.typ, s.start, s.end)) {
-            Ok(()) => r.segs = apply(&r.segs, s.start, s.end, s.typ),
-            Err(_) => still.push(s),
-        }
+    // In order, up to the first still taken (see `Locks::adopt`); what was taken is merged
+    // into the record's ranges once.
+    let done = h
+        .segs
+        .iter()
+        .take_while(|s| sys::ofd_setlk(h.fd.fd(), &range_lock(s.typ, s.start, s.end)).is_ok())
+        .count();
+    if done > 0 {
+        r.segs = merged(&r.segs, &h.segs[..done]);
+        h.segs.drain(..done);
     }
-    h.segs = still;
     if let Some(typ) = h.flock {
         let op = match typ {
             libc::F_WRLCK => libc::LOCK_EX,
@@ -1178,16 +1336,71 @@ fn try_handover(t: &mut Table, h: &mut Handover, now: Instant) -> Handed {
     }
     let after = r.segs.len();
     t.ranges = t.ranges + after - before;
+    t.pending = t.pending.saturating_sub(done);
     if h.segs.is_empty() && h.flock.is_none() {
         return Handed::Done;
     }
     if now < h.deadline {
         return Handed::Pending;
     }
-    // Given up: the record goes with what it took (the guest is told through its handle).
+    give_up(t, h);
+    Handed::Expired
+}
+
+/// Gives `h` up, under the table's lock: its record goes with what it took (the guest is told
+/// through its handle, by [`Locks::expire`]); whether it was still the record's (otherwise it
+/// went meanwhile, and nothing is lost).
+fn give_up(t: &mut Table, h: &mut Handover) -> bool {
+    t.pending = t.pending.saturating_sub(h.segs.len());
+    h.segs.clear();
+    if !t.get(h.key).is_some_and(|r| Arc::ptr_eq(&r.fd, &h.fd)) {
+        return false;
+    }
     let gone = t.remove_where(h.key.0, |o, k, _| o == h.key.1 && k == h.key.2);
     unlock_all(&gone);
-    Handed::Expired
+    true
+}
+
+/// Whether the carried record `c` conflicts with a record of another owner of its node, held
+/// (`t`) or still handed over (`pending`): an overlapping range where either is a write lock,
+/// or two `flock`s one of which is exclusive (record and `flock` locks never conflict).
+fn conflicts_with_others(t: &Table, pending: &[Handover], c: &Carried) -> bool {
+    let mine = (c.node, c.owner, c.kind);
+    let others = t
+        .nodes
+        .get(&c.node)
+        .into_iter()
+        .flatten()
+        .filter(|(o, k, _)| *k == c.kind && (c.node, *o, *k) != mine)
+        .map(|(_, _, r)| (&r.segs[..], r.flock))
+        .chain(
+            pending
+                .iter()
+                .filter(|h| h.key.0 == c.node && h.key.2 == c.kind && h.key != mine)
+                .map(|h| (&h.segs[..], h.flock)),
+        );
+    for (segs, flock) in others {
+        let flocks = matches!((flock, c.flock), (Some(a), Some(b)) if a == libc::F_WRLCK || b == libc::F_WRLCK);
+        if flocks || ranges_conflict(segs, &c.segs) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether two owners' ranges (each sorted and apart) overlap where one is a write lock. Each
+/// range of the shorter list is looked up in the longer one: the ranges of the longer list
+/// looked at for two ranges of the shorter are apart, so it costs the lengths, not their
+/// product.
+fn ranges_conflict(a: &[Seg], b: &[Seg]) -> bool {
+    let (small, big) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    small.iter().any(|s| {
+        let from = big.partition_point(|x| x.end < s.start);
+        big[from..]
+            .iter()
+            .take_while(|x| x.start <= s.end)
+            .any(|x| x.typ == libc::F_WRLCK || s.typ == libc::F_WRLCK)
+    })
 }
 
 /// Whether `req` is a record write lock (which a read-only description cannot take).
@@ -1629,6 +1842,284 @@ mod tests {
         (lost, Box::new(move || set.store(true, Ordering::Relaxed)))
     }
 
+    /// Ranges a hand-over has still to take count in the bound as held ones do, until they
+    /// are taken or their record goes.
+    #[test]
+    fn pending_ranges_count_in_the_bound() {
+        let (_d, p) = tmpfile();
+        let outsider = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, 99)).unwrap();
+        let locks = Locks::new();
+        locks.set_max_ranges(3);
+        let three = vec![seg(0, 9, R), seg(20, 29, R), seg(40, 49, R)];
+        let adopt = |owner: u64| {
+            let (_, on_lost) = flag();
+            let c = carried(owner, three.clone(), None);
+            locks.adopt(&c, opener(&p), "f".into(), on_lost)
+        };
+        assert!(adopt(1).unwrap());
+        assert_eq!(
+            adopt(2).unwrap_err().raw_os_error(),
+            Some(libc::ENOLCK),
+            "3 pending and 3 more past the bound 3"
+        );
+        // Its record goes before it is taken: the room is back.
+        locks.flush(7, 1);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(adopt(3).unwrap());
+        // Taken: held, counted once.
+        drop(outsider);
+        locks.settle(7);
+        assert_eq!(locks.ranges(), 3);
+        assert_eq!(adopt(4).unwrap_err().raw_os_error(), Some(libc::ENOLCK));
+        locks.clear();
+        assert!(!adopt(5).unwrap(), "clear gave the room back");
+        locks.clear();
+    }
+
+    /// A request that waited out a node's hand-over gives it up itself when the waiter thread
+    /// is late: the owner's record goes, its handle is told, and nothing of it is taken later,
+    /// over what the guest did meanwhile.
+    #[test]
+    fn a_hand_over_the_waiter_thread_is_late_for_is_given_up_by_the_request() {
+        let (_d, p) = tmpfile();
+        let outsider = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, 99)).unwrap();
+        let locks = Locks::new();
+        locks.set_handover_timeout(Duration::from_millis(50));
+        let (lost, on_lost) = flag();
+        let c = carried(1, vec![seg(0, 9, W)], None);
+        assert!(locks.adopt(&c, opener(&p), "f".into(), on_lost).unwrap());
+        // The waiter thread is late: its next try is far off.
+        locks.waiting().next_handover = Some(Instant::now() + Duration::from_secs(3600));
+        let t = Instant::now();
+        // A request of the owner on the node waits out the hand-over, then goes on.
+        assert!(locks.set(&req(1, R, 200, 209), opener(&p)).is_ok());
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert!(
+            lost.load(Ordering::Relaxed),
+            "the owner's handle was not told"
+        );
+        assert_eq!(locks.carried().len(), 1, "only the new owner's record");
+        // The holder lets go and the thread comes back: nothing of the hand-over is taken.
+        drop(outsider);
+        locks.waiting().next_handover = Some(Instant::now());
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            host_free(&p, W, 0, 10),
+            "a hand-over given up was taken after all"
+        );
+        locks.clear();
+    }
+
+    /// A SETLK of another owner during a hand-over is answered at once: `EAGAIN` when it
+    /// conflicts with a pending lock, taken when it does not.
+    #[test]
+    fn a_setlk_during_a_hand_over_is_answered_at_once() {
+        let (_d, p) = tmpfile();
+        let outsider = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, 99)).unwrap();
+        let locks = Locks::new();
+        let (lost, on_lost) = flag();
+        let c = carried(1, vec![seg(0, 9, W), seg(150, 159, R)], None);
+        assert!(locks.adopt(&c, opener(&p), "f".into(), on_lost).unwrap());
+        let t = Instant::now();
+        let e = locks.set(&req(2, R, 5, 5), opener(&p)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN));
+        let e = locks.set(&req(2, W, 155, 300), opener(&p)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN));
+        locks.set(&req(2, R, 155, 155), opener(&p)).unwrap();
+        locks.set(&req(2, W, 200, 209), opener(&p)).unwrap();
+        locks.set(&req(3, U, 0, TO_EOF), opener(&p)).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        // The hand-over goes on, and takes its locks once free.
+        drop(outsider);
+        locks.settle(7);
+        assert!(!lost.load(Ordering::Relaxed));
+        assert!(!host_free(&p, R, 0, 10));
+        locks.clear();
+    }
+
+    /// A record that goes (FLUSH, FORGET, DESTROY) during its hand-over has nothing taken for
+    /// it afterwards, and keeps no descriptor.
+    #[test]
+    fn a_record_gone_during_its_hand_over_takes_nothing() {
+        for how in 0..3 {
+            let (_d, p) = tmpfile();
+            let outsider = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&p)
+                .unwrap();
+            sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, 99)).unwrap();
+            let locks = Locks::new();
+            let (lost, on_lost) = flag();
+            let c = carried(1, vec![seg(0, 9, W)], None);
+            assert!(locks.adopt(&c, opener(&p), "f".into(), on_lost).unwrap());
+            match how {
+                0 => locks.flush(7, 1),
+                1 => locks.forget(7),
+                _ => locks.clear(),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            drop(outsider);
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(
+                host_free(&p, W, 0, 100),
+                "case {how}: taken after the record went"
+            );
+            assert_eq!(locks.fds(), 0, "case {how}: descriptor kept");
+            assert_eq!(locks.ranges(), 0, "case {how}");
+            assert_eq!(locks.table().pending, 0, "case {how}: still counted");
+            assert!(!lost.load(Ordering::Relaxed));
+        }
+    }
+
+    /// `merged` is what `apply` of each range gives, disjoint or not.
+    #[test]
+    fn merged_is_apply_of_each_range() {
+        let a = vec![seg(0, 9, R), seg(20, 29, W), seg(40, 49, R)];
+        for b in [
+            vec![seg(10, 19, R), seg(30, 39, W), seg(50, TO_EOF, R)],
+            vec![seg(10, 19, W), seg(35, 35, R)],
+            vec![seg(5, 25, W)],
+            vec![seg(0, 0, W), seg(45, 60, W)],
+            vec![],
+        ] {
+            let want = b
+                .iter()
+                .fold(a.clone(), |acc, s| apply(&acc, s.start, s.end, s.typ));
+            assert_eq!(merged(&a, &b), want, "{b:?}");
+        }
+    }
+
+    /// A record of many ranges, taken at once or handed over, costs this daemon a number of
+    /// steps in its ranges, not their square: no range is applied to a copy of the owner's
+    /// list (16,384 ranges were applied 32,768 times, adopted and listed; 5.1 s to adopt them
+    /// in a debug build, 2.1 s now). The host kernel's own cost is not linear: each lock taken
+    /// walks every lock of the file (2 s of the 2.1 s; 65,536 ranges cost it some 40 s, as
+    /// they cost the source when its guest took them), so the test carries a quarter of the
+    /// bound, and bounds the time only loosely.
+    #[test]
+    fn a_record_of_many_ranges_is_adopted_and_handed_over_quickly() {
+        let n = (MAX_RANGES / 4) as u64;
+        let segs: Vec<Seg> = (0..n)
+            .map(|i| seg(i * 2, i * 2, if i % 3 == 0 { W } else { R }))
+            .collect();
+        // What this thread works out with `apply` (each call copies an owner's list): none,
+        // the ranges go in as they come.
+        let applied = || APPLIED.with(|n| n.get());
+        let before = applied();
+        // Free: taken at once.
+        let (_d, p) = tmpfile();
+        let locks = Locks::new();
+        let (_, on_lost) = flag();
+        let t = Instant::now();
+        let c = carried(1, segs.clone(), None);
+        assert!(!locks.adopt(&c, opener(&p), "f".into(), on_lost).unwrap());
+        let took = t.elapsed();
+        let t = Instant::now();
+        assert_eq!(locks.carried(), vec![c.clone()]);
+        let listed = t.elapsed();
+        locks.clear();
+        // Held elsewhere (one lock over all of them): pending, taken once let go.
+        let outsider = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, TO_EOF)).unwrap();
+        let (lost, on_lost) = flag();
+        let t = Instant::now();
+        assert!(locks.adopt(&c, opener(&p), "f".into(), on_lost).unwrap());
+        let pending = t.elapsed();
+        assert_eq!(
+            locks.carried(),
+            vec![c.clone()],
+            "pending ranges count as held"
+        );
+        assert_eq!(applied() - before, 0, "ranges applied one at a time");
+        let t = Instant::now();
+        drop(outsider);
+        locks.settle(7);
+        let handed = t.elapsed();
+        assert_eq!(locks.ranges(), MAX_RANGES / 4);
+        assert!(!lost.load(Ordering::Relaxed));
+        assert!(!host_free(&p, W, 0, 1), "taken");
+        assert_eq!(locks.carried(), vec![c]);
+        eprintln!(
+            "{n} ranges: adopted free in {took:?}, listed in {listed:?}, adopted held in \
+             {pending:?}, handed over in {handed:?}"
+        );
+        for d in [took, listed, pending, handed] {
+            assert!(d < Duration::from_secs(10), "{d:?}");
+        }
+        locks.clear();
+    }
+
+    /// A state in which two owners hold conflicting locks on one node (no source writes one)
+    /// is refused at the second record, whether the first one's lock is taken or pending, and
+    /// compatible ones are taken.
+    #[test]
+    fn carried_records_conflicting_with_each_other_are_refused() {
+        let (_d, p) = tmpfile();
+        let outsider = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 200, 299)).unwrap();
+        let locks = Locks::new();
+        let adopt = |owner: u64, segs: Vec<Seg>, flock: Option<i32>| {
+            let (_, on_lost) = flag();
+            locks.adopt(
+                &carried(owner, segs, flock),
+                opener(&p),
+                "f".into(),
+                on_lost,
+            )
+        };
+        let einval = |r: io::Result<bool>| r.unwrap_err().raw_os_error() == Some(libc::EINVAL);
+        // Taken at once (1), pending (2: the outsider holds it).
+        assert!(!adopt(1, vec![seg(0, 9, W), seg(20, 29, R)], None).unwrap());
+        assert!(adopt(2, vec![seg(200, 209, R)], None).unwrap());
+        assert!(
+            einval(adopt(3, vec![seg(5, 5, R)], None)),
+            "against a held write"
+        );
+        assert!(
+            einval(adopt(3, vec![seg(25, 40, W)], None)),
+            "a write against a read"
+        );
+        assert!(
+            einval(adopt(3, vec![seg(205, 300, W)], None)),
+            "against a pending read"
+        );
+        assert_eq!(locks.fds(), 2, "a refused record keeps nothing");
+        // Compatible: reads over reads, ranges apart.
+        assert!(!adopt(4, vec![seg(10, 19, W), seg(21, 21, R)], None).unwrap());
+        assert!(adopt(5, vec![seg(205, 205, R)], None).unwrap());
+        // flock: two shared ones go together, an exclusive one with none; record locks and
+        // flock never conflict.
+        assert!(!adopt(6, vec![], Some(R)).unwrap());
+        assert!(!adopt(7, vec![], Some(R)).unwrap());
+        assert!(einval(adopt(8, vec![], Some(W))));
+        drop(outsider);
+        locks.clear();
+    }
+
     /// A migration destination adopting locks another description (the source daemon's)
     /// still holds: what is free is taken at once, the rest once the holder lets go; a request
     /// of another owner on the node waits for that, and then finds the carried owner holding.
@@ -1652,10 +2143,15 @@ mod tests {
             source.clear();
         });
         let started = Instant::now();
-        let r = locks.set(&req(2, W, 50, 60), opener(&p));
+        // A SETLK conflicting with a pending lock is answered at once, as if held.
+        let r = locks.set(&req(2, W, 250, 260), opener(&p));
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EAGAIN));
+        assert!(started.elapsed() < Duration::from_millis(250));
+        // A GETLK waits for the hand-over, then finds the carried owner holding.
+        let got = locks.get(&req(2, W, 250, 260), || Ok(std::fs::File::open(&p)?.into()));
         let waited = started.elapsed();
         gone.join().unwrap();
-        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EAGAIN));
+        assert_eq!(got.unwrap().map(|l| (l.typ, l.pid)), Some((R as u32, 1)));
         assert!(
             waited >= Duration::from_millis(250),
             "answered after {waited:?}"

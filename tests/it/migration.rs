@@ -1726,6 +1726,48 @@ fn lock_twice(state: &[u8]) -> Vec<u8> {
     virtiofsd::migration::seal(&p)
 }
 
+/// As [`lock_twice`], the second record another owner's: two owners holding one exclusive
+/// flock.
+fn lock_twice_by_two_owners(state: &[u8]) -> Vec<u8> {
+    let mut p = virtiofsd::migration::open(&lock_twice(state))
+        .unwrap()
+        .to_vec();
+    let record = 8 * 3 + 4 + 1 + 1 + 4;
+    let at = p.len() - record + 8;
+    p[at..at + 8].copy_from_slice(&(FLOCK_OWNER + 1).to_le_bytes());
+    virtiofsd::migration::seal(&p)
+}
+
+#[test]
+fn a_state_of_two_owners_holding_conflicting_locks_is_refused() {
+    // guest-error: no source writes such a state, so it is refused, not one of them lost.
+    let opts = Options::default().migration(guest_error(Migration::default()));
+    let mut src = source(opts.clone());
+    let f = src.file("lockfile", b"");
+    let ff = src.open(f, libc::O_RDONLY);
+    src.c
+        .setlk(f, &flk(ff, FLOCK_OWNER, libc::F_WRLCK))
+        .unwrap();
+    let state = saved(&mut src);
+    let blob = lock_twice_by_two_owners(&state);
+    // The source holds the flock: the first record is pending when the second is read.
+    let started = std::time::Instant::now();
+    let (mut dst, loaded) = migrate_state(&src, &blob, opts.clone());
+    assert!(
+        loaded.is_err(),
+        "a state of two owners holding one exclusive flock was taken"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "the refusal waited for the hand-over"
+    );
+    assert!(dst.c.getattr(f, None).is_err(), "served");
+    // Without the source, the first record is taken at once: the second still conflicts.
+    src.fe.disconnect();
+    let (_dst, loaded) = migrate_state(&src, &blob, opts);
+    assert!(loaded.is_err(), "taken once the source let go");
+}
+
 #[test]
 fn a_forged_locks_section_is_refused_cleanly() {
     // guest-error: a record it refuses is the state's fault, never a lock lost alone.
@@ -1779,4 +1821,208 @@ fn a_forged_locks_section_is_refused_cleanly() {
     src.fe.disconnect();
     let (_dst, loaded) = migrate_state(&src, &state, opts);
     loaded.unwrap();
+}
+
+#[test]
+fn a_lost_lock_handle_stays_lost_after_a_second_migration() {
+    let opts = Options::default().migration(guest_error(Migration::default()));
+    let mut src = source(opts.clone());
+    let g = take_guest_locks(&mut src);
+    let state = saved(&mut src);
+    src.fe.disconnect();
+    // A host process takes the flock once the source let it go: its hand-over is given up.
+    let outsider = fs::File::open(src.host("lockfile")).unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain flock on an open descriptor.
+        let r = unsafe { libc::flock(outsider.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the source never let the flock go"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let started = std::time::Instant::now();
+    let (mut dst, loaded) = migrate_state(&src, &state, opts.clone());
+    loaded.unwrap();
+    let (f, ff) = g.flock;
+    std::thread::sleep(std::time::Duration::from_secs(21).saturating_sub(started.elapsed()));
+    let _ = dst.c.getlk(f, &lk(0, 0x99, libc::F_RDLCK, 0, 0));
+    assert_eq!(
+        dst.c.read(f, ff, 0, 1).err(),
+        Some(libc::EBADF),
+        "first destination"
+    );
+    // Migrated again: the handle stays lost (it is not sent), the others go on.
+    let (mut dst2, loaded) = migrate(&mut dst, opts);
+    loaded.unwrap();
+    assert_eq!(
+        dst2.c.read(f, ff, 0, 1).err(),
+        Some(libc::EBADF),
+        "second destination: the lost handle works again"
+    );
+    let (a, fa) = g.posix;
+    assert_eq!(dst2.c.read(a, fa, 0, 4).unwrap(), b"data");
+    drop(outsider);
+}
+
+#[test]
+fn a_refused_lock_state_leaves_no_host_lock() {
+    let opts = Options::default().migration(guest_error(Migration::default()));
+    let mut src = source(opts.clone());
+    let f = src.file("lockfile", b"");
+    let ff = src.open(f, libc::O_RDONLY);
+    src.c
+        .setlk(f, &flk(ff, FLOCK_OWNER, libc::F_WRLCK))
+        .unwrap();
+    let state = saved(&mut src);
+    // The first record is adopted (pending: the source holds it), the second refuses the state.
+    let blob = lock_twice(&state);
+    let (dst, loaded) = migrate_state(&src, &blob, opts);
+    assert!(loaded.is_err());
+    // The migration failed: the guest goes on at the source, which lets its flock go; the
+    // refused destination, still up, takes nothing.
+    src.fe.disconnect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        host_may_flock(&src.host("lockfile")),
+        "the refused destination took the flock"
+    );
+    drop(dst);
+}
+
+/// The `writable` byte of the last lock record of a state.
+fn last_lock_writable(state: &[u8]) -> u8 {
+    let p = virtiofsd::migration::open(state).unwrap();
+    // node, owner, handle (u64 each), pid (u32), writable (u8), kind (u8), flock type (i32).
+    p[p.len() - (1 + 1 + 4)]
+}
+
+#[test]
+fn a_carried_record_is_writable_only_as_far_as_the_guests_handles() {
+    let opts = Options::default();
+    let mut src = source(opts.clone());
+    let f = src.file("lockfile", b"");
+    let ff = src.open(f, libc::O_RDONLY);
+    src.c
+        .setlk(f, &flk(ff, FLOCK_OWNER, libc::F_WRLCK))
+        .unwrap();
+    let state = saved(&mut src);
+    assert_eq!(last_lock_writable(&state), 0, "read-only handle");
+    // A state that says its description may write, over a read-only handle.
+    let forged = patched_locks(&state, |b| b[4 + 24 + 4] = 1);
+    assert_eq!(last_lock_writable(&forged), 1);
+    src.fe.disconnect();
+    let (mut dst, loaded) = migrate_state(&src, &forged, opts.clone());
+    loaded.unwrap();
+    let again = saved(&mut dst);
+    assert_eq!(
+        last_lock_writable(&again),
+        0,
+        "the destination opened the record's description read-write"
+    );
+}
+
+/// A POSIX owner whose first lock came through a read-only open file and a write lock through
+/// a read-write one keeps its write lock across a migration.
+#[test]
+fn an_owner_moved_to_a_writable_description_keeps_its_write_lock() {
+    let opts = Options::default();
+    let mut src = source(opts.clone());
+    let a = src.file("db", b"data");
+    let ro = src.open(a, libc::O_RDONLY);
+    let rw = src.open(a, libc::O_RDWR);
+    src.c
+        .setlk(a, &lk(ro, POSIX_OWNER, libc::F_RDLCK, 0, 9))
+        .unwrap();
+    src.c
+        .setlk(a, &lk(rw, POSIX_OWNER, libc::F_WRLCK, 20, 29))
+        .unwrap();
+    let (_dst, loaded) = migrate(&mut src, opts);
+    loaded.unwrap();
+    src.fe.disconnect();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // Taken by the destination once the source let go: the host never gets it.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(std::time::Instant::now() < until);
+    assert!(
+        !host_may_lock(&src.host("db"), 20, 10),
+        "the write lock was not carried"
+    );
+}
+
+/// A POSIX lock is a process's, on every file of it the process has open: when a migration
+/// loses one, every handle of the file gets EBADF (which of them are the process's, the
+/// daemon cannot tell).
+#[test]
+fn a_posix_owners_lost_lock_gives_every_handle_of_its_file_ebadf() {
+    use std::os::fd::AsRawFd;
+    let opts = Options::default().migration(guest_error(Migration::default()));
+    let mut src = source(opts.clone());
+    let a = src.file("db", b"data");
+    let (fa, fa2) = (src.open(a, libc::O_RDWR), src.open(a, libc::O_RDONLY));
+    src.c
+        .setlk(a, &lk(fa, POSIX_OWNER, libc::F_WRLCK, 0, 99))
+        .unwrap();
+    // Another owner's lock on the file, an OFD one through the other handle.
+    src.c
+        .setlk(a, &lk(fa2, OFD_OWNER, libc::F_RDLCK, 200, 299))
+        .unwrap();
+    let state = saved(&mut src);
+    src.fe.disconnect();
+    // A host process takes the range once the source let it go: its hand-over is given up.
+    let outsider = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(src.host("db"))
+        .unwrap();
+    let fl = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 100,
+        l_pid: 0,
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // SAFETY: `fl` lives across the call.
+    while unsafe { libc::fcntl(outsider.as_raw_fd(), libc::F_OFD_SETLK, &fl) } != 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the source never let the lock go"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let started = std::time::Instant::now();
+    let (mut dst, loaded) = migrate_state(&src, &state, opts.clone());
+    loaded.unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(21).saturating_sub(started.elapsed()));
+    let _ = dst.c.getlk(a, &lk(0, 0x99, libc::F_RDLCK, 0, 0));
+    assert_eq!(
+        dst.c.read(a, fa, 0, 1).err(),
+        Some(libc::EBADF),
+        "its handle"
+    );
+    assert_eq!(
+        dst.c.read(a, fa2, 0, 1).err(),
+        Some(libc::EBADF),
+        "another handle of its file"
+    );
+    // Migrated again: the lost handles are not sent, nor the OFD lock of one of them (no
+    // RELEASE could ever end it there).
+    let (_dst2, loaded) = migrate(&mut dst, opts);
+    loaded.unwrap();
+    dst.fe.disconnect();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !host_may_lock(&src.host("db"), 200, 100) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the lost handle's lock was carried"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(outsider);
 }

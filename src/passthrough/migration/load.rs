@@ -1,7 +1,7 @@
 //! The load side of a migration (see the parent module): each node found again as it is read,
 //! then the handles, every field of the state checked and bounded.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -42,6 +42,9 @@ impl PassthroughFs {
         }
         let loaded = self.load_nodes_and_handles(input);
         if loaded.is_err() {
+            // The locks taken and the hand-overs pending first: none is taken after the load
+            // failed (the guest goes on at the source), whoever else cleans up after.
+            self.locks.clear();
             self.handles.clear();
             self.inodes.clear();
         }
@@ -228,6 +231,10 @@ impl PassthroughFs {
         let opts = self.cfg.migration;
         let n = input.count("locks", MIN_CARRIED)?;
         let (mut pending, mut lost) = (0usize, 0usize);
+        // The nodes the restored handles may write, listed at the first record that needs it.
+        let mut writers: Option<HashSet<u64>> = None;
+        // Each node's restored handles, listed at the first POSIX record.
+        let mut by_node: Option<HashMap<u64, Arc<[Weak<HandleData>]>>> = None;
         for _ in 0..n {
             let c = read_carried(input)?;
             let kind_on = match c.kind {
@@ -268,15 +275,50 @@ impl PassthroughFs {
                     .map(|h| Arc::downgrade(&h))
                     .unwrap_or_default(),
             };
-            let lost_handle = handle.clone();
-            let on_lost: OnLost = Box::new(move || {
-                if let Some(h) = lost_handle.upgrade() {
-                    h.lost.store(true, Ordering::Relaxed);
-                }
-            });
+            // The handles that get EBADF when the lock is lost: an OFD or flock record's own
+            // open file; for a POSIX owner (a process, whose open files of the node this daemon
+            // cannot tell from other processes'), every handle of the node, so that the
+            // process is told whichever of its files it uses.
+            let told: Arc<[Weak<HandleData>]> = match c.kind {
+                LockKind::Flock => Arc::from(vec![handle]),
+                LockKind::Posix => by_node
+                    .get_or_insert_with(|| {
+                        let mut m: HashMap<u64, Vec<Weak<HandleData>>> = HashMap::new();
+                        for (_, h) in self.handles.all() {
+                            m.entry(h.inode).or_default().push(Arc::downgrade(&h));
+                        }
+                        m.into_iter().map(|(n, v)| (n, Arc::from(v))).collect()
+                    })
+                    .get(&c.node)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::from(Vec::new())),
+            };
+            let lost_handles = told.clone();
+            let on_lost: OnLost = Box::new(move || mark_lost(&lost_handles));
+            // The state's word that the description may write is taken only as far as the
+            // guest's handles say so: the record's own (an OFD or flock record's open file;
+            // none, 0, may), or another of the node's (a POSIX owner moved to a read-write
+            // description by a later write lock through another open file, which it has not
+            // closed: its close would have dropped the record).
+            let writable = c.writable
+                && (self.handle_writable(c.node, c.fh).unwrap_or(false)
+                    || writers
+                        .get_or_insert_with(|| {
+                            self.handles
+                                .all()
+                                .into_iter()
+                                .filter(|(_, h)| {
+                                    h.dir.is_none()
+                                        && sys::fd_access_mode(h.fd())
+                                            .is_ok_and(|m| m != libc::O_RDONLY)
+                                })
+                                .map(|(_, h)| h.inode)
+                                .collect()
+                        })
+                        .contains(&c.node));
             let taken = self.locks.adopt(
                 &c,
-                || self.lock_fd_as(c.node, c.writable),
+                || self.lock_fd_as(c.node, writable),
                 what.clone(),
                 on_lost,
             );
@@ -286,6 +328,15 @@ impl PassthroughFs {
                     return Err(StateError::invalid(
                         "lock",
                         format!("owner {:#x} on node {} twice", c.owner, c.node),
+                    ));
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    return Err(StateError::invalid(
+                        "lock",
+                        format!(
+                            "owner {:#x} on node {}: conflicts with another owner's",
+                            c.owner, c.node
+                        ),
                     ));
                 }
                 Err(e)
@@ -310,13 +361,11 @@ impl PassthroughFs {
                     if lost < LOGGED_LOSSES {
                         log::warn!(
                             "migration: the lock the guest holds on {what} (owner {:#x}) is lost \
-                             ({e}); the handle it was taken through gets EBADF",
+                             ({e}); the handles it may have been taken through get EBADF",
                             c.owner
                         );
                     }
-                    if let Some(h) = handle.upgrade() {
-                        h.lost.store(true, Ordering::Relaxed);
-                    }
+                    mark_lost(&told);
                     lost += 1;
                 }
             }
@@ -545,6 +594,13 @@ impl PassthroughFs {
     }
 }
 
+/// Makes `handles` answer EBADF (a lock taken through them was lost).
+fn mark_lost(handles: &[Weak<HandleData>]) {
+    for h in handles.iter().filter_map(Weak::upgrade) {
+        h.lost.store(true, Ordering::Relaxed);
+    }
+}
+
 fn read_handle(input: &mut Decoder<'_>, what: &'static str) -> Result<FileHandle, StateError> {
     let t = input.i32(what)?;
     let b = input.bytes(what)?;
@@ -625,11 +681,15 @@ fn read_carried(input: &mut Decoder<'_>) -> Result<Carried, StateError> {
                 let start = input.u64("lock's range")?;
                 let end = input.u64("lock's range")?;
                 let typ = typ_of(input.i32("lock's type")?, "lock's type")?;
-                let after_last = segs.last().is_none_or(|l| start > l.end);
+                // After the last, and not touching it with the same type (an owner's ranges
+                // are merged so: a record stays as the lock code keeps one).
+                let after_last = segs.last().is_none_or(|l| {
+                    start > l.end && !(l.typ == typ && l.end.checked_add(1) == Some(start))
+                });
                 if start > end || end > TO_EOF || !after_last {
                     return Err(StateError::invalid(
                         "lock's range",
-                        format!("{start}..={end} (not sorted, apart, within the file)"),
+                        format!("{start}..={end} (not sorted, apart, merged, within the file)"),
                     ));
                 }
                 segs.push(Seg { start, end, typ });

@@ -1,10 +1,11 @@
 //! The save side of a migration (see the parent module): where the destination will find each
 //! node, and the nodes and handles written in an order it can restore them in.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 
 use super::{
@@ -35,7 +36,14 @@ impl PassthroughFs {
         let root = self
             .root_path()
             .map_err(|e| io_error("the shared directory's path", e))?;
-        let handles = self.handles.all();
+        // A handle a migration lost a lock of (`HandleData::lost`) is not sent: the next
+        // destination answers EBADF on it, as this daemon does, rather than serve it healthy
+        // without its lock.
+        let (handles, lost_handles): (Vec<_>, Vec<_>) = self
+            .handles
+            .all()
+            .into_iter()
+            .partition(|(_, d)| !d.lost.load(Ordering::Relaxed));
         out.u64(self.inodes.next_id());
         out.u64(self.handles.next_id());
         out.u32(nodes.len() as u32);
@@ -150,7 +158,13 @@ impl PassthroughFs {
         // the stale ids (then sent even when there are none), only when there are some: a
         // state without locks is the one a destination of an older release takes, and one with
         // locks is refused there (bytes after its last field) rather than loaded without them.
-        let carried = self.locks.carried();
+        // Nor the locks of records made through such a handle (a POSIX lock lost makes every
+        // handle of its file lost, other owners' too): their open file answers EBADF already.
+        let mut carried = self.locks.carried();
+        if !lost_handles.is_empty() {
+            let lost: HashSet<u64> = lost_handles.iter().map(|(h, _)| *h).collect();
+            carried.retain(|c| !lost.contains(&c.fh));
+        }
         if !dead.is_empty() || !carried.is_empty() {
             out.u32(dead.len() as u32);
             for (start, end) in dead {
