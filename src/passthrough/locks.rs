@@ -1654,6 +1654,18 @@ mod tests {
         (d, p)
     }
 
+    /// A host process's description of `p` holding a write lock on `start..=end` (until
+    /// dropped).
+    fn outsider_holding(p: &std::path::Path, start: u64, end: u64) -> std::fs::File {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .unwrap();
+        sys::ofd_setlk(f.as_fd(), &range_lock(W, start, end)).unwrap();
+        f
+    }
+
     fn opener(p: &std::path::Path) -> impl Fn() -> io::Result<(OwnedFd, bool)> + '_ {
         move || {
             let f = std::fs::OpenOptions::new().read(true).write(true).open(p)?;
@@ -1847,12 +1859,7 @@ mod tests {
     #[test]
     fn pending_ranges_count_in_the_bound() {
         let (_d, p) = tmpfile();
-        let outsider = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&p)
-            .unwrap();
-        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, 99)).unwrap();
+        let outsider = outsider_holding(&p, 0, 99);
         let locks = Locks::new();
         locks.set_max_ranges(3);
         let three = vec![seg(0, 9, R), seg(20, 29, R), seg(40, 49, R)];
@@ -1887,12 +1894,7 @@ mod tests {
     #[test]
     fn a_hand_over_the_waiter_thread_is_late_for_is_given_up_by_the_request() {
         let (_d, p) = tmpfile();
-        let outsider = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&p)
-            .unwrap();
-        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, 99)).unwrap();
+        let outsider = outsider_holding(&p, 0, 99);
         let locks = Locks::new();
         locks.set_handover_timeout(Duration::from_millis(50));
         let (lost, on_lost) = flag();
@@ -1925,12 +1927,7 @@ mod tests {
     #[test]
     fn a_setlk_during_a_hand_over_is_answered_at_once() {
         let (_d, p) = tmpfile();
-        let outsider = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&p)
-            .unwrap();
-        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, 99)).unwrap();
+        let outsider = outsider_holding(&p, 0, 99);
         let locks = Locks::new();
         let (lost, on_lost) = flag();
         let c = carried(1, vec![seg(0, 9, W), seg(150, 159, R)], None);
@@ -1958,12 +1955,7 @@ mod tests {
     fn a_record_gone_during_its_hand_over_takes_nothing() {
         for how in 0..3 {
             let (_d, p) = tmpfile();
-            let outsider = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&p)
-                .unwrap();
-            sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, 99)).unwrap();
+            let outsider = outsider_holding(&p, 0, 99);
             let locks = Locks::new();
             let (lost, on_lost) = flag();
             let c = carried(1, vec![seg(0, 9, W)], None);
@@ -2035,12 +2027,7 @@ mod tests {
         let listed = t.elapsed();
         locks.clear();
         // Held elsewhere (one lock over all of them): pending, taken once let go.
-        let outsider = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&p)
-            .unwrap();
-        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 0, TO_EOF)).unwrap();
+        let outsider = outsider_holding(&p, 0, TO_EOF);
         let (lost, on_lost) = flag();
         let t = Instant::now();
         assert!(locks.adopt(&c, opener(&p), "f".into(), on_lost).unwrap());
@@ -2075,12 +2062,7 @@ mod tests {
     #[test]
     fn carried_records_conflicting_with_each_other_are_refused() {
         let (_d, p) = tmpfile();
-        let outsider = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&p)
-            .unwrap();
-        sys::ofd_setlk(outsider.as_fd(), &range_lock(W, 200, 299)).unwrap();
+        let outsider = outsider_holding(&p, 200, 299);
         let locks = Locks::new();
         let adopt = |owner: u64, segs: Vec<Seg>, flock: Option<i32>| {
             let (_, on_lost) = flag();
