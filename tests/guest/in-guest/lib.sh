@@ -40,3 +40,26 @@ must_fail_with() {
     if "$@" 2>/tmp/err.out; then fail "'$*' succeeded, expected it to fail with '$_want'"; fi
     grep -q "$_want" /tmp/err.out || fail "'$*' failed with '$(cat /tmp/err.out)', expected '$_want'"
 }
+
+# wait_file PATH [SECONDS]: until PATH exists (made by the host, another process or another
+# guest); fails the test after SECONDS (60).
+wait_file() {
+    _n=0
+    while [ ! -e "$1" ]; do
+        _n=$((_n + 1))
+        [ $_n -gt $((${2:-60} * 10)) ] && fail "$1 did not appear within ${2:-60} s"
+        sleep 0.1
+    done
+    return 0
+}
+
+# wait_gone PID SECONDS: until PID has exited; prints the milliseconds it took (0.05 s steps).
+wait_gone() {
+    _n=0
+    while [ -d "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; do
+        _n=$((_n + 1))
+        [ $_n -gt $(($2 * 20)) ] && return 1
+        sleep 0.05
+    done
+    echo $((_n * 50))
+}

@@ -5,28 +5,6 @@
 # takes and tests its locks at the marks (boot_mark) with the same helper.
 L=/mnt/locks
 
-# wait_file PATH [SECONDS]: until PATH exists (made by the host or another process).
-wait_file() {
-    _n=0
-    while [ ! -e "$1" ]; do
-        _n=$((_n + 1))
-        [ $_n -gt $((${2:-30} * 10)) ] && fail "$1 did not appear"
-        sleep 0.1
-    done
-    return 0
-}
-
-# wait_gone PID SECONDS: until PID has exited; prints the milliseconds it took (0.05 s steps).
-wait_gone() {
-    _n=0
-    while [ -d "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; do
-        _n=$((_n + 1))
-        [ $_n -gt $(($2 * 20)) ] && return 1
-        sleep 0.05
-    done
-    echo $((_n * 50))
-}
-
 t_host_holds() {
     mark locks-host-hold
     wait_file "$L/host-holds"

@@ -13,28 +13,6 @@ role="$(sed -n 's/.*guest_role=\([ab]\).*/\1/p' /proc/cmdline)"
 other=b
 [ "$role" = b ] && other=a
 
-# wait_file PATH [SECONDS]: until PATH exists (made by the other guest or the host).
-wait_file() {
-    _n=0
-    while [ ! -e "$1" ]; do
-        _n=$((_n + 1))
-        [ $_n -gt $((${2:-60} * 10)) ] && fail "$1 did not appear within ${2:-60} s"
-        sleep 0.1
-    done
-    return 0
-}
-
-# wait_gone PID SECONDS: until PID has exited; prints the milliseconds it took (0.05 s steps).
-wait_gone() {
-    _n=0
-    while [ -d "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; do
-        _n=$((_n + 1))
-        [ $_n -gt $(($2 * 20)) ] && return 1
-        sleep 0.05
-    done
-    echo $((_n * 50))
-}
-
 # sig NAME: tells the other guest this guest reached NAME; meet NAME: sig, then waits for the
 # other guest's NAME.
 sig() { : > "$S/$role-$1"; }
