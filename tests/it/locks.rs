@@ -295,6 +295,34 @@ fn a_node_never_opened_takes_a_real_lock_in_cache_always() {
     d.finish();
 }
 
+/// A lock on a node the guest never opened makes the daemon open the host file itself: a FIFO
+/// or a device node in the share is refused (`ENXIO`), never opened (a FIFO's open could block
+/// a queue worker, a device's could reach the host's hardware), and the daemon keeps serving.
+#[test]
+fn a_lock_on_a_special_file_is_refused_without_opening_it() {
+    let mut d = Daemon::with(Options::default().cache(CacheMode::Always));
+    let fifo = d.host("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path that lives across the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    let n = d.node("fifo");
+    let before = share_fds(&d);
+    for (typ, flags) in [(W, 0), (R, 0), (W, abi::LK_FLOCK)] {
+        let req = abi::LkIn {
+            lk_flags: flags,
+            ..lk(0, 3, typ, 0, EOF)
+        };
+        assert_eq!(d.c.setlk(n, &req).unwrap_err(), libc::ENXIO);
+        assert_eq!(d.c.getlk(n, &req).unwrap_err(), libc::ENXIO);
+    }
+    assert_eq!(share_fds(&d), before, "nothing more of the share is open");
+    // Still serving: a regular file's lock is taken.
+    let f = d.file("f", b"data");
+    d.c.setlk(f, &lk(0, 3, W, 0, EOF)).unwrap();
+    assert!(!host_can_write(&d, "f", 0, 0));
+    d.finish();
+}
+
 #[test]
 fn write_locks_need_a_handle_that_may_write() {
     let mut d = Daemon::start();
